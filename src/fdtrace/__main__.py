@@ -1,0 +1,5 @@
+"""``python -m fdtrace``."""
+
+from fdtrace.cli import main
+
+main()

@@ -1,0 +1,211 @@
+"""Compiles fdtrace's BPF programs with bcc, attaches them and reads what they collect.
+
+This is the only module that imports bcc. It hands out raw material (event record bytes and
+map contents); decoding into the event model happens in the sources.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fdtrace.bpf.features import KernelFeatures
+from fdtrace.errors import FdtraceError
+from fdtrace.schema import COUNTERS, STATS, SYSCALL_NAMES, bpf_cflags
+
+BPF_SOURCES = ("sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c")
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What to trace and how much memory the kernel side may use."""
+
+    pids: tuple[int, ...] = ()
+    errors_only: bool = False
+    ring_pages: int = 4096  # 16 MiB of ring buffer with 4 KiB pages
+    max_processes: int = 65536
+    max_exited: int = 65536
+    max_error_keys: int = 16384
+
+
+def bpf_source_dir() -> Path:
+    """The folder holding the BPF C sources: inside the installed package, or the checkout's."""
+    packaged = resources.files("fdtrace") / "_bpf"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parents[3] / "bpf"
+    if checkout.is_dir():
+        return checkout
+    raise FdtraceError("fdtrace's BPF sources are missing from this installation (bpf/*.c)")
+
+
+def program_text() -> str:
+    """The C program handed to bcc: the shared header, then each source file."""
+    src = bpf_source_dir()
+    parts = [(src / "fdtrace.h").read_text()]
+    parts += [f"/* {name} */\n" + (src / name).read_text() for name in BPF_SOURCES]
+    return "\n".join(parts)
+
+
+def tid_slots() -> int:
+    """A power of two at least pid_max, so every live tid has its own slot."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 4194304
+    slots = 1
+    while slots < pid_max:
+        slots <<= 1
+    return slots
+
+
+def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]:
+    """All compiler flags: numbering from the schema, kernel features and the options."""
+    fd_alloc = [name for name in features.syscall_exits if name not in ("socket", "accept", "accept4", "connect", "close")]
+    flags = bpf_cflags() + features.cflags()
+    flags += [
+        f"-DFDT_RING_PAGES={options.ring_pages}",
+        f"-DFDT_MAX_PROCESSES={options.max_processes}",
+        f"-DFDT_MAX_EXITED={options.max_exited}",
+        f"-DFDT_MAX_ERROR_KEYS={options.max_error_keys}",
+        f"-DFDT_TID_SLOTS={tid_slots()}",
+        "-DFDT_FD_ALLOC_PROBES=" + " ".join(f"FDT_FD_ALLOC_PROBE({name})" for name in fd_alloc),
+    ]
+    if options.errors_only:
+        flags.append("-DFDT_ERRORS_ONLY")
+    if options.pids:
+        flags.append("-DFDT_FILTER_PIDS")
+    return flags
+
+
+def _import_bcc() -> Any:
+    try:
+        import bcc  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise FdtraceError(
+            f"the bcc Python module is not importable from {os.sys.executable} ({exc}): install "
+            "Debian's python3-bpfcc and run fdtrace from a virtual environment that can see it "
+            "(scripts/setup.sh makes one); PyPI's 'bcc' is an unrelated package",
+        ) from None
+    return bcc
+
+
+class BpfTracer:
+    """The loaded programs: attach on construction, then poll and read maps until close()."""
+
+    def __init__(self, options: TraceOptions, features: KernelFeatures) -> None:
+        bcc = _import_bcc()
+        self.options = options
+        self.features = features
+        self.attached: list[str] = []
+        self.skipped: list[str] = list(features.missing)
+        self._chunks: list[bytes] = []
+        try:
+            self._bpf = bcc.BPF(text=program_text().encode(), cflags=program_cflags(options, features))
+        except Exception as exc:  # bcc raises plain Exception on compile errors
+            raise FdtraceError(f"the BPF programs did not compile or load: {_one_line(exc)}") from None
+        self._attach_syscalls()
+        # TRACEPOINT_PROBEs are attached by bcc at load; take the list from bcc itself.
+        auto = {tp.decode() if isinstance(tp, bytes) else tp for tp in self._bpf.tracepoint_fds}
+        for name in features.lifecycle:
+            if name in auto:
+                self.attached.append(name)
+            elif name not in self.attached:
+                self.skipped.append(f"{name} (not attached)")
+        if options.pids:
+            pid_filter = self._bpf[b"pid_filter"]
+            for pid in options.pids:
+                pid_filter[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        self._bpf[b"events"].open_ring_buffer(self._on_event)
+
+    def _attach(self, tracepoint: str, fn_name: str) -> None:
+        try:
+            self._bpf.attach_tracepoint(tp=tracepoint.encode(), fn_name=fn_name.encode())
+            self.attached.append(tracepoint)
+        except Exception as exc:
+            self.skipped.append(f"{tracepoint} ({_one_line(exc)})")
+
+    def _attach_syscalls(self) -> None:
+        # Entries first, so that no exit is seen without the entry that carries its fd.
+        for name in self.features.syscall_enters:
+            fn = "fdt_enter_exit_group" if name == "exit_group" else "fdt_enter_fd_syscall"
+            self._attach(f"syscalls:sys_enter_{name}", fn)
+        for name in self.features.syscall_exits:
+            self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
+
+    def _on_event(self, _ctx: Any, data: Any, size: int) -> None:
+        self._chunks.append(ctypes.string_at(data, size))
+
+    def poll(self) -> bytes:
+        """Take every event record waiting in the ring buffer, as concatenated raw records."""
+        self._bpf.ring_buffer_consume()
+        if not self._chunks:
+            return b""
+        raw = b"".join(self._chunks)
+        self._chunks.clear()
+        return raw
+
+    def stats(self) -> dict[str, int]:
+        """Loss and overflow counters since load, summed over CPUs."""
+        table = self._bpf[b"stats"]
+        return {name: int(sum(table[ctypes.c_int(i)])) for i, name in enumerate(STATS)}
+
+    def live_counters(self) -> list[dict[str, Any]]:
+        """Counters of the processes alive now, one dict per process."""
+        return [_counters_row(getattr(k, "value", k), v) for k, v in _items(self._bpf[b"counters"])]
+
+    def take_exited(self) -> list[dict[str, Any]]:
+        """Final counters of the processes that exited since the last call (removed from BPF)."""
+        table = self._bpf[b"exited"]
+        rows = []
+        for key, value in _items(table):
+            rows.append(_counters_row(key.pid, value))
+            del table[key]
+        return rows
+
+    def error_counts(self) -> list[dict[str, Any]]:
+        """Failed calls per (process instance, syscall, errno)."""
+        return [
+            {"pid": k.pid, "first_ts": k.first_ts, "syscall": SYSCALL_NAMES[k.syscall],
+             "errno": k.errno_, "count": int(getattr(v, "value", v))}
+            for k, v in _items(self._bpf[b"errors"])
+        ]
+
+    def forget_errors(self, instances: set[tuple[int, int]]) -> None:
+        """Remove the error counts of exited process instances (pid, first_ts)."""
+        table = self._bpf[b"errors"]
+        for key, _ in _items(table):
+            if (key.pid, key.first_ts) in instances:
+                del table[key]
+
+    def close(self) -> None:
+        """Detach everything and free the maps."""
+        self._bpf.cleanup()
+
+
+def _items(table: Any) -> list[tuple[Any, Any]]:
+    try:
+        return list(table.items_lookup_batch())
+    except Exception:  # kernels before 5.6 have no batch lookups
+        return list(table.items())
+
+
+def _counters_row(pid: int, value: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "pid": int(pid),
+        "first_ts": int(value.first_ts),
+        "exit_ts": int(value.exit_ts) or None,
+        "comm": bytes(value.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
+    }
+    for i, name in enumerate(COUNTERS):
+        row[name] = int(value.n[i])
+    return row
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] if text else type(exc).__name__

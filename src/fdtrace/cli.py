@@ -1,0 +1,111 @@
+"""The ``fdtrace`` command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from types import FrameType
+
+import click
+
+from fdtrace import __version__
+from fdtrace.errors import FdtraceError
+
+
+def _fail(error: FdtraceError) -> None:
+    click.echo(f"fdtrace: error: {error}", err=True)
+    sys.exit(error.exit_code)
+
+
+class _StopFlag:
+    """Set by SIGTERM (and SIGINT) so the main loop ends cleanly."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+        self.stopped = True
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fdtrace")
+def main() -> None:
+    """Trace sockets, FD exhaustion (EMFILE/ENFILE), threads and OOM kills with eBPF."""
+
+
+@main.command()
+@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("--comm", "comms", multiple=True, help="Only tasks with this name (repeatable).")
+@click.option("--errors-only", is_flag=True,
+              help="Only failures: failed calls (not EAGAIN/EINPROGRESS), EMFILE/ENFILE, OOM kills, "
+                   "abnormal exits.")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--totals", "totals_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="At the end, write exact per-process counts as JSON to this file.")
+@click.option("--ring-pages", type=int, default=4096, show_default=True,
+              help="Ring buffer size in pages (a power of two).")
+def trace(
+    pids: tuple[int, ...],
+    comms: tuple[str, ...],
+    errors_only: bool,
+    duration: float | None,
+    totals_path: str | None,
+    ring_pages: int,
+) -> None:
+    """Stream events as JSON lines on stdout until Ctrl-C, SIGTERM or --duration.
+
+    A summary line of counts and losses goes to stderr at the end.
+    """
+    from fdtrace.bpf.loader import TraceOptions
+    from fdtrace.sinks.jsonl import JsonLinesSink
+    from fdtrace.sources.live_bpf import LiveBpfSource
+
+    if ring_pages < 1 or ring_pages & (ring_pages - 1):
+        _fail(FdtraceError("--ring-pages must be a power of two", exit_code=2))
+    stop = _StopFlag()
+    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages))
+    try:
+        source.start()
+    except FdtraceError as error:
+        _fail(error)
+    for note in source.notes:
+        click.echo(f"fdtrace: {note}", err=True)
+    click.echo(f"fdtrace: tracing ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
+
+    sink = JsonLinesSink(sys.stdout, comms)
+    kinds: Counter[str] = Counter()
+    losses: dict[str, int] = {}
+    end = time.monotonic() + duration if duration is not None else None
+    try:
+        while True:
+            last = stop.stopped or (end is not None and time.monotonic() >= end)
+            batch = source.poll()
+            losses = batch.losses
+            if len(batch):
+                kinds.update(batch.events["kind"].to_pylist())
+                sink.write(batch)
+            if last:
+                break
+            time.sleep(0.01)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (| head): end quietly
+        sys.exit(0)
+    finally:
+        if totals_path is not None and source._tracer is not None:
+            totals = [t.as_dict() for t in source.read_counters().all()]
+            with open(totals_path, "w") as out:
+                json.dump(totals, out)
+        source.stop()
+
+    counted = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"
+    lost = sum(losses.values())
+    detail = ", ".join(f"{k} {v}" for k, v in losses.items() if v)
+    click.echo(
+        f"fdtrace: {sum(kinds.values())} events ({counted}); lost {lost}" + (f" ({detail})" if detail else ""),
+        err=True,
+    )

@@ -1,0 +1,86 @@
+"""Per-process totals from the in-kernel counters, kept after the processes exit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdtrace.schema import COUNTERS
+
+
+@dataclass
+class ProcessTotals:
+    """Exact counts of one process instance, identified by (pid, first_ts)."""
+
+    pid: int
+    first_ts: int
+    comm: str
+    exit_ts: int | None
+    counts: dict[str, int]
+    errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (syscall, errno) -> calls
+
+    def as_dict(self) -> dict[str, Any]:
+        """A flat dict, errors as ``{"syscall:ERRNO": count}``."""
+        row: dict[str, Any] = {"pid": self.pid, "first_ts": self.first_ts, "comm": self.comm,
+                               "exit_ts": self.exit_ts, **self.counts}
+        row["errors"] = {f"{sc}:{err}": n for (sc, err), n in sorted(self.errors.items())}
+        return row
+
+
+class CounterStore:
+    """Merges the live counter table, the exited processes' final counters and the error table.
+
+    Feed it what the loader reads (``update``); exited instances stay here after the kernel side
+    has forgotten them, up to ``max_exited`` (the oldest are dropped and counted).
+    """
+
+    def __init__(self, max_exited: int = 100_000) -> None:
+        self.max_exited = max_exited
+        self.exited: dict[tuple[int, int], ProcessTotals] = {}
+        self.live: dict[tuple[int, int], ProcessTotals] = {}
+        self.evicted = 0
+
+    def update(
+        self,
+        live_rows: Iterable[dict[str, Any]],
+        exited_rows: Iterable[dict[str, Any]],
+        error_rows: Iterable[dict[str, Any]],
+    ) -> set[tuple[int, int]]:
+        """Take a reading. Returns the exited instances whose errors the kernel may now forget."""
+        import errno as errno_module
+
+        self.live = {}
+        for row in live_rows:
+            self.live[(row["pid"], row["first_ts"])] = _totals(row)
+        newly_exited = set()
+        for row in exited_rows:
+            key = (row["pid"], row["first_ts"])
+            self.exited[key] = _totals(row)
+            newly_exited.add(key)
+        for row in error_rows:
+            key = (row["pid"], row["first_ts"])
+            target = self.live.get(key) or self.exited.get(key)
+            if target is None:
+                continue
+            name = errno_module.errorcode.get(row["errno"], f"E{row['errno']}")
+            target.errors[(row["syscall"], name)] = row["count"]
+        while len(self.exited) > self.max_exited:
+            self.exited.pop(next(iter(self.exited)))
+            self.evicted += 1
+        return newly_exited
+
+    def all(self) -> list[ProcessTotals]:
+        """Every process instance seen, exited ones first in exit order, then live ones."""
+        return list(self.exited.values()) + list(self.live.values())
+
+    def for_pid(self, pid: int) -> list[ProcessTotals]:
+        """The instances with this pid (more than one when the pid was reused)."""
+        return [t for t in self.all() if t.pid == pid]
+
+
+def _totals(row: dict[str, Any]) -> ProcessTotals:
+    return ProcessTotals(
+        pid=row["pid"], first_ts=row["first_ts"], comm=row["comm"], exit_ts=row["exit_ts"],
+        counts={name: row[name] for name in COUNTERS},
+    )

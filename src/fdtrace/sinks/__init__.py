@@ -1,0 +1,1 @@
+"""Sinks of event batches: JSON lines (and, later, recordings and exporters)."""

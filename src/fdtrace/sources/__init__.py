@@ -1,0 +1,1 @@
+"""Sources of event batches: live BPF tracing (and, later, replay of recordings)."""

@@ -1,0 +1,24 @@
+"""What every source yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EventBatch:
+    """Events read in one poll, in the column layout of ``schema.EVENT_FIELDS``.
+
+    Attributes:
+        events: a ``pyarrow.Table`` with the schema of ``schema.arrow_schema()``.
+        mono_ns: CLOCK_MONOTONIC time of the poll.
+        losses: cumulative loss and overflow counters (``schema.STATS``) at the poll.
+    """
+
+    events: Any
+    mono_ns: int
+    losses: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.events.num_rows)

@@ -1,0 +1,122 @@
+"""Raw BPF event records to the columns of the event model, in bulk with numpy."""
+
+from __future__ import annotations
+
+import errno as errno_module
+import signal as signal_module
+
+import numpy as np
+import pyarrow as pa
+
+from fdtrace.clock import ClockOffsets
+from fdtrace.procfs import StartTimeResolver
+from fdtrace.schema import KIND_LABELS, RAW_EVENT_DTYPE, SYSCALL_NAMES, Kind, arrow_schema
+
+_KIND_DICT = [KIND_LABELS.get(i, "") for i in range(max(KIND_LABELS) + 1)]
+_ERRNO_DICT = [""] + [errno_module.errorcode.get(i, f"E{i}") for i in range(1, 4096)]
+def _signal_names() -> list[str]:
+    names = [""]
+    for number in range(1, 65):
+        try:
+            names.append(signal_module.Signals(number).name)
+        except ValueError:
+            names.append(f"SIG{number}")
+    return names
+
+
+_SIGNAL_NAMES = _signal_names()
+_SYSCALL_KINDS = np.array([Kind.SOCKET, Kind.ACCEPT, Kind.CONNECT, Kind.CLOSE, Kind.FD_ERROR], dtype=np.uint8)
+
+
+def _dictionary(codes: np.ndarray, values: list[str], mask: np.ndarray | None = None) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(
+        pa.array(codes.astype(np.int32), mask=mask), pa.array(values, type=pa.string())
+    )
+
+
+def _masked(values: np.ndarray, valid: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    return pa.array(values, type=arrow_type, mask=~valid)
+
+
+def _comm_column(comms: np.ndarray) -> pa.Array:
+    unique, inverse = np.unique(comms, return_inverse=True)
+    names = [c.decode("utf-8", "replace") for c in unique]
+    return _dictionary(inverse.reshape(-1), names)
+
+
+def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeResolver) -> pa.Array:
+    pids = raw["pid"]
+    kinds = raw["kind"]
+    starts = np.zeros(len(raw), dtype=np.int64)
+    known = np.zeros(len(raw), dtype=bool)
+    lifecycle = (kinds == Kind.PROCESS_START) | (kinds == Kind.PROCESS_EXIT)
+    ordered_pids = set(pids[lifecycle].tolist())
+    for pid in set(pids.tolist()) - ordered_pids:
+        start = resolver.lookup(pid)
+        if start is not None:
+            rows = pids == pid
+            starts[rows] = start
+            known[rows] = True
+    # Processes that start or exit in this batch: walk their rows in order, so a pid reused
+    # within the batch gets each process's own start.
+    for i in np.flatnonzero(np.isin(pids, list(ordered_pids))):
+        pid = int(pids[i])
+        if kinds[i] == Kind.PROCESS_START:
+            start: int | None = resolver.started(pid, int(raw["ts_ns"][i]), offsets.boottime_offset_ns)
+        else:
+            start = resolver.lookup(pid)
+        if start is not None:
+            starts[i] = start
+            known[i] = True
+        if kinds[i] == Kind.PROCESS_EXIT:
+            resolver.exited(pid)
+    return _masked(starts, known, pa.int64())
+
+
+def decode(
+    raw_bytes: bytes, host: str, offsets: ClockOffsets, resolver: StartTimeResolver
+) -> pa.Table:
+    """Decode concatenated ``struct fdt_event`` records into an events table.
+
+    Args:
+        raw_bytes: records as read from the ring buffer.
+        host: the traced machine's name.
+        offsets: clock offsets sampled at the poll that read the records.
+        resolver: gives process start times; updated with the processes that start and exit.
+    """
+    raw = np.frombuffer(raw_bytes, dtype=RAW_EVENT_DTYPE)
+    n = len(raw)
+    kinds = raw["kind"]
+    extra = raw["extra"]
+    is_syscall = np.isin(kinds, _SYSCALL_KINDS)
+    is_oom = kinds == Kind.OOM_KILL
+    is_exit = kinds == Kind.PROCESS_EXIT
+    exit_known = is_exit & (extra[:, 0] == 1)
+    signaled = exit_known & (extra[:, 2] != 0)
+    ts = raw["ts_ns"].astype(np.int64)
+    columns = {
+        "ts_ns": pa.array(ts, type=pa.int64()),
+        "time": pa.array(ts + offsets.realtime_offset_ns, type=pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
+        "host": _dictionary(np.zeros(n, dtype=np.int32), [host]),
+        "pid": pa.array(raw["pid"].astype(np.int32)),
+        "tid": pa.array(raw["tid"].astype(np.int32)),
+        "start_ns": _start_times(raw, offsets, resolver),
+        "comm": _comm_column(raw["comm"]),
+        "kind": _dictionary(kinds, _KIND_DICT),
+        "syscall": _dictionary(raw["syscall"], list(SYSCALL_NAMES)),
+        "ret": _masked(raw["ret"], is_syscall, pa.int64()),
+        "errno": _dictionary(np.minimum(raw["errno"], 4095), _ERRNO_DICT),
+        "fd": _masked(raw["fd"], (raw["fd"] >= 0) & is_syscall, pa.int32()),
+        "ppid": _masked(extra[:, 0].astype(np.int32), kinds == Kind.PROCESS_START, pa.int32()),
+        "creator_tid": _masked(extra[:, 0].astype(np.int32), kinds == Kind.THREAD_START, pa.int32()),
+        "old_tid": _masked(extra[:, 0].astype(np.int32), kinds == Kind.PROCESS_EXEC, pa.int32()),
+        "exit_code": _masked(extra[:, 1].astype(np.int32), exit_known & ~signaled, pa.int32()),
+        "signal": _dictionary(np.minimum(extra[:, 2], 64), _SIGNAL_NAMES, mask=~signaled),
+        "total_vm_kb": _masked(extra[:, 0].astype(np.int64), is_oom, pa.int64()),
+        "anon_rss_kb": _masked(extra[:, 1].astype(np.int64), is_oom, pa.int64()),
+        "file_rss_kb": _masked(extra[:, 2].astype(np.int64), is_oom, pa.int64()),
+        "shmem_rss_kb": _masked(extra[:, 3].astype(np.int64), is_oom, pa.int64()),
+        "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()),
+    }
+    schema = arrow_schema()
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)

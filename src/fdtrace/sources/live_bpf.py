@@ -1,0 +1,100 @@
+"""The live source: fdtrace's BPF programs on this kernel, read in batches."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import time
+
+from fdtrace.bpf.features import (
+    check_kernel_headers,
+    check_privileges,
+    ensure_tracefs,
+    probe_kernel,
+)
+from fdtrace.bpf.loader import BpfTracer, TraceOptions
+from fdtrace.clock import sample_offsets
+from fdtrace.counters import CounterStore
+from fdtrace.procfs import StartTimeResolver
+from fdtrace.sources.base import EventBatch
+from fdtrace.sources.decode import decode
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit, so that fdtrace keeps working
+    on a machine that is running out of file descriptors. Returns the new (soft, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+class LiveBpfSource:
+    """Attaches the probes on ``start()``; each ``poll()`` returns the events since the last.
+
+    Attributes:
+        notes: things the user should know (tracefs mounted, probes skipped).
+        counters: exact per-process totals, refreshed by ``read_counters()``.
+    """
+
+    def __init__(self, options: TraceOptions | None = None) -> None:
+        self.options = options or TraceOptions()
+        self.host = socket.gethostname()
+        self.notes: list[str] = []
+        self.counters = CounterStore()
+        self._resolver = StartTimeResolver()
+        self._tracer: BpfTracer | None = None
+
+    def start(self) -> None:
+        """Check the environment, compile and attach. Raises FdtraceError with the reason."""
+        raise_nofile_limit()
+        check_privileges()
+        note = ensure_tracefs()
+        if note:
+            self.notes.append(note)
+        check_kernel_headers()
+        features = probe_kernel()
+        self._tracer = BpfTracer(self.options, features)
+        if self._tracer.skipped:
+            self.notes.append("running without probes this kernel lacks: " + ", ".join(self._tracer.skipped))
+
+    @property
+    def tracer(self) -> BpfTracer:
+        """The loaded programs (after ``start()``)."""
+        if self._tracer is None:
+            raise RuntimeError("LiveBpfSource.start() was not called")
+        return self._tracer
+
+    @property
+    def probes(self) -> list[str]:
+        """The tracepoints attached."""
+        return list(self.tracer.attached)
+
+    def poll(self) -> EventBatch:
+        """Read and decode the events waiting in the ring buffer."""
+        raw = self.tracer.poll()
+        offsets = sample_offsets()
+        table = decode(raw, self.host, offsets, self._resolver)
+        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self.tracer.stats())
+
+    def read_counters(self) -> CounterStore:
+        """Refresh and return the exact per-process totals."""
+        tracer = self.tracer
+        exited = tracer.take_exited()
+        forget = self.counters.update(tracer.live_counters(), exited, tracer.error_counts())
+        if forget:
+            tracer.forget_errors(forget)
+        return self.counters
+
+    def stop(self) -> None:
+        """Detach the probes."""
+        if self._tracer is not None:
+            self._tracer.close()
+            self._tracer = None
+
+
+def wait_interval(deadline: float) -> None:
+    """Sleep until ``deadline`` (time.monotonic), if it is in the future."""
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)

@@ -1,0 +1,102 @@
+"""Shared fixtures: a live tracer for the tests that attach real BPF programs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from fdtrace.counters import ProcessTotals
+
+
+def needs_root() -> pytest.MarkDecorator:
+    return pytest.mark.skipif(os.geteuid() != 0, reason="attaching BPF programs needs root")
+
+
+@dataclass
+class ChildRun:
+    """What one child process did, as the tracer saw it."""
+
+    pid: int
+    returncode: int
+    events: list[dict[str, Any]]
+    totals: list[ProcessTotals]
+    stdout: str = ""
+
+    def of_kind(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind and all(e[k] == v for k, v in match.items())]
+
+    @property
+    def total(self) -> ProcessTotals:
+        assert len(self.totals) == 1, self.totals
+        return self.totals[0]
+
+
+@dataclass
+class LiveTracer:
+    """A LiveBpfSource polled by a background thread that keeps every event."""
+
+    source: Any
+    events: list[dict[str, Any]] = field(default_factory=list)
+    losses: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: bool = False
+
+    def loop(self) -> None:
+        while not self.stopping:
+            with self.lock:
+                batch = self.source.poll()
+                self.losses = batch.losses
+                if len(batch):
+                    self.events.extend(batch.events.to_pylist())
+            time.sleep(0.01)
+
+    def run(self, argv: list[str], timeout: float = 60, **popen: Any) -> ChildRun:
+        """Run a child to its end and return what was traced of it."""
+        start_ns = time.monotonic_ns()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, **popen)
+        stdout, _ = proc.communicate(timeout=timeout)
+        return self.collect(proc.pid, proc.returncode, start_ns, stdout)
+
+    def collect(self, pid: int, returncode: int, start_ns: int, stdout: str = "") -> ChildRun:
+        deadline = time.monotonic() + 10
+        while True:
+            with self.lock:
+                mine = [e for e in self.events if e["pid"] == pid and e["ts_ns"] >= start_ns]
+            if any(e["kind"] == "process_exit" for e in mine):
+                break
+            assert time.monotonic() < deadline, f"no process_exit event for pid {pid}"
+            time.sleep(0.02)
+        with self.lock:
+            store = self.source.read_counters()
+        totals = [t for t in store.for_pid(pid) if t.first_ts >= start_ns]
+        return ChildRun(pid, returncode, mine, totals, stdout)
+
+
+@pytest.fixture(scope="session")
+def live_tracer() -> Iterator[LiveTracer]:
+    if os.geteuid() != 0:
+        pytest.skip("attaching BPF programs needs root")
+    from fdtrace.sources.live_bpf import LiveBpfSource
+
+    source = LiveBpfSource()
+    source.start()
+    tracer = LiveTracer(source)
+    thread = threading.Thread(target=tracer.loop, daemon=True)
+    thread.start()
+    yield tracer
+    tracer.stopping = True
+    thread.join()
+    source.stop()
+
+
+def python_child(code: str) -> list[str]:
+    """argv of a Python child running ``code`` (no site imports: nothing but what it says)."""
+    return [sys.executable, "-S", "-c", code]

@@ -1,0 +1,47 @@
+"""Test helpers that touch the system: memory cgroups (v1 and v2)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _memory_parent() -> tuple[Path, str]:
+    controllers = CGROUP_ROOT / "cgroup.controllers"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        return CGROUP_ROOT, "v2"
+    if (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists():
+        return CGROUP_ROOT / "memory", "v1"
+    raise RuntimeError("no memory cgroup controller (v1 or v2) is mounted")
+
+
+@contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    """A fresh memory cgroup with a hard limit and no swap; yields its cgroup.procs path."""
+    parent, version = _memory_parent()
+    group = parent / f"fdtrace-test-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        if version == "v2":
+            (group / "memory.max").write_text(str(limit_bytes))
+            swap = group / "memory.swap.max"
+            if swap.exists():
+                swap.write_text("0")
+        else:
+            (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            swappiness = group / "memory.swappiness"
+            if swappiness.exists():
+                swappiness.write_text("0")
+        yield group / "cgroup.procs"
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
