@@ -73,6 +73,8 @@ struct fdt_sys_enter_args {
 };
 
 BPF_RINGBUF_OUTPUT(events, FDT_RING_PAGES);
+/* Never written: lets user space see struct fdt_event's layout as compiled (tests compare it). */
+BPF_ARRAY(event_layout, struct fdt_event, 1);
 BPF_PERCPU_ARRAY(stats, u64, FDT_N_STATS);
 BPF_HASH(counters, u32, struct fdt_counters, FDT_MAX_PROCESSES);
 BPF_HASH(exited, struct fdt_instance_key, struct fdt_counters, FDT_MAX_EXITED);

@@ -111,13 +111,15 @@ class Field:
 #: The columns of the ``events`` table, in order. docs/format.md describes the same fields.
 EVENT_FIELDS: tuple[Field, ...] = (
     Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds, from bpf_ktime_get_ns()"),
-    Field("time", "timestamp_utc", False, "UTC wall time: ts_ns plus the CLOCK_REALTIME - CLOCK_MONOTONIC offset sampled when the event was read"),
+    Field("time", "timestamp_utc", False,
+          "UTC wall time: ts_ns plus the CLOCK_REALTIME - CLOCK_MONOTONIC offset sampled when the event was read"),
     Field("host", "dict_string", False, "host name of the traced machine"),
     Field("pid", "int32", False, "process id (tgid); for oom_kill the victim"),
     Field("tid", "int32", False, "thread id; for thread_start the new thread"),
-    Field("start_ns", "int64", True, "process start, CLOCK_BOOTTIME ns at /proc's 10 ms resolution; (pid, start_ns) identifies a process across PID reuse"),
+    Field("start_ns", "int64", True,
+          "process start, CLOCK_BOOTTIME ns at /proc's tick resolution; (pid, start_ns) identifies a process"),
     Field("comm", "dict_string", False, "task name (16 bytes at most)"),
-    Field("kind", "dict_string", False, "socket, accept, connect, close, fd_error, thread_start, thread_exit, process_start, process_exec, process_exit, oom_kill"),
+    Field("kind", "dict_string", False, "what happened: one of Kind's labels, e.g. socket, fd_error, oom_kill"),
     Field("syscall", "dict_string", False, "the syscall for socket/accept/connect/close/fd_error, else empty"),
     Field("ret", "int64", True, "the syscall's return value: fd or -errno"),
     Field("errno", "dict_string", False, "error name such as EMFILE; empty when the call succeeded"),

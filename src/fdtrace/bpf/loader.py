@@ -7,7 +7,7 @@ map contents); decoding into the event model happens in the sources.
 from __future__ import annotations
 
 import ctypes
-import os
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,7 +15,7 @@ from typing import Any
 
 from fdtrace.bpf.features import KernelFeatures
 from fdtrace.errors import FdtraceError
-from fdtrace.schema import COUNTERS, STATS, SYSCALL_NAMES, bpf_cflags
+from fdtrace.schema import COUNTERS, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
 
 BPF_SOURCES = ("sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c")
 
@@ -65,7 +65,7 @@ def tid_slots() -> int:
 
 def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]:
     """All compiler flags: numbering from the schema, kernel features and the options."""
-    fd_alloc = [name for name in features.syscall_exits if name not in ("socket", "accept", "accept4", "connect", "close")]
+    fd_alloc = [name for name in features.syscall_exits if name not in SOCKET_SYSCALLS]
     flags = bpf_cflags() + features.cflags()
     flags += [
         f"-DFDT_RING_PAGES={options.ring_pages}",
@@ -87,7 +87,7 @@ def _import_bcc() -> Any:
         import bcc  # type: ignore[import-not-found]
     except ImportError as exc:
         raise FdtraceError(
-            f"the bcc Python module is not importable from {os.sys.executable} ({exc}): install "
+            f"the bcc Python module is not importable from {sys.executable} ({exc}): install "
             "Debian's python3-bpfcc and run fdtrace from a virtual environment that can see it "
             "(scripts/setup.sh makes one); PyPI's 'bcc' is an unrelated package",
         ) from None

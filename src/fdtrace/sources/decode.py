@@ -52,10 +52,10 @@ def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeReso
     lifecycle = (kinds == Kind.PROCESS_START) | (kinds == Kind.PROCESS_EXIT)
     ordered_pids = set(pids[lifecycle].tolist())
     for pid in set(pids.tolist()) - ordered_pids:
-        start = resolver.lookup(pid)
-        if start is not None:
+        looked_up = resolver.lookup(pid)
+        if looked_up is not None:
             rows = pids == pid
-            starts[rows] = start
+            starts[rows] = looked_up
             known[rows] = True
     # Processes that start or exit in this batch: walk their rows in order, so a pid reused
     # within the batch gets each process's own start.

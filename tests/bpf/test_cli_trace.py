@@ -1,0 +1,165 @@
+"""`fdtrace trace` end to end: filters, summary, losses, limits and the errors users meet."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import python_child
+
+pytestmark = pytest.mark.bpf
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+SUMMARY = re.compile(r"^fdtrace: (\d+) events \((.*)\); lost (\d+)(?: \((.*)\))?$")
+
+WAIT_THEN = "import sys\nsys.stdin.readline()\n"
+
+
+def start_tracer(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [*prefix, FDTRACE, "trace", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    while line and "tracing (" not in line:
+        line = proc.stderr.readline()
+    assert line, f"tracer did not start: {proc.communicate()}"
+    return proc
+
+
+def stop_tracer(proc: subprocess.Popen[str]) -> tuple[list[dict], list[str]]:
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines()], err.strip().splitlines()
+
+
+def test_pid_filter_errors_only_and_summary() -> None:
+    child = subprocess.Popen(
+        ["prlimit", "--nofile=32:32", *python_child(WAIT_THEN + (
+            "import os, socket, threading\n"
+            "t = threading.Thread(target=lambda: None); t.start(); t.join()\n"
+            "socks = [socket.socket() for _ in range(4)]\n"
+            "[s.close() for s in socks]\n"
+            "while True:\n"
+            "    try: os.open('/dev/null', os.O_RDONLY)\n"
+            "    except OSError: break\n"
+            "for _ in range(2):\n"
+            "    try: socket.socket()\n"
+            "    except OSError: pass\n"
+        ))],
+        stdin=subprocess.PIPE, text=True,
+    )
+    other = subprocess.Popen(python_child(WAIT_THEN + "import socket\nsocket.socket().close()\n"),
+                             stdin=subprocess.PIPE, text=True)
+    tracer = start_tracer("--pid", str(child.pid), "--errors-only")
+    child.communicate("go\n", timeout=30)
+    other.communicate("go\n", timeout=30)
+    time.sleep(0.3)
+    events, stderr = stop_tracer(tracer)
+    assert {e["pid"] for e in events} == {child.pid}
+    assert [(e["kind"], e["syscall"], e["errno"]) for e in events] == [
+        ("fd_error", "openat", "EMFILE"), ("socket", "socket", "EMFILE"), ("socket", "socket", "EMFILE"),
+    ]
+    match = SUMMARY.match(stderr[-1])
+    assert match, stderr
+    assert match.group(1) == "3" and match.group(2) == "fd_error 1, socket 2" and match.group(3) == "0"
+
+
+def test_ring_buffer_overflow_is_counted_and_counters_stay_exact(tmp_path: Path) -> None:
+    totals_path = tmp_path / "totals.json"
+    n = 20000
+    child = subprocess.Popen(
+        python_child(WAIT_THEN + f"import socket\nfor _ in range({n}):\n    socket.socket().close()\n"),
+        stdin=subprocess.PIPE, text=True,
+    )
+    tracer = start_tracer("--pid", str(child.pid), "--ring-pages", "1", "--totals", str(totals_path))
+    child.communicate("go\n", timeout=60)
+    time.sleep(0.2)
+    events, stderr = stop_tracer(tracer)
+    match = SUMMARY.match(stderr[-1])
+    assert match, stderr
+    lost = int(match.group(3))
+    assert lost > 0 and f"ringbuf_full {lost}" in match.group(4)
+    assert int(match.group(1)) == len(events) < 2 * n
+    [totals] = [t for t in json.loads(totals_path.read_text()) if t["pid"] == child.pid]
+    assert totals["sockets"] == n and totals["socket_errors"] == 0
+    assert totals["closes"] >= n
+    sockets_seen = sum(1 for e in events if e["kind"] == "socket")
+    assert sockets_seen < n
+
+
+def test_tracer_raises_its_own_fd_limit_and_ends_on_duration() -> None:
+    proc = start_tracer("--duration", "3", prefix=("prlimit", "--nofile=256:4096"))
+    limits = Path(f"/proc/{proc.pid}/limits").read_text()
+    [line] = [row for row in limits.splitlines() if row.startswith("Max open files")]
+    assert line.split()[3:5] == ["4096", "4096"]
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and SUMMARY.match(err.strip().splitlines()[-1])
+
+
+def run_fdtrace(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fdtrace: error: "), result.stderr
+    assert text in lines[0] and "Traceback" not in result.stderr
+
+
+def test_unprivileged_user_gets_one_line() -> None:
+    result = run_fdtrace(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                          FDTRACE, "trace", "--duration", "1"])
+    assert_one_line_error(result, "needs root, or CAP_BPF and CAP_PERFMON")
+    assert result.returncode == 77
+
+
+def test_bcc_not_importable_says_how_to_install() -> None:
+    code = ("import sys; sys.modules['bcc'] = None; sys.argv = ['fdtrace', 'trace', '--duration', '1'];"
+            "from fdtrace.cli import main; main()")
+    result = run_fdtrace([sys.executable, "-c", code])
+    assert_one_line_error(result, "python3-bpfcc")
+
+
+def test_missing_kernel_headers_say_how_to_link_them() -> None:
+    result = run_fdtrace(["unshare", "-m", "sh", "-c",
+                          f"mount -t tmpfs tmpfs /lib/modules && exec {FDTRACE} trace --duration 1"])
+    assert_one_line_error(result, "no kernel headers for")
+
+
+def test_unmounted_tracefs_is_mounted_or_explained() -> None:
+    result = run_fdtrace(["unshare", "-m", "sh", "-c",
+                          f"umount /sys/kernel/tracing && exec {FDTRACE} trace --duration 0.5"])
+    assert result.returncode == 0, result.stderr
+    assert "fdtrace: tracefs was not mounted: mounted it at /sys/kernel/tracing" in result.stderr
+    if shutil.which("capsh") is None:
+        pytest.skip("capsh is not installed")
+    result = run_fdtrace(["unshare", "-m", "sh", "-c",
+                          "umount /sys/kernel/tracing && exec capsh --drop=cap_sys_admin -- -c "
+                          f"'exec {FDTRACE} trace --duration 0.5'"])
+    assert_one_line_error(result, "tracefs is not mounted at /sys/kernel/tracing")
+    assert "mount -t tracefs tracefs /sys/kernel/tracing" in result.stderr
+
+
+def test_kernel_without_a_tracepoint_runs_without_it(tmp_path: Path) -> None:
+    formats = tmp_path / "events"
+    for category in ("syscalls", "task", "sched", "signal"):  # every category but oom
+        for event in Path("/sys/kernel/tracing/events", category).iterdir():
+            if (event / "format").exists():
+                (formats / category / event.name).mkdir(parents=True)
+                shutil.copyfile(event / "format", formats / category / event.name / "format")
+    env = {**os.environ, "FDTRACE_TRACEFS_FORMATS": str(formats)}
+    result = run_fdtrace([FDTRACE, "trace", "--duration", "0.5"], env=env)
+    assert result.returncode == 0, result.stderr
+    assert "fdtrace: running without probes this kernel lacks: oom:mark_victim" in result.stderr

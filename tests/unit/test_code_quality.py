@@ -1,0 +1,23 @@
+"""ruff and mypy are part of the suite: a change that breaks them fails CI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def run_tool(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_is_clean() -> None:
+    result = run_tool("ruff", "check", "src", "tests", "bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_is_clean() -> None:
+    result = run_tool("mypy")
+    assert result.returncode == 0, result.stdout + result.stderr

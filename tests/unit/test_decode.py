@@ -1,0 +1,87 @@
+"""Decoding raw event records (built here in the C layout) into the event model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fdtrace.clock import ClockOffsets
+from fdtrace.procfs import TICK_NS, ProcFS, StartTimeResolver
+from fdtrace.schema import EVENT_COLUMNS, RAW_EVENT_DTYPE, SYSCALL_IDS, Kind, arrow_schema
+from fdtrace.sources.decode import decode
+
+OFFSETS = ClockOffsets(mono_ns=0, realtime_offset_ns=1_700_000_000_000_000_000, boottime_offset_ns=5_000_000_000)
+
+
+def record(kind: Kind, pid: int = 100, ts: int = 1_000, **fields: object) -> np.ndarray:
+    rec = np.zeros(1, dtype=RAW_EVENT_DTYPE)
+    rec["ts_ns"], rec["pid"], rec["tid"], rec["kind"], rec["fd"], rec["comm"] = ts, pid, pid, kind, -1, b"worker"
+    for name, value in fields.items():
+        rec[name] = value
+    return rec
+
+
+def decode_records(*records: np.ndarray, procfs_root: Path | None = None) -> list[dict]:
+    raw = np.concatenate(records).tobytes()
+    resolver = StartTimeResolver(ProcFS(procfs_root or "/nonexistent"))
+    table = decode(raw, "host-a", OFFSETS, resolver)
+    assert table.schema.equals(arrow_schema())
+    return table.to_pylist()
+
+
+def test_failed_socket_call_has_errno_name_and_no_fd() -> None:
+    [row] = decode_records(record(Kind.SOCKET, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24))
+    assert list(row) == list(EVENT_COLUMNS)
+    assert (row["kind"], row["syscall"], row["ret"]) == ("socket", "socket", -24)
+    assert (row["errno"], row["fd"]) == ("EMFILE", None)
+    assert row["host"] == "host-a" and row["comm"] == "worker"
+    assert row["time"].value == 1_700_000_000_000_001_000
+
+
+def test_lifecycle_fields_land_in_their_columns() -> None:
+    rows = decode_records(
+        record(Kind.PROCESS_START, pid=200, ts=2_000_000_000, extra=[100, 0, 0, 0]),
+        record(Kind.THREAD_START, pid=200, tid=201, extra=[200, 0, 0, 0]),
+        record(Kind.PROCESS_EXIT, pid=200, extra=[1, 3, 0, 0]),
+        record(Kind.PROCESS_EXIT, pid=300, extra=[1, 0, 9, 0]),
+        record(Kind.PROCESS_EXIT, pid=301, extra=[0, 0, 0, 0]),
+        record(Kind.OOM_KILL, pid=400, ret=-500, extra=[2048, 1024, 512, 8]),
+    )
+    start, thread, exit_code, killed, unknown, oom = rows
+    assert start["ppid"] == 100 and start["ret"] is None and start["syscall"] == ""
+    assert start["start_ns"] == (2_000_000_000 + 5_000_000_000) // TICK_NS * TICK_NS
+    assert exit_code["start_ns"] == start["start_ns"]
+    assert thread["creator_tid"] == 200 and thread["tid"] == 201
+    assert (exit_code["exit_code"], exit_code["signal"]) == (3, None)
+    assert (killed["exit_code"], killed["signal"]) == (None, "SIGKILL")
+    assert (unknown["exit_code"], unknown["signal"]) == (None, None)
+    assert (oom["total_vm_kb"], oom["anon_rss_kb"], oom["file_rss_kb"], oom["shmem_rss_kb"]) == (2048, 1024, 512, 8)
+    assert oom["oom_score_adj"] == -500 and oom["ret"] is None
+
+
+def test_start_time_comes_from_proc_for_processes_already_running(tmp_path: Path) -> None:
+    (tmp_path / "77").mkdir()
+    fields = ["S"] + ["0"] * 18 + ["4242"] + ["0"] * 10
+    (tmp_path / "77" / "stat").write_text("77 (a (weird) name) " + " ".join(fields) + "\n")
+    [row] = decode_records(record(Kind.CLOSE, pid=77, syscall=SYSCALL_IDS["close"], fd=5), procfs_root=tmp_path)
+    assert row["start_ns"] == 4242 * TICK_NS and row["fd"] == 5
+
+
+def test_vanished_process_has_no_start_time() -> None:
+    [row] = decode_records(record(Kind.SOCKET, pid=31337, syscall=SYSCALL_IDS["socket"], ret=3, fd=3))
+    assert row["start_ns"] is None
+
+
+def test_pid_reused_within_one_batch_gets_each_start() -> None:
+    rows = decode_records(
+        record(Kind.PROCESS_START, pid=500, ts=1_000_000_000),
+        record(Kind.PROCESS_EXIT, pid=500, ts=1_100_000_000, extra=[1, 0, 0, 0]),
+        record(Kind.PROCESS_START, pid=500, ts=9_000_000_000),
+        record(Kind.SOCKET, pid=500, ts=9_100_000_000, syscall=SYSCALL_IDS["socket"], ret=3, fd=3),
+    )
+    assert rows[0]["start_ns"] == rows[1]["start_ns"] != rows[2]["start_ns"] == rows[3]["start_ns"]
+
+
+def test_empty_input_gives_an_empty_table() -> None:
+    assert decode(b"", "h", OFFSETS, StartTimeResolver()).num_rows == 0
