@@ -43,7 +43,7 @@ def main() -> None:
 @click.option("--comm", "comms", multiple=True, help="Only tasks with this name (repeatable).")
 @click.option("--errors-only", is_flag=True,
               help="Only failures: failed calls (not EAGAIN/EINPROGRESS), EMFILE/ENFILE, OOM kills, "
-                   "abnormal exits.")
+                   "abnormal exits. Cheaper: failed close() calls then carry no fd.")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option("--totals", "totals_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="At the end, write exact per-process counts as JSON to this file.")
@@ -90,13 +90,14 @@ def trace(
                 kinds.update(batch.events["kind"].to_pylist())
                 sink.write(batch)
             if last:
+                losses = source.final_losses()
                 break
             time.sleep(0.01)
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (| head): end quietly
         sys.exit(0)
     finally:
-        if totals_path is not None and source._tracer is not None:
+        if totals_path is not None and source.started:
             totals = [t.as_dict() for t in source.read_counters().all()]
             with open(totals_path, "w") as out:
                 json.dump(totals, out)

@@ -163,3 +163,17 @@ def test_kernel_without_a_tracepoint_runs_without_it(tmp_path: Path) -> None:
     result = run_fdtrace([FDTRACE, "trace", "--duration", "0.5"], env=env)
     assert result.returncode == 0, result.stderr
     assert "fdtrace: running without probes this kernel lacks: oom:mark_victim" in result.stderr
+
+
+def test_comm_filter_keeps_only_that_task_name() -> None:
+    bad_close = "import os\ntry: os.close(999)\nexcept OSError: pass\n"
+    renamed = subprocess.Popen(
+        python_child(WAIT_THEN + "open('/proc/self/comm', 'w').write('fdt-comm-test')\n" + bad_close),
+        stdin=subprocess.PIPE, text=True)
+    plain = subprocess.Popen(python_child(WAIT_THEN + bad_close), stdin=subprocess.PIPE, text=True)
+    tracer = start_tracer("--comm", "fdt-comm-test", "--errors-only")
+    renamed.communicate("go\n", timeout=30)
+    plain.communicate("go\n", timeout=30)
+    time.sleep(0.3)
+    events, _ = stop_tracer(tracer)
+    assert [(e["pid"], e["kind"], e["errno"], e["fd"]) for e in events] == [(renamed.pid, "close", "EBADF", None)]

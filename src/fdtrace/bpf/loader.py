@@ -132,6 +132,11 @@ class BpfTracer:
     def _attach_syscalls(self) -> None:
         # Entries first, so that no exit is seen without the entry that carries its fd.
         for name in self.features.syscall_enters:
+            if name == "close" and self.options.errors_only:
+                # The entry probe only carries close()'s fd to its exit; without it every
+                # close() costs one probe less (about 4 % of a socket()+close() loop's speed),
+                # and failed closes are reported without their fd.
+                continue
             fn = "fdt_enter_exit_group" if name == "exit_group" else "fdt_enter_fd_syscall"
             self._attach(f"syscalls:sys_enter_{name}", fn)
         for name in self.features.syscall_exits:

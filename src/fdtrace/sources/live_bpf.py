@@ -16,6 +16,7 @@ from fdtrace.bpf.loader import BpfTracer, TraceOptions
 from fdtrace.clock import sample_offsets
 from fdtrace.counters import CounterStore
 from fdtrace.procfs import StartTimeResolver
+from fdtrace.schema import arrow_schema
 from fdtrace.sources.base import EventBatch
 from fdtrace.sources.decode import decode
 
@@ -44,6 +45,9 @@ class LiveBpfSource:
         self.counters = CounterStore()
         self._resolver = StartTimeResolver()
         self._tracer: BpfTracer | None = None
+        self._empty = arrow_schema().empty_table()
+        self._last_losses: dict[str, int] = {}
+        self._losses_read_ns = -(10**18)
 
     def start(self) -> None:
         """Check the environment, compile and attach. Raises FdtraceError with the reason."""
@@ -57,6 +61,11 @@ class LiveBpfSource:
         self._tracer = BpfTracer(self.options, features)
         if self._tracer.skipped:
             self.notes.append("running without probes this kernel lacks: " + ", ".join(self._tracer.skipped))
+
+    @property
+    def started(self) -> bool:
+        """Whether the probes are attached."""
+        return self._tracer is not None
 
     @property
     def tracer(self) -> BpfTracer:
@@ -73,9 +82,24 @@ class LiveBpfSource:
     def poll(self) -> EventBatch:
         """Read and decode the events waiting in the ring buffer."""
         raw = self.tracer.poll()
+        if not raw:  # the common case when idle: keep it cheap
+            now = time.monotonic_ns()
+            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
         offsets = sample_offsets()
         table = decode(raw, self.host, offsets, self._resolver)
-        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self.tracer.stats())
+        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns))
+
+    def _losses(self, now_ns: int) -> dict[str, int]:
+        """Loss counters, read from the kernel at most every 100 ms."""
+        if now_ns - self._losses_read_ns >= 100_000_000:
+            self._last_losses = self.tracer.stats()
+            self._losses_read_ns = now_ns
+        return self._last_losses
+
+    def final_losses(self) -> dict[str, int]:
+        """Loss counters read now (for the summary at the end)."""
+        self._last_losses = self.tracer.stats()
+        return self._last_losses
 
     def read_counters(self) -> CounterStore:
         """Refresh and return the exact per-process totals."""
