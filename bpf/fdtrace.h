@@ -95,8 +95,11 @@ static __always_inline void fdt_stat(u32 slot)
         (*v)++;
 }
 
+/* fdtrace's own process is never traced: its reads of /proc would feed back into what it sees. */
 static __always_inline int fdt_skip(u32 tgid)
 {
+    if (tgid == FDT_SELF_PID)
+        return 1;
 #ifdef FDT_FILTER_PIDS
     if (!pid_filter.lookup(&tgid))
         return 1;

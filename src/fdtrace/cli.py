@@ -110,3 +110,76 @@ def trace(
         f"fdtrace: {sum(kinds.values())} events ({counted}); lost {lost}" + (f" ({detail})" if detail else ""),
         err=True,
     )
+
+
+@main.command()
+@click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False),
+              help="Recording directory (created; several hosts may share one).")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("--comm", "comms", multiple=True, help="Only events of tasks with this name (repeatable).")
+@click.option("--errors-only", is_flag=True, help="Record only failure events (counters stay complete).")
+@click.option("--interval", type=float, default=1.0, show_default=True,
+              help="Seconds between samples and flushes to disk (what a crash can lose).")
+@click.option("--top", "top_processes", type=int, default=20, show_default=True,
+              help="Also sample this many processes with the most open FDs.")
+@click.option("--cmdline", is_flag=True, help="Record command lines in samples (they can hold secrets).")
+@click.option("--shared", is_flag=True, help="Make the files readable by everyone (default: owner only).")
+@click.option("--ring-pages", type=int, default=4096, show_default=True,
+              help="Ring buffer size in pages (a power of two).")
+def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tuple[str, ...], errors_only: bool,
+           interval: float, top_processes: int, cmdline: bool, shared: bool, ring_pages: int) -> None:
+    """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
+
+    Runs until --duration, SIGINT or SIGTERM; every file on disk is complete at any moment.
+    """
+    from pathlib import Path
+
+    from fdtrace.bpf.loader import TraceOptions
+    from fdtrace.recorder import Recorder, RecordOptions, run_metadata
+    from fdtrace.sampler import ProcSampler
+    from fdtrace.sinks.parquet import RecordingWriter
+    from fdtrace.sources.live_bpf import LiveBpfSource
+
+    if ring_pages < 1 or ring_pages & (ring_pages - 1):
+        _fail(FdtraceError("--ring-pages must be a power of two"))
+    stop = _StopFlag()
+    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages))
+    try:
+        source.start()
+        writer = RecordingWriter(Path(output), source.host, run_metadata(source, sys.argv), shared=shared)
+    except FdtraceError as error:
+        source.stop()
+        _fail(error)
+    for note in source.notes:
+        click.echo(f"fdtrace: {note}", err=True)
+    click.echo(f"fdtrace: recording to {output} ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
+    recorder = Recorder(source, writer, ProcSampler(cmdline=cmdline),
+                        RecordOptions(interval_s=interval, top_processes=top_processes, comms=comms))
+    deadline = time.monotonic() + duration if duration is not None else None
+    try:
+        recorder.run(lambda: stop.stopped, deadline)
+        writer.write_meta(complete=True, ended=time.time())
+    except FdtraceError as error:
+        _fail(error)
+    finally:
+        source.stop()
+    losses = recorder.losses
+    click.echo(
+        f"fdtrace: recorded {recorder.events} events, {writer.bytes_written} bytes; lost {sum(losses.values())}",
+        err=True,
+    )
+
+
+@main.command()
+@click.argument("directories", nargs=-1, required=True, type=click.Path())
+def info(directories: tuple[str, ...]) -> None:
+    """Summarise recordings: span, hosts, events by kind, losses, least FD headroom, OOM kills."""
+    from fdtrace.recording import load
+    from fdtrace.report_text import summary
+
+    try:
+        recording = load(list(directories))
+    except FdtraceError as error:
+        _fail(error)
+    click.echo(summary(recording))

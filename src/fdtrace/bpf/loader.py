@@ -7,6 +7,7 @@ map contents); decoding into the event model happens in the sources.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -73,6 +74,7 @@ def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]
         f"-DFDT_MAX_EXITED={options.max_exited}",
         f"-DFDT_MAX_ERROR_KEYS={options.max_error_keys}",
         f"-DFDT_TID_SLOTS={tid_slots()}",
+        f"-DFDT_SELF_PID={os.getpid()}",
         "-DFDT_FD_ALLOC_PROBES=" + " ".join(f"FDT_FD_ALLOC_PROBE({name})" for name in fd_alloc),
     ]
     if options.errors_only:
@@ -104,8 +106,9 @@ class BpfTracer:
         self.attached: list[str] = []
         self.skipped: list[str] = list(features.missing)
         self._chunks: list[bytes] = []
+        text, cflags = program_text().encode(), program_cflags(options, features)
         try:
-            self._bpf = bcc.BPF(text=program_text().encode(), cflags=program_cflags(options, features))
+            self._bpf = bcc.BPF(text=text, cflags=cflags)
         except Exception as exc:  # bcc raises plain Exception on compile errors
             raise FdtraceError(f"the BPF programs did not compile or load: {_one_line(exc)}") from None
         self._attach_syscalls()

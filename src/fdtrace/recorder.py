@@ -1,0 +1,180 @@
+"""Headless recording: the live source's events, samples of /proc, exact counters, losses and
+clock offsets, flushed to a recording directory every second."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from fdtrace import __version__
+from fdtrace.clock import sample_offsets
+from fdtrace.sampler import ProcSampler
+from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS
+from fdtrace.sinks.parquet import RecordingWriter
+from fdtrace.sources.live_bpf import LiveBpfSource
+
+ERRORS_TYPE = pa.list_(pa.struct([("syscall", pa.string()), ("errno", pa.string()), ("count", pa.int64())]))
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    """How often to sample and flush, and what to keep."""
+
+    interval_s: float = 1.0
+    top_processes: int = 20
+    comms: tuple[str, ...] = ()
+
+
+def boot_id() -> str:
+    """This boot's id: monotonic stamps are comparable only within one boot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def run_metadata(source: LiveBpfSource, argv: list[str]) -> dict[str, Any]:
+    """What a reader needs to know about the run, written to meta/host=NAME.json."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "fdtrace_version": __version__,
+        "host": source.host,
+        "kernel": platform.release(),
+        "boot_id": boot_id(),
+        "probes_attached": source.probes,
+        "probes_skipped": list(source.tracer.skipped),
+        "options": {"pids": list(source.options.pids), "errors_only": source.options.errors_only,
+                    "ring_pages": source.options.ring_pages},
+        "argv": argv,
+        "started": time.time(),
+    }
+
+
+def _time_column(ts: list[int], realtime_offset: int) -> pa.Array:
+    return pa.array([t + realtime_offset for t in ts], type=pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+
+
+class Recorder:
+    """Drives one live source into one recording writer until told to stop."""
+
+    def __init__(self, source: LiveBpfSource, writer: RecordingWriter, sampler: ProcSampler,
+                 options: RecordOptions) -> None:
+        self.source = source
+        self.writer = writer
+        self.sampler = sampler
+        self.options = options
+        self.events = 0
+        self._pids_seen: set[int] = set()
+        self._last_losses = dict.fromkeys(STATS, 0)
+        self._last_counters: dict[tuple[int, int], tuple[Any, ...]] = {}
+
+    @property
+    def losses(self) -> dict[str, int]:
+        """Cumulative loss counters at the last flush."""
+        return dict(self._last_losses)
+
+    def run(self, should_stop: Callable[[], bool], deadline: float | None) -> None:
+        """Poll every 10 ms and sample and flush every interval, until stopped."""
+        next_tick = time.monotonic()
+        while True:
+            last = should_stop() or (deadline is not None and time.monotonic() >= deadline)
+            self._take_events()
+            if last or time.monotonic() >= next_tick:
+                self.tick()
+                next_tick += self.options.interval_s
+            if last:
+                return
+            time.sleep(0.01)
+
+    def _take_events(self) -> None:
+        batch = self.source.poll()
+        if not len(batch):
+            return
+        table = batch.events
+        if self.options.comms:
+            import pyarrow.compute as pc
+
+            wanted = pa.array(sorted(self.options.comms), type=pa.string())
+            table = table.filter(pc.is_in(table["comm"].cast(pa.string()), value_set=wanted))
+        self._pids_seen.update(table["pid"].to_pylist() if table.num_rows < 10_000 else
+                               set(table["pid"].unique().to_pylist()))
+        self.writer.add("events", table.drop_columns(["host"]))
+        self.events += table.num_rows
+
+    def tick(self) -> None:
+        """Sample, read counters and losses, and flush everything buffered."""
+        offsets = sample_offsets()
+        now = offsets.mono_ns
+        self.writer.add("clock", pa.table({
+            "ts_ns": [now], "realtime_offset_ns": [offsets.realtime_offset_ns],
+            "boottime_offset_ns": [offsets.boottime_offset_ns]}))
+        self._sample(now, offsets.realtime_offset_ns)
+        self._counters(now)
+        losses = self.source.final_losses()
+        row: dict[str, list[Any]] = {"ts_ns": [now]}
+        for name in STATS:
+            row[name] = [losses.get(name, 0) - self._last_losses.get(name, 0)]
+            row[f"{name}_total"] = [losses.get(name, 0)]
+        self._last_losses = losses
+        table = pa.table(row)
+        self.writer.add("losses", table.append_column("time", _time_column([now], offsets.realtime_offset_ns)))
+        self.writer.flush()
+
+    def _sample(self, now: int, realtime_offset: int) -> None:
+        pids = set(self._pids_seen) | set(self.sampler.top_by_open_fds(self.options.top_processes))
+        pids.discard(os.getpid())
+        self._pids_seen.clear()
+        samples = self.sampler.processes(pids)
+        if samples:
+            columns: dict[str, list[Any]] = {"ts_ns": [now] * len(samples)}
+            for name in ("pid", "start_ns", "comm", "open_fds", "fd_soft_limit", "fd_hard_limit", "threads",
+                         "sockets"):
+                columns[name] = [getattr(s, name) for s in samples]
+            if self.sampler.cmdline:
+                columns["cmdline"] = [s.cmdline for s in samples]
+            table = pa.table(columns)
+            self.writer.add("samples", table.append_column("time", _time_column(columns["ts_ns"], realtime_offset)))
+        system = self.sampler.system()
+        table = pa.table({"ts_ns": [now], **{k: [v] for k, v in system.items()}})
+        self.writer.add("system", table.append_column("time", _time_column([now], realtime_offset)))
+
+    def _counters(self, now: int) -> None:
+        store = self.source.read_counters()
+        rows = []
+        for totals in store.all():
+            key = (totals.pid, totals.first_ts)
+            values = (totals.exit_ts, *(totals.counts[c] for c in COUNTERS), tuple(sorted(totals.errors.items())))
+            if self._last_counters.get(key) != values:
+                self._last_counters[key] = values
+                rows.append(totals)
+        present = {(t.pid, t.first_ts) for t in store.all()}
+        for key in [k for k in self._last_counters if k not in present]:
+            del self._last_counters[key]
+        if not rows:
+            return
+        columns: dict[str, list[Any]] = {
+            "ts_ns": [now] * len(rows),
+            "pid": [t.pid for t in rows],
+            "first_ts": [t.first_ts for t in rows],
+            "exit_ts": [t.exit_ts for t in rows],
+            "comm": [t.comm for t in rows],
+        }
+        for name in COUNTERS:
+            columns[name] = [t.counts[name] for t in rows]
+        errors = [[{"syscall": sc, "errno": err, "count": n} for (sc, err), n in sorted(t.errors.items())]
+                  for t in rows]
+        table = pa.table(columns).append_column("errors", pa.array(errors, type=ERRORS_TYPE))
+        self.writer.add("counters", table)
+
+
+def default_host() -> str:
+    """The host name recordings are partitioned by."""
+    return socket.gethostname()

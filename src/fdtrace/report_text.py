@@ -1,0 +1,54 @@
+"""A plain-text summary of a loaded recording (``fdtrace info``)."""
+
+from __future__ import annotations
+
+from fdtrace.recording import Recording
+from fdtrace.schema import STATS
+
+
+def headroom(recording: Recording) -> object:
+    """Per process, its fullest moment: the sample with the highest open FDs / soft limit,
+    processes sorted by it (fullest first)."""
+    samples = recording.samples
+    if samples.empty or "open_fds" not in samples.columns:
+        return samples
+    frame = samples.assign(headroom=samples["fd_soft_limit"] - samples["open_fds"],
+                           usage=samples["open_fds"] / samples["fd_soft_limit"])
+    fullest = frame.sort_values("usage", ascending=False).groupby(["host", "pid", "start_ns"], observed=True).head(1)
+    columns = ["host", "pid", "comm", "open_fds", "fd_soft_limit", "headroom", "usage", "time"]
+    return fullest[columns].reset_index(drop=True)
+
+
+def summary(recording: Recording) -> str:
+    """Lines for a terminal: what the recording holds and what went wrong in it."""
+    events = recording.events
+    lines = []
+    for host, meta in sorted(recording.meta.items()):
+        state = "complete" if meta.get("complete") else "incomplete (recorder did not stop cleanly)"
+        lines.append(f"host {host}: kernel {meta.get('kernel')}, fdtrace {meta.get('fdtrace_version')}, {state}")
+        if meta.get("probes_skipped"):
+            lines.append(f"  probes skipped: {', '.join(meta['probes_skipped'])}")
+    if len(events):
+        lines.append(f"span: {events['time'].min()} .. {events['time'].max()}")
+    lines.append(f"events: {len(events)}")
+    if len(events):
+        for kind, count in events["kind"].value_counts().items():
+            if count:
+                lines.append(f"  {kind}: {count}")
+    losses = recording.losses
+    lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
+    lines.append(f"losses: {sum(lost.values())}" + "".join(f", {k} {v}" for k, v in lost.items() if v))
+    least = headroom(recording)
+    if len(least):  # type: ignore[arg-type]
+        lines.append("least FD headroom:")
+        for row in least.head(10).itertuples():  # type: ignore[attr-defined]
+            lines.append(f"  pid {row.pid} {row.comm}: {row.open_fds} open of {row.fd_soft_limit} "
+                         f"({row.usage:.0%}, headroom {row.headroom}) at {row.time}")
+    if len(events):
+        ooms = events[events["kind"] == "oom_kill"]
+        for row in ooms.itertuples():
+            lines.append(f"OOM kill: pid {row.pid} {row.comm} anon-rss {row.anon_rss_kb} kB at {row.time}")
+    if recording.skipped:
+        lines.append("skipped unreadable files:")
+        lines += [f"  {s}" for s in recording.skipped]
+    return "\n".join(lines)

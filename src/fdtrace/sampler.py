@@ -1,0 +1,142 @@
+"""Samples of FD headroom from /proc: per process (open FDs against RLIMIT_NOFILE, threads,
+sockets) and system-wide (file-nr against file-max, and the other limits that apply)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fdtrace.procfs import TICK_NS
+
+#: Sockets are counted by reading each fd's link only up to this many open FDs.
+MAX_FDS_FOR_SOCKET_COUNT = 10_000
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process at one moment."""
+
+    pid: int
+    start_ns: int
+    comm: str
+    open_fds: int
+    fd_soft_limit: int | None
+    fd_hard_limit: int | None
+    threads: int
+    sockets: int | None
+    cmdline: str | None = None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return None
+
+
+def _limit(value: str) -> int | None:
+    return None if value == "unlimited" else int(value)
+
+
+class ProcSampler:
+    """Reads per-process and system samples from one procfs tree (``/proc`` by default)."""
+
+    def __init__(self, procfs_root: str | Path = "/proc", cmdline: bool = False) -> None:
+        self.root = Path(procfs_root)
+        self.cmdline = cmdline
+        self.fd_count_by_size = True  # /proc/PID/fd's st_size is the count on Linux >= 6.2
+
+    def open_fds(self, pid: int) -> int | None:
+        """Number of open FDs of a process, None if it is gone."""
+        fd_dir = self.root / str(pid) / "fd"
+        try:
+            if self.fd_count_by_size:
+                size = os.stat(fd_dir).st_size
+                if size > 0:
+                    return size
+            return len(os.listdir(fd_dir))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            return None
+
+    def pids(self) -> list[int]:
+        """Every process id in the tree."""
+        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+
+    def sample(self, pid: int) -> ProcessSample | None:
+        """One process's sample, None if it vanished while being read."""
+        base = self.root / str(pid)
+        stat = _read(base / "stat")
+        limits = _read(base / "limits")
+        status = _read(base / "status")
+        open_fds = self.open_fds(pid)
+        if stat is None or limits is None or status is None or open_fds is None:
+            return None
+        comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2 :].split()
+        soft = hard = None
+        for line in limits.splitlines():
+            if line.startswith("Max open files"):
+                parts = line.split()
+                soft, hard = _limit(parts[3]), _limit(parts[4])
+        threads = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), 0)
+        sockets = self._sockets(base) if open_fds <= MAX_FDS_FOR_SOCKET_COUNT else None
+        cmdline = None
+        if self.cmdline:
+            raw = _read(base / "cmdline")
+            cmdline = raw.replace("\0", " ").strip() if raw else None
+        return ProcessSample(pid, int(fields[19]) * TICK_NS, comm, open_fds, soft, hard, threads, sockets, cmdline)
+
+    def _sockets(self, base: Path) -> int | None:
+        fd_dir = base / "fd"
+        count = 0
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            return None
+        for name in names:
+            try:
+                if os.readlink(fd_dir / name).startswith("socket:"):
+                    count += 1
+            except OSError:  # closed while we looked
+                continue
+        return count
+
+    def top_by_open_fds(self, n: int) -> list[int]:
+        """The n processes with the most open FDs."""
+        counts = [(c, pid) for pid in self.pids() if (c := self.open_fds(pid))]  # kernel threads have none
+        counts.sort(reverse=True)
+        return [pid for _, pid in counts[:n]]
+
+    def processes(self, pids: Iterable[int]) -> list[ProcessSample]:
+        """Samples of these processes, skipping the ones that are gone."""
+        return [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
+
+    def system(self) -> dict[str, Any]:
+        """System-wide FD, thread and listen-queue figures."""
+        def number(path: str) -> int | None:
+            text = _read(self.root / path)
+            return int(text.split()[0]) if text else None
+
+        file_nr = (_read(self.root / "sys/fs/file-nr") or "0 0 0").split()
+        netstat = self._netstat()
+        return {
+            "file_nr": int(file_nr[0]),
+            "file_max": int(file_nr[2]),
+            "nr_open": number("sys/fs/nr_open"),
+            "threads_max": number("sys/kernel/threads-max"),
+            "pid_max": number("sys/kernel/pid_max"),
+            "somaxconn": number("sys/net/core/somaxconn"),
+            "listen_overflows": netstat.get("ListenOverflows"),
+            "listen_drops": netstat.get("ListenDrops"),
+        }
+
+    def _netstat(self) -> dict[str, int]:
+        text = _read(self.root / "net/netstat") or ""
+        lines = text.splitlines()
+        for header, values in zip(lines[::2], lines[1::2], strict=False):
+            if header.startswith("TcpExt:"):
+                return dict(zip(header.split()[1:], map(int, values.split()[1:]), strict=False))
+        return {}

@@ -1,0 +1,146 @@
+"""`fdtrace record` with real probes, then `fdtrace.analysis.load` and `fdtrace info`."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fdtrace.analysis import load
+from fdtrace.schema import SCHEMA_VERSION
+from tests.bpf.test_cli_trace import FDTRACE, WAIT_THEN
+from tests.conftest import python_child
+
+pytestmark = pytest.mark.bpf
+
+HOLD_FDS = WAIT_THEN + """
+import os, socket, time
+socks = [socket.socket() for _ in range(5)]
+files = []
+while True:
+    try: files.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError: break
+for _ in range(2):
+    try: socket.socket()
+    except OSError: pass
+time.sleep(2.5)
+"""
+
+
+def start_recorder(out: Path, *args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([FDTRACE, "record", "-o", str(out), *args], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    while line and "recording to" not in line:
+        line = proc.stderr.readline()
+    assert line, proc.communicate()
+    return proc
+
+
+def test_recording_holds_exact_counts_samples_and_metadata(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    child = subprocess.Popen(["prlimit", "--nofile=64:64", *python_child(HOLD_FDS)], stdin=subprocess.PIPE, text=True)
+    recorder = start_recorder(out, "--interval", "0.5")
+    child.communicate("go\n", timeout=30)
+    time.sleep(0.5)
+    recorder.send_signal(signal.SIGINT)
+    _, err = recorder.communicate(timeout=30)
+    assert recorder.returncode == 0, err
+
+    rec = load(out)
+    assert rec.skipped == []
+    events = rec.events[rec.events["pid"] == child.pid]
+    assert len(events[(events["kind"] == "socket") & (events["errno"] == "")]) == 5
+    assert len(events[(events["kind"] == "socket") & (events["errno"] == "EMFILE")]) == 2
+    assert len(events[(events["kind"] == "fd_error") & (events["syscall"] == "openat")]) == 1
+    assert str(rec.events["time"].dtype) == "datetime64[ns, UTC]" and str(rec.events["ts_ns"].dtype) == "int64"
+    assert str(rec.events["kind"].dtype) == "category" and str(rec.events["comm"].dtype) == "category"
+
+    samples = rec.samples[rec.samples["pid"] == child.pid]
+    assert len(samples) >= 2
+    assert samples["open_fds"].max() == 64 and (samples["fd_soft_limit"] == 64).all()
+    assert samples["sockets"].max() == 5
+    assert "cmdline" not in rec.samples.columns
+
+    [counts] = rec.counters[rec.counters["pid"] == child.pid].groupby("first_ts").tail(1).to_dict("records")
+    assert counts["sockets"] == 7 and counts["socket_errors"] == 2 and counts["fd_errors"] == 1
+
+    [(host, meta)] = rec.meta.items()
+    assert meta["schema_version"] == SCHEMA_VERSION and meta["complete"] is True and meta["boot_id"]
+    assert "syscalls:sys_exit_accept4" in meta["probes_attached"] and meta["kernel"]
+    assert len(rec.clock) >= 2 and rec.clock["realtime_offset_ns"].gt(0).all()
+    assert rec.system["file_max"].gt(0).all() and rec.system["file_nr"].gt(0).all()
+    assert (rec.losses[["ringbuf_full", "counters_full"]].sum() == 0).all()
+    for path in out.rglob("*.parquet"):
+        assert path.stat().st_mode & 0o077 == 0, path
+
+    summary = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, check=True).stdout
+    assert f"host {host}:" in summary and "complete" in summary
+    assert f"pid {child.pid} python: 64 open of 64 (100%, headroom 0)" in summary.replace(
+        Path(sys.executable).name, "python")
+
+
+def test_sigkill_loses_at_most_about_the_last_second(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    child = subprocess.Popen(python_child(
+        WAIT_THEN + "import socket, time\nend = time.monotonic() + 4\n"
+        "while time.monotonic() < end:\n    socket.socket().close()\n    time.sleep(0.002)\n"
+    ), stdin=subprocess.PIPE, text=True)
+    recorder = start_recorder(out)
+    assert child.stdin is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    time.sleep(3)
+    killed_at = time.monotonic_ns()
+    recorder.kill()
+    recorder.communicate()
+    child.wait(timeout=30)
+
+    rec = load(out)
+    assert rec.skipped == []
+    mine = rec.events[(rec.events["pid"] == child.pid) & (rec.events["kind"] == "socket")]
+    assert len(mine) > 100
+    assert killed_at - mine["ts_ns"].max() < 1_500_000_000
+    gaps = mine["ts_ns"].diff().dropna()
+    assert gaps.max() < 200_000_000  # nothing missing in the middle: every flushed second is there
+    assert rec.meta[next(iter(rec.meta))]["complete"] is False
+
+
+def test_flood_shows_losses_and_counters_stay_exact(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    n = 20000
+    child = subprocess.Popen(
+        python_child(WAIT_THEN + f"import socket\nfor _ in range({n}):\n    socket.socket().close()\n"),
+        stdin=subprocess.PIPE, text=True)
+    recorder = start_recorder(out, "--ring-pages", "1", "--pid", str(child.pid), "--interval", "0.3")
+    child.communicate("go\n", timeout=60)
+    time.sleep(0.5)
+    recorder.send_signal(signal.SIGTERM)
+    recorder.communicate(timeout=30)
+    rec = load(out)
+    assert rec.losses["ringbuf_full"].sum() > 0
+    assert rec.losses["ringbuf_full"].sum() == rec.losses["ringbuf_full_total"].max()
+    final = rec.counters[rec.counters["pid"] == child.pid].iloc[-1]
+    assert final["sockets"] == n
+    assert (rec.events["kind"] == "socket").sum() < n
+
+
+def test_truncated_part_is_skipped_and_named(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    subprocess.run([FDTRACE, "record", "-o", str(out), "--duration", "2.5", "--interval", "0.5"],
+                   check=True, capture_output=True)
+    parts = sorted((out / "system").rglob("part-*.parquet"))
+    assert len(parts) >= 3
+    whole = sum(pq.read_metadata(p).num_rows for p in parts)
+    lost = pq.read_metadata(parts[1]).num_rows
+    parts[1].write_bytes(parts[1].read_bytes()[:40])
+    rec = load(out)
+    assert len(rec.system) == whole - lost
+    assert len(rec.skipped) == 1 and str(parts[1]) in rec.skipped[0]
+    result = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0 and "skipped unreadable files:" in result.stdout

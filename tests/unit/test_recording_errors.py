@@ -1,0 +1,40 @@
+"""Bad recordings get one clear error naming the file and the problem."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fdtrace.analysis import load
+from fdtrace.errors import FdtraceError
+
+
+def fdtrace_info(path: Path) -> subprocess.CompletedProcess[str]:
+    code = f"import sys; sys.argv = ['fdtrace', 'info', {str(path)!r}]; from fdtrace.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+def test_directory_that_is_not_a_recording(tmp_path: Path) -> None:
+    with pytest.raises(FdtraceError, match="not an fdtrace recording"):
+        load(tmp_path)
+    result = fdtrace_info(tmp_path)
+    assert result.returncode != 0 and result.stderr.startswith("fdtrace: error: ")
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_wrong_schema_version_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "host=a.json").write_text(json.dumps({"schema_version": 99, "host": "a"}))
+    with pytest.raises(FdtraceError, match="schema version 99, this fdtrace reads version 1"):
+        load(tmp_path)
+
+
+def test_corrupt_metadata_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "host=a.json").write_text("{trunc")
+    with pytest.raises(FdtraceError, match=r"host=a\.json: unreadable recording metadata"):
+        load(tmp_path)
