@@ -19,6 +19,7 @@ from fdtrace.clock import sample_offsets
 from fdtrace.sampler import ProcSampler
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS
 from fdtrace.sinks.parquet import RecordingWriter
+from fdtrace.sources.base import keep_comms
 from fdtrace.sources.live_bpf import LiveBpfSource
 
 ERRORS_TYPE = pa.list_(pa.struct([("syscall", pa.string()), ("errno", pa.string()), ("count", pa.int64())]))
@@ -98,12 +99,7 @@ class Recorder:
         batch = self.source.poll()
         if not len(batch):
             return
-        table = batch.events
-        if self.options.comms:
-            import pyarrow.compute as pc
-
-            wanted = pa.array(sorted(self.options.comms), type=pa.string())
-            table = table.filter(pc.is_in(table["comm"].cast(pa.string()), value_set=wanted))
+        table = keep_comms(batch.events, self.options.comms)
         self._pids_seen.update(table["pid"].to_pylist() if table.num_rows < 10_000 else
                                set(table["pid"].unique().to_pylist()))
         self.writer.add("events", table.drop_columns(["host"]))

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import IO, Any
 
-from fdtrace.sources.base import EventBatch
+from fdtrace.sources.base import EventBatch, keep_comms
 
 
 def _plain(value: Any) -> Any:
@@ -26,19 +26,10 @@ class JsonLinesSink:
 
     def write(self, batch: EventBatch) -> None:
         """Write a batch's events."""
-        table = batch.events
-        if self.comms and table.num_rows:
-            import pyarrow.compute as pc
-
-            table = table.filter(pc.is_in(table["comm"].cast("string"), value_set=_arrow_strings(self.comms)))
+        table = keep_comms(batch.events, self.comms)
         for row in table.to_pylist():
             self.stream.write(json.dumps({k: _plain(v) for k, v in row.items()}, separators=(",", ":")))
             self.stream.write("\n")
         self.written += table.num_rows
         self.stream.flush()
 
-
-def _arrow_strings(values: set[str]) -> Any:
-    import pyarrow as pa
-
-    return pa.array(sorted(values), type=pa.string())

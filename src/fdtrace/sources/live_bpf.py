@@ -116,9 +116,3 @@ class LiveBpfSource:
             self._tracer.close()
             self._tracer = None
 
-
-def wait_interval(deadline: float) -> None:
-    """Sleep until ``deadline`` (time.monotonic), if it is in the future."""
-    delay = deadline - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
