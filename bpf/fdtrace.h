@@ -82,8 +82,9 @@ BPF_HASH(errors, struct fdt_error_key, u64, FDT_MAX_ERROR_KEYS);
 BPF_HASH(exit_status, u32, struct fdt_exit_status, FDT_MAX_PROCESSES);
 /* Fatal signal last sent to a task (by pid), see signal_generate. */
 BPF_HASH(fatal_pending, u32, u32, FDT_MAX_PROCESSES);
-/* fd of a close() in flight, +1 (0: none), indexed by tid; FDT_TID_SLOTS covers pid_max. */
-BPF_ARRAY(close_fd, u32, FDT_TID_SLOTS);
+/* fd argument of a connect() or close() in flight, +1 (0: none), indexed by tid, carried from
+ * the syscall's entry to its exit; FDT_TID_SLOTS covers pid_max, so live tids never share. */
+BPF_ARRAY(entry_fd, u32, FDT_TID_SLOTS);
 #ifdef FDT_FILTER_PIDS
 BPF_HASH(pid_filter, u32, u8, 1024);
 #endif

@@ -49,21 +49,20 @@ int fdt_exit_accept4(struct fdt_sys_exit_args *args)
                            args->ret >= 0 ? (s32)args->ret : -1, FDT_C_ACCEPTS);
 }
 
-/* connect() has no fd in its return; the event carries the socket from the entry. Only the
- * entry's fd is needed, so the entry stores it in the same per-tid slot that close() uses
- * (a thread is inside one syscall at a time). */
+/* connect() and close() return no fd: their entry stores the fd argument in the thread's slot
+ * (a thread is inside one syscall at a time) and the exit takes it. */
 int fdt_enter_fd_syscall(struct fdt_sys_enter_args *args)
 {
     u32 slot = bpf_get_current_pid_tgid() & (FDT_TID_SLOTS - 1);
     u32 fd = (u32)args->arg0 + 1;
-    close_fd.update(&slot, &fd);
+    entry_fd.update(&slot, &fd);
     return 0;
 }
 
 static __always_inline s32 fdt_take_fd(void)
 {
     u32 slot = bpf_get_current_pid_tgid() & (FDT_TID_SLOTS - 1);
-    u32 *stored = close_fd.lookup(&slot);
+    u32 *stored = entry_fd.lookup(&slot);
     if (!stored || *stored == 0)
         return -1;
     s32 fd = (s32)(*stored - 1);
@@ -77,8 +76,13 @@ int fdt_exit_connect(struct fdt_sys_exit_args *args)
                            FDT_C_CONNECTS);
 }
 
+/* FDT_CLOSE_FD: the loader attached sys_enter_close to carry the fd (not under --errors-only). */
 int fdt_exit_close(struct fdt_sys_exit_args *args)
 {
-    return fdt_socket_call(args->ret, FDT_KIND_CLOSE, FDT_SC_close, fdt_take_fd(),
-                           FDT_C_CLOSES);
+#ifdef FDT_CLOSE_FD
+    s32 fd = fdt_take_fd();
+#else
+    s32 fd = -1;
+#endif
+    return fdt_socket_call(args->ret, FDT_KIND_CLOSE, FDT_SC_close, fd, FDT_C_CLOSES);
 }

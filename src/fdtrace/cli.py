@@ -32,6 +32,12 @@ class _StopFlag:
         self.stopped = True
 
 
+def _count_values(column: object) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    return {str(item["values"]): int(item["counts"]) for item in pc.value_counts(column).to_pylist()}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fdtrace")
 def main() -> None:
@@ -63,12 +69,14 @@ def trace(
     """
     from fdtrace.bpf.loader import TraceOptions
     from fdtrace.sinks.jsonl import JsonLinesSink
+    from fdtrace.sources.base import keep_comms
     from fdtrace.sources.live_bpf import LiveBpfSource
 
     if ring_pages < 1 or ring_pages & (ring_pages - 1):
         _fail(FdtraceError("--ring-pages must be a power of two", exit_code=2))
     stop = _StopFlag()
-    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages))
+    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages),
+                           keep_exited=100_000 if totals_path else 0)
     try:
         source.start()
     except FdtraceError as error:
@@ -76,8 +84,9 @@ def trace(
     for note in source.notes:
         click.echo(f"fdtrace: {note}", err=True)
     click.echo(f"fdtrace: tracing ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
+    next_counters = time.monotonic() + 1.0
 
-    sink = JsonLinesSink(sys.stdout, comms)
+    sink = JsonLinesSink(sys.stdout)
     kinds: Counter[str] = Counter()
     losses: dict[str, int] = {}
     end = time.monotonic() + duration if duration is not None else None
@@ -86,11 +95,15 @@ def trace(
             last = stop.stopped or (end is not None and time.monotonic() >= end)
             batch = source.poll()
             losses = batch.losses
-            if len(batch):
-                kinds.update(batch.events["kind"].to_pylist())
-                sink.write(batch)
+            events = keep_comms(batch.events, comms)
+            if events.num_rows:
+                kinds.update(_count_values(events["kind"]))
+                sink.write(events)
+            if time.monotonic() >= next_counters:
+                source.read_counters()
+                next_counters = time.monotonic() + 1.0
             if last:
-                losses = source.final_losses()
+                losses = source.read_losses()
                 break
             time.sleep(0.01)
     except BrokenPipeError:
@@ -98,7 +111,7 @@ def trace(
         sys.exit(0)
     finally:
         if totals_path is not None and source.started:
-            totals = [t.as_dict() for t in source.read_counters().all()]
+            totals = [t.as_dict() for t in source.read_counters().all() if not comms or t.comm in comms]
             with open(totals_path, "w") as out:
                 json.dump(totals, out)
         source.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno as errno_module
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,8 @@ class CounterStore:
     """Merges the live counter table, the exited processes' final counters and the error table.
 
     Feed it what the loader reads (``update``); exited instances stay here after the kernel side
-    has forgotten them, up to ``max_exited`` (the oldest are dropped and counted).
+    has forgotten them, up to ``max_exited`` (the oldest are dropped and counted in ``evicted``).
+    ``newly_exited`` holds the instances that exited since the previous reading.
     """
 
     def __init__(self, max_exited: int = 100_000) -> None:
@@ -40,6 +42,7 @@ class CounterStore:
         self.exited: dict[tuple[int, int], ProcessTotals] = {}
         self.live: dict[tuple[int, int], ProcessTotals] = {}
         self.evicted = 0
+        self.newly_exited: list[ProcessTotals] = []
 
     def update(
         self,
@@ -48,27 +51,20 @@ class CounterStore:
         error_rows: Iterable[dict[str, Any]],
     ) -> set[tuple[int, int]]:
         """Take a reading. Returns the exited instances whose errors the kernel may now forget."""
-        import errno as errno_module
-
-        self.live = {}
-        for row in live_rows:
-            self.live[(row["pid"], row["first_ts"])] = _totals(row)
-        newly_exited = set()
-        for row in exited_rows:
-            key = (row["pid"], row["first_ts"])
-            self.exited[key] = _totals(row)
-            newly_exited.add(key)
+        self.live = {(row["pid"], row["first_ts"]): _totals(row) for row in live_rows}
+        newly = {(row["pid"], row["first_ts"]): _totals(row) for row in exited_rows}
         for row in error_rows:
             key = (row["pid"], row["first_ts"])
-            target = self.live.get(key) or self.exited.get(key)
-            if target is None:
-                continue
-            name = errno_module.errorcode.get(row["errno"], f"E{row['errno']}")
-            target.errors[(row["syscall"], name)] = row["count"]
+            target = self.live.get(key) or newly.get(key)
+            if target is not None:
+                name = errno_module.errorcode.get(row["errno"], f"E{row['errno']}")
+                target.errors[(row["syscall"], name)] = row["count"]
+        self.newly_exited = list(newly.values())
+        self.exited.update(newly)
         while len(self.exited) > self.max_exited:
             self.exited.pop(next(iter(self.exited)))
             self.evicted += 1
-        return newly_exited
+        return set(newly)
 
     def all(self) -> list[ProcessTotals]:
         """Every process instance seen, exited ones first in exit order, then live ones."""

@@ -54,8 +54,7 @@ class StartTimeResolver:
         if pid in self._cache:
             return self._cache[pid]
         start = self.procfs.start_ns(pid)
-        if start is not None:
-            self._remember(pid, start)
+        self._remember(pid, start)  # None too: a gone process is not looked for again
         return start
 
     def exited(self, pid: int) -> None:

@@ -90,7 +90,7 @@ class Recorder:
             self._take_events()
             if last or time.monotonic() >= next_tick:
                 self.tick()
-                next_tick += self.options.interval_s
+                next_tick = max(next_tick + self.options.interval_s, time.monotonic())
             if last:
                 return
             time.sleep(0.01)
@@ -100,8 +100,7 @@ class Recorder:
         if not len(batch):
             return
         table = keep_comms(batch.events, self.options.comms)
-        self._pids_seen.update(table["pid"].to_pylist() if table.num_rows < 10_000 else
-                               set(table["pid"].unique().to_pylist()))
+        self._pids_seen.update(table["pid"].unique().to_pylist())
         self.writer.add("events", table.drop_columns(["host"]))
         self.events += table.num_rows
 
@@ -114,7 +113,7 @@ class Recorder:
             "boottime_offset_ns": [offsets.boottime_offset_ns]}))
         self._sample(now, offsets.realtime_offset_ns)
         self._counters(now)
-        losses = self.source.final_losses()
+        losses = self.source.read_losses()
         row: dict[str, list[Any]] = {"ts_ns": [now]}
         for name in STATS:
             row[name] = [losses.get(name, 0) - self._last_losses.get(name, 0)]
@@ -144,16 +143,14 @@ class Recorder:
 
     def _counters(self, now: int) -> None:
         store = self.source.read_counters()
-        rows = []
-        for totals in store.all():
-            key = (totals.pid, totals.first_ts)
-            values = (totals.exit_ts, *(totals.counts[c] for c in COUNTERS), tuple(sorted(totals.errors.items())))
+        rows = list(store.newly_exited)  # final values, written once
+        for totals in rows:
+            self._last_counters.pop((totals.pid, totals.first_ts), None)
+        for key, totals in store.live.items():
+            values = (*(totals.counts[c] for c in COUNTERS), tuple(sorted(totals.errors.items())))
             if self._last_counters.get(key) != values:
                 self._last_counters[key] = values
                 rows.append(totals)
-        present = {(t.pid, t.first_ts) for t in store.all()}
-        for key in [k for k in self._last_counters if k not in present]:
-            del self._last_counters[key]
         if not rows:
             return
         columns: dict[str, list[Any]] = {

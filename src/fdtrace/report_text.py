@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fdtrace.recording import Recording
 from fdtrace.schema import STATS
 
 
-def headroom(recording: Recording) -> object:
+def headroom(recording: Recording) -> Any:
     """Per process, its fullest moment: the sample with the highest open FDs / soft limit,
     processes sorted by it (fullest first)."""
     samples = recording.samples
@@ -39,9 +41,9 @@ def summary(recording: Recording) -> str:
     lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
     lines.append(f"losses: {sum(lost.values())}" + "".join(f", {k} {v}" for k, v in lost.items() if v))
     least = headroom(recording)
-    if len(least):  # type: ignore[arg-type]
+    if len(least):
         lines.append("least FD headroom:")
-        for row in least.head(10).itertuples():  # type: ignore[attr-defined]
+        for row in least.head(10).itertuples():
             lines.append(f"  pid {row.pid} {row.comm}: {row.open_fds} open of {row.fd_soft_limit} "
                          f"({row.usage:.0%}, headroom {row.headroom}) at {row.time}")
     if len(events):

@@ -175,5 +175,7 @@ def test_comm_filter_keeps_only_that_task_name() -> None:
     renamed.communicate("go\n", timeout=30)
     plain.communicate("go\n", timeout=30)
     time.sleep(0.3)
-    events, _ = stop_tracer(tracer)
+    events, stderr = stop_tracer(tracer)
     assert [(e["pid"], e["kind"], e["errno"], e["fd"]) for e in events] == [(renamed.pid, "close", "EBADF", None)]
+    match = SUMMARY.match(stderr[-1])
+    assert match and match.group(1) == "1" and match.group(2) == "close 1"

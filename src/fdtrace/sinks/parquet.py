@@ -32,20 +32,18 @@ class RecordingWriter:
         self.bytes_written = 0
         self.rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
         self._buffers: dict[str, list[pa.Table]] = {t: [] for t in TABLES}
-        self._next_part: dict[str, int] = {}
-        self._guard(self._make_dirs)
+        self._next_part: dict[str, int] = dict.fromkeys(TABLES, 1)
         if meta_path(self.root, host).exists():
             raise FdtraceError(f"{self.root} already holds a recording of host {host}: choose another -o")
+        self._guard(self._make_dirs)
         self.write_meta(complete=False)
 
     def _make_dirs(self) -> None:
-        for path in [self.root, self.root / "meta", *(self.root / t for t in TABLES)]:
-            path.mkdir(mode=self.dir_mode, exist_ok=True)
+        folders = [self.root, self.root / "meta"]
         for table in TABLES:
-            folder = host_dir(self.root, table, self.host)
+            folders += [self.root / table, host_dir(self.root, table, self.host)]
+        for folder in folders:
             folder.mkdir(mode=self.dir_mode, exist_ok=True)
-            existing = sorted(folder.glob("part-*.parquet"))
-            self._next_part[table] = len(existing) + 1
 
     def add(self, table: str, rows: pa.Table) -> None:
         """Buffer rows for ``table`` until the next flush."""

@@ -47,27 +47,25 @@ def _comm_column(comms: np.ndarray) -> pa.Array:
 def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeResolver) -> pa.Array:
     pids = raw["pid"]
     kinds = raw["kind"]
-    starts = np.zeros(len(raw), dtype=np.int64)
-    known = np.zeros(len(raw), dtype=bool)
     lifecycle = (kinds == Kind.PROCESS_START) | (kinds == Kind.PROCESS_EXIT)
-    ordered_pids = set(pids[lifecycle].tolist())
-    for pid in set(pids.tolist()) - ordered_pids:
-        looked_up = resolver.lookup(pid)
-        if looked_up is not None:
-            rows = pids == pid
-            starts[rows] = looked_up
-            known[rows] = True
+    ordered_pids = np.unique(pids[lifecycle])
+    # One lookup per distinct pid, spread over its rows.
+    unique, inverse = np.unique(pids, return_inverse=True)
+    in_order = set(ordered_pids.tolist())
+    per_pid = [None if pid in in_order else resolver.lookup(pid) for pid in unique.tolist()]
+    known_per_pid = np.array([s is not None for s in per_pid], dtype=bool)
+    starts = np.array([s or 0 for s in per_pid], dtype=np.int64)[inverse.reshape(-1)]
+    known = known_per_pid[inverse.reshape(-1)]
     # Processes that start or exit in this batch: walk their rows in order, so a pid reused
     # within the batch gets each process's own start.
-    for i in np.flatnonzero(np.isin(pids, list(ordered_pids))):
+    for i in np.flatnonzero(np.isin(pids, ordered_pids)):
         pid = int(pids[i])
         if kinds[i] == Kind.PROCESS_START:
             start: int | None = resolver.started(pid, int(raw["ts_ns"][i]), offsets.boottime_offset_ns)
         else:
             start = resolver.lookup(pid)
-        if start is not None:
-            starts[i] = start
-            known[i] = True
+        starts[i] = start or 0
+        known[i] = start is not None
         if kinds[i] == Kind.PROCESS_EXIT:
             resolver.exited(pid)
     return _masked(starts, known, pa.int64())

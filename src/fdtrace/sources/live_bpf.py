@@ -38,11 +38,15 @@ class LiveBpfSource:
         counters: exact per-process totals, refreshed by ``read_counters()``.
     """
 
-    def __init__(self, options: TraceOptions | None = None) -> None:
+    def __init__(self, options: TraceOptions | None = None, keep_exited: int = 100_000) -> None:
+        """Args:
+            options: what to trace.
+            keep_exited: how many exited processes' final counters ``counters`` keeps.
+        """
         self.options = options or TraceOptions()
         self.host = socket.gethostname()
         self.notes: list[str] = []
-        self.counters = CounterStore()
+        self.counters = CounterStore(max_exited=keep_exited)
         self._resolver = StartTimeResolver()
         self._tracer: BpfTracer | None = None
         self._empty = arrow_schema().empty_table()
@@ -96,13 +100,16 @@ class LiveBpfSource:
             self._losses_read_ns = now_ns
         return self._last_losses
 
-    def final_losses(self) -> dict[str, int]:
-        """Loss counters read now (for the summary at the end)."""
+    def read_losses(self) -> dict[str, int]:
+        """Loss counters read from the kernel now."""
         self._last_losses = self.tracer.stats()
         return self._last_losses
 
     def read_counters(self) -> CounterStore:
-        """Refresh and return the exact per-process totals."""
+        """Refresh and return the exact per-process totals.
+
+        Call it every second or so: it also drains the kernel's table of exited processes,
+        which would otherwise fill up (``exited_full``)."""
         tracer = self.tracer
         exited = tracer.take_exited()
         forget = self.counters.update(tracer.live_counters(), exited, tracer.error_counts())
