@@ -214,3 +214,24 @@ def test_oom_kill_in_a_memory_cgroup(live_tracer: LiveTracer) -> None:
     assert oom["oom_score_adj"] == 0
     [exit_event] = run.of_kind("process_exit")
     assert exit_event["signal"] == "SIGKILL"
+
+
+def test_per_record_callback_path_gives_the_same_events() -> None:
+    """The bcc callback path, used where the ring cannot be read in bulk (not x86-64)."""
+    from fdtrace.bpf.loader import TraceOptions
+    from fdtrace.sources.live_bpf import LiveBpfSource
+
+    code = "import sys\nsys.stdin.readline()\n" + SOCKETS_THEN_CLOSES.format(n=11)
+    child = subprocess.Popen(python_child(code), stdin=subprocess.PIPE, text=True)
+    source = LiveBpfSource(TraceOptions(pids=(child.pid,), bulk_read=False))
+    source.start()
+    try:
+        assert source.tracer._ring is None
+        child.communicate("go\n", timeout=30)
+        time.sleep(0.1)
+        events = source.poll().events.to_pylist()
+    finally:
+        source.stop()
+    assert len([e for e in events if e["kind"] == "socket"]) == 11
+    fds = {e["fd"] for e in events if e["kind"] == "socket"}
+    assert len([e for e in events if e["kind"] == "close" and e["fd"] in fds]) == 11

@@ -7,6 +7,7 @@ map contents); decoding into the event model happens in the sources.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import sys
 from dataclasses import dataclass
@@ -14,9 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fdtrace.bpf.features import KernelFeatures
+from fdtrace.bpf.ringbuf import RingReader, bulk_read_supported
 from fdtrace.errors import FdtraceError
-from fdtrace.schema import COUNTERS, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
+from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
 
 BPF_SOURCES = ("sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c")
 
@@ -31,6 +35,7 @@ class TraceOptions:
     max_processes: int = 65536
     max_exited: int = 65536
     max_error_keys: int = 16384
+    bulk_read: bool = True  # read the ring buffer's memory directly where the CPU allows it
 
 
 def bpf_source_dir() -> Path:
@@ -134,7 +139,12 @@ class BpfTracer:
             pid_filter = self._bpf[b"pid_filter"]
             for pid in options.pids:
                 pid_filter[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
-        self._bpf[b"events"].open_ring_buffer(self._on_event)
+        self._ring: RingReader | None = None
+        if options.bulk_read and bulk_read_supported():
+            self._ring = RingReader(self._bpf[b"events"].map_fd, options.ring_pages * mmap.PAGESIZE,
+                                    RAW_EVENT_DTYPE)
+        else:
+            self._bpf[b"events"].open_ring_buffer(self._on_event)
 
     def _attach(self, tracepoint: str, fn_name: str) -> None:
         try:
@@ -156,14 +166,14 @@ class BpfTracer:
     def _on_event(self, _ctx: Any, data: Any, size: int) -> None:
         self._chunks.append(ctypes.string_at(data, size))
 
-    def poll(self) -> bytes:
-        """Take every event record waiting in the ring buffer, as concatenated raw records."""
+    def poll(self) -> np.ndarray:
+        """Take every event record waiting in the ring buffer (``RAW_EVENT_DTYPE`` records)."""
+        if self._ring is not None:
+            return self._ring.read()
         self._bpf.ring_buffer_consume()
-        if not self._chunks:
-            return b""
         raw = b"".join(self._chunks)
         self._chunks.clear()
-        return raw
+        return np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
 
     def stats(self) -> dict[str, int]:
         """Loss and overflow counters since load, summed over CPUs."""
@@ -203,6 +213,8 @@ class BpfTracer:
 
     def close(self) -> None:
         """Detach everything and free the maps."""
+        if self._ring is not None:
+            self._ring.close()
         self._bpf.cleanup()
 
 

@@ -72,17 +72,19 @@ def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeReso
 
 
 def decode(
-    raw_bytes: bytes, host: str, offsets: ClockOffsets, resolver: StartTimeResolver
+    raw: bytes | np.ndarray, host: str, offsets: ClockOffsets, resolver: StartTimeResolver
 ) -> pa.Table:
-    """Decode concatenated ``struct fdt_event`` records into an events table.
+    """Decode ``struct fdt_event`` records into an events table.
 
     Args:
-        raw_bytes: records as read from the ring buffer.
+        raw: records as read from the ring buffer: concatenated bytes, or an array of
+            ``RAW_EVENT_DTYPE``.
         host: the traced machine's name.
         offsets: clock offsets sampled at the poll that read the records.
         resolver: gives process start times; updated with the processes that start and exit.
     """
-    raw = np.frombuffer(raw_bytes, dtype=RAW_EVENT_DTYPE)
+    if isinstance(raw, bytes):
+        raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
     n = len(raw)
     kinds = raw["kind"]
     extra = raw["extra"]

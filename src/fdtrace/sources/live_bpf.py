@@ -86,7 +86,7 @@ class LiveBpfSource:
     def poll(self) -> EventBatch:
         """Read and decode the events waiting in the ring buffer."""
         raw = self.tracer.poll()
-        if not raw:  # the common case when idle: keep it cheap
+        if not len(raw):  # the common case when idle: keep it cheap
             now = time.monotonic_ns()
             return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
         offsets = sample_offsets()
