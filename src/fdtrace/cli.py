@@ -32,6 +32,21 @@ class _StopFlag:
         self.stopped = True
 
 
+def parse_size(text: str) -> int:
+    """Bytes from a size such as 4096, 500K, 500M or 2G (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.strip().upper().rstrip("IB"), ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 500M or 2G)") from None
+    if value <= 0:
+        raise ValueError(f"not a positive size: {text!r}")
+    return int(value * units[unit])
+
+
 def _count_values(column: object) -> dict[str, int]:
     import pyarrow.compute as pc
 
@@ -138,10 +153,16 @@ def trace(
               help="Also sample this many processes with the most open FDs.")
 @click.option("--cmdline", is_flag=True, help="Record command lines in samples (they can hold secrets).")
 @click.option("--shared", is_flag=True, help="Make the files readable by everyone (default: owner only).")
+@click.option("--rotate", type=float, default=None,
+              help="Every this many seconds, merge the per-interval files into one (fewer files).")
+@click.option("--max-size", "max_size", default=None,
+              help="Keep the recording under this size (e.g. 500M, 2G) by deleting its oldest files; "
+                   "what is deleted is counted in the metadata.")
 @click.option("--ring-pages", type=int, default=4096, show_default=True,
               help="Ring buffer size in pages (a power of two).")
 def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tuple[str, ...], errors_only: bool,
-           interval: float, top_processes: int, cmdline: bool, shared: bool, ring_pages: int) -> None:
+           interval: float, top_processes: int, cmdline: bool, shared: bool, rotate: float | None,
+           max_size: str | None, ring_pages: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
 
     Runs until --duration, SIGINT or SIGTERM; every file on disk is complete at any moment.
@@ -156,11 +177,20 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
 
     if ring_pages < 1 or ring_pages & (ring_pages - 1):
         _fail(FdtraceError("--ring-pages must be a power of two"))
+    if rotate is not None and rotate < interval:
+        _fail(FdtraceError("--rotate must be at least --interval"))
+    max_bytes = None
+    if max_size is not None:
+        try:
+            max_bytes = parse_size(max_size)
+        except ValueError as exc:
+            _fail(FdtraceError(f"--max-size: {exc}"))
     stop = _StopFlag()
     source = LiveBpfSource(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages))
     try:
         source.start()
-        writer = RecordingWriter(Path(output), source.host, run_metadata(source, sys.argv), shared=shared)
+        writer = RecordingWriter(Path(output), source.host, run_metadata(source, sys.argv), shared=shared,
+                                 max_size=max_bytes)
     except FdtraceError as error:
         source.stop()
         _fail(error)
@@ -168,7 +198,8 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
         click.echo(f"fdtrace: {note}", err=True)
     click.echo(f"fdtrace: recording to {output} ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
     recorder = Recorder(source, writer, ProcSampler(cmdline=cmdline),
-                        RecordOptions(interval_s=interval, top_processes=top_processes, comms=comms))
+                        RecordOptions(interval_s=interval, top_processes=top_processes, comms=comms,
+                                      rotate_s=rotate))
     deadline = time.monotonic() + duration if duration is not None else None
     try:
         recorder.run(lambda: stop.stopped, deadline)

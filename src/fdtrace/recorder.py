@@ -30,6 +30,7 @@ class RecordOptions:
     """How often to sample and flush, and what to keep."""
 
     interval_s: float = 1.0
+    rotate_s: float | None = None  # merge the parts of each this many seconds into one file
     top_processes: int = 20
     comms: tuple[str, ...] = ()
 
@@ -85,12 +86,18 @@ class Recorder:
     def run(self, should_stop: Callable[[], bool], deadline: float | None) -> None:
         """Poll every 10 ms and sample and flush every interval, until stopped."""
         next_tick = time.monotonic()
+        rotate = self.options.rotate_s
+        next_compaction = time.monotonic() + rotate if rotate else None
         while True:
             last = should_stop() or (deadline is not None and time.monotonic() >= deadline)
             self._take_events()
             if last or time.monotonic() >= next_tick:
                 self.tick()
                 next_tick = max(next_tick + self.options.interval_s, time.monotonic())
+            if next_compaction is not None and (last or time.monotonic() >= next_compaction):
+                self.writer.compact()
+                next_compaction = time.monotonic() + (rotate or 0)
+                self.writer.write_meta(complete=False)
             if last:
                 return
             time.sleep(0.01)

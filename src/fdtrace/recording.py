@@ -13,6 +13,7 @@ name is always complete, whatever happened to the recorder afterwards.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,27 @@ from fdtrace.schema import SCHEMA_VERSION
 
 TABLES: tuple[str, ...] = ("events", "samples", "system", "losses", "counters", "clock")
 PART_GLOB = "part-*.parquet"
+_PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+
+
+def part_name(first: int, last: int) -> str:
+    """The file name of a part covering flushes ``first`` to ``last``."""
+    return f"part-{first:06d}.parquet" if first == last else f"part-{first:06d}-{last:06d}.parquet"
+
+
+def part_files(folder: Path) -> list[Path]:
+    """The part files of one table and host, in order, leaving out parts that a merged file
+    also covers (left behind when a compaction was interrupted)."""
+    ranges = []
+    for path in folder.glob(PART_GLOB):
+        match = _PART_RE.match(path.name)
+        if match:
+            first = int(match[1])
+            ranges.append((first, int(match[2] or first), path))
+    merged = [(first, last) for first, last, _ in ranges if last > first]
+    kept = [(first, last, path) for first, last, path in ranges
+            if last > first or not any(lo <= first <= hi for lo, hi in merged)]
+    return [path for _, _, path in sorted(kept)]
 
 
 def host_dir(root: Path, table: str, host: str) -> Path:
@@ -81,33 +103,43 @@ def read_meta(root: Path) -> dict[str, dict[str, Any]]:
     return metas
 
 
-def _read_table(root: Path, table: str, hosts: list[str], skipped: list[str]) -> Any:
-    import pandas as pd
+def read_parts(root: Path, table: str, host: str, skipped: list[str]) -> Any:
+    """One host's part files of ``table`` as one ``pyarrow.Table`` (None when there are none);
+    unreadable parts are named in ``skipped``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    parts = []
+    for path in part_files(host_dir(root, table, host)):
+        try:
+            parts.append(pq.read_table(path))
+        except (OSError, pa.ArrowException) as exc:
+            skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
+    return pa.concat_tables(parts, promote_options="default") if parts else None
+
+
+def _read_table(root: Path, table: str, hosts: list[str], skipped: list[str]) -> Any:
+    import pandas as pd
+
     frames = []
     for host in hosts:
-        parts = []
-        for path in sorted(host_dir(root, table, host).glob(PART_GLOB)):
-            try:
-                parts.append(pq.read_table(path))
-            except (OSError, pa.ArrowException) as exc:
-                skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
-        if not parts:
+        data = read_parts(root, table, host, skipped)
+        if data is None:
             continue
-        frame = pa.concat_tables(parts, promote_options="default").to_pandas()
+        frame = data.to_pandas()
         frame.insert(0, "host", host)
         frames.append(frame)
     if not frames:
         return pd.DataFrame({"host": pd.Series([], dtype="category")})
     result = pd.concat(frames, ignore_index=True)
     result["host"] = result["host"].astype("category")
-    for column in result.columns:
-        if result[column].dtype == object and column in ("comm", "kind", "syscall", "errno", "signal"):
+    for column in ("comm", "kind", "syscall", "errno", "signal"):
+        if column in result.columns and result[column].dtype == object:
             result[column] = result[column].astype("category")
-    if "ts_ns" in result.columns:
-        result = result.sort_values("ts_ns", kind="stable", ignore_index=True)
+    # Wall time orders several hosts together; monotonic stamps only compare within one host.
+    order = ["time"] if "time" in result.columns else ["host", "ts_ns"] if "ts_ns" in result.columns else []
+    if order:
+        result = result.sort_values(order, kind="stable", ignore_index=True)
     return result
 
 

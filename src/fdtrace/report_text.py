@@ -28,6 +28,10 @@ def summary(recording: Recording) -> str:
     for host, meta in sorted(recording.meta.items()):
         state = "complete" if meta.get("complete") else "incomplete (recorder did not stop cleanly)"
         lines.append(f"host {host}: kernel {meta.get('kernel')}, fdtrace {meta.get('fdtrace_version')}, {state}")
+        rotated = meta.get("rotated_out") or {}
+        if rotated.get("files"):
+            rows = ", ".join(f"{t} {n}" for t, n in rotated["rows"].items() if n)
+            lines.append(f"  rotated out (--max-size): {rotated['files']} oldest files, {rows} rows")
         if meta.get("probes_skipped"):
             lines.append(f"  probes skipped: {', '.join(meta['probes_skipped'])}")
     if len(events):

@@ -47,16 +47,25 @@ class ProcSampler:
     def __init__(self, procfs_root: str | Path = "/proc", cmdline: bool = False) -> None:
         self.root = Path(procfs_root)
         self.cmdline = cmdline
-        self.fd_count_by_size = True  # /proc/PID/fd's st_size is the count on Linux >= 6.2
+        self.fd_count_by_size = self._size_is_count()
+
+    def _size_is_count(self) -> bool:
+        """Whether st_size of /proc/PID/fd is the number of open FDs (Linux >= 6.2): O(1) instead
+        of a readdir. Checked on our own fd folder; older kernels give 0, a fake tree has none."""
+        own = self.root / "self" / "fd"
+        try:
+            listed = len(os.listdir(own))  # the listing's own fd shows in it, then is closed
+            size = os.stat(own).st_size
+        except OSError:
+            return False
+        return size > 0 and size in (listed, listed - 1)
 
     def open_fds(self, pid: int) -> int | None:
         """Number of open FDs of a process, None if it is gone."""
         fd_dir = self.root / str(pid) / "fd"
         try:
             if self.fd_count_by_size:
-                size = os.stat(fd_dir).st_size
-                if size > 0:
-                    return size
+                return os.stat(fd_dir).st_size
             return len(os.listdir(fd_dir))
         except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
             return None

@@ -144,3 +144,43 @@ def test_truncated_part_is_skipped_and_named(tmp_path: Path) -> None:
     assert len(rec.skipped) == 1 and str(parts[1]) in rec.skipped[0]
     result = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True)
     assert result.returncode == 0 and "skipped unreadable files:" in result.stdout
+
+
+def test_rotate_merges_files_and_max_size_caps_the_recording(tmp_path: Path) -> None:
+    rotated = tmp_path / "rotated"
+    subprocess.run([FDTRACE, "record", "-o", str(rotated), "--duration", "2.6", "--interval", "0.2",
+                    "--rotate", "1"], check=True, capture_output=True)
+    for table in ("system", "clock", "losses"):
+        names = [p.name for p in (rotated / table).rglob("part-*.parquet")]
+        assert len(names) <= 4 and all("-" in n.removeprefix("part-") for n in names), names
+    rec = load(rotated)
+    assert len(rec.clock) >= 12 and rec.clock["ts_ns"].is_monotonic_increasing
+
+    capped = tmp_path / "capped"
+    result = subprocess.run([FDTRACE, "record", "-o", str(capped), "--duration", "3", "--interval", "0.1",
+                             "--max-size", "40K"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    size = sum(p.stat().st_size for p in capped.rglob("*.parquet"))
+    assert size <= 40 << 10
+    [meta] = load(capped).meta.values()
+    assert meta["rotated_out"]["files"] > 0 and meta["rotated_out"]["rows"]["clock"] > 0
+    summary = subprocess.run([FDTRACE, "info", str(capped)], capture_output=True, text=True, check=True).stdout
+    assert "rotated out (--max-size):" in summary
+
+
+def test_full_disk_stops_with_one_line_and_keeps_what_was_written(tmp_path: Path) -> None:
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        result = subprocess.run([FDTRACE, "record", "-o", str(disk / "rec"), "--duration", "30",
+                                 "--interval", "0.1", "--top", "200"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        error_lines = [line for line in result.stderr.splitlines() if "error" in line]
+        assert len(error_lines) == 1 and "disk full: recording stopped" in error_lines[0], result.stderr
+        assert "Traceback" not in result.stderr
+        rec = load(disk / "rec")
+        assert len(rec.system) > 0 and rec.skipped == []
+        assert not list((disk / "rec").rglob("*.tmp"))
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

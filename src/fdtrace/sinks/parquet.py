@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording import TABLES, host_dir, meta_path
+from fdtrace.recording import TABLES, host_dir, meta_path, part_name
+
+
+@dataclass
+class _Part:
+    first: int
+    last: int
+    path: Path
+    rows: int
+    size: int
 
 
 class RecordingWriter:
@@ -20,19 +30,29 @@ class RecordingWriter:
 
     ``add()`` buffers rows in memory; ``flush()`` writes each buffered table as a new part file
     (temporary name, fsync, rename), so a recorder killed at any moment leaves only complete
-    files and loses at most what it buffered since the last flush.
+    files and loses at most what it buffered since the last flush. Parts are numbered by flush,
+    alike in every table, so a number stands for the same interval everywhere.
+
+    ``compact()`` merges the parts written since the last compaction into one file per table
+    (``--rotate``); ``max_size`` keeps the recording under that many bytes by deleting its oldest
+    parts, counted in the metadata as ``rotated_out`` (``--max-size``).
     """
 
-    def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False) -> None:
+    def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False,
+                 max_size: int | None = None) -> None:
         self.root = Path(root)
         self.host = host
         self.meta = dict(meta)
+        self.max_size = max_size
         self.file_mode = 0o644 if shared else 0o600
         self.dir_mode = 0o755 if shared else 0o700
         self.bytes_written = 0
         self.rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
+        self.rotated_out: dict[str, Any] = {"files": 0, "bytes": 0, "rows": dict.fromkeys(TABLES, 0)}
         self._buffers: dict[str, list[pa.Table]] = {t: [] for t in TABLES}
-        self._next_part: dict[str, int] = dict.fromkeys(TABLES, 1)
+        self._parts: dict[str, list[_Part]] = {t: [] for t in TABLES}
+        self._unmerged: dict[str, int] = dict.fromkeys(TABLES, 0)  # parts since the last compaction
+        self._flush_number = 1
         if meta_path(self.root, host).exists():
             raise FdtraceError(f"{self.root} already holds a recording of host {host}: choose another -o")
         self._guard(self._make_dirs)
@@ -45,6 +65,11 @@ class RecordingWriter:
         for folder in folders:
             folder.mkdir(mode=self.dir_mode, exist_ok=True)
 
+    @property
+    def size(self) -> int:
+        """Bytes of the part files the recording holds now."""
+        return sum(part.size for parts in self._parts.values() for part in parts)
+
     def add(self, table: str, rows: pa.Table) -> None:
         """Buffer rows for ``table`` until the next flush."""
         if rows.num_rows:
@@ -52,16 +77,55 @@ class RecordingWriter:
 
     def flush(self) -> None:
         """Write every buffered table as a complete part file."""
+        number = self._flush_number
+        self._flush_number += 1
         for table, buffered in self._buffers.items():
             if not buffered:
                 continue
             data = pa.concat_tables(buffered, promote_options="default")
-            folder = host_dir(self.root, table, self.host)
-            final = folder / f"part-{self._next_part[table]:06d}.parquet"
-            self._guard(lambda d=data, f=final: self._write_part(d, f))
-            self._next_part[table] += 1
+            path = host_dir(self.root, table, self.host) / part_name(number, number)
+            self._guard(lambda d=data, p=path: self._write_part(d, p))
+            self._parts[table].append(_Part(number, number, path, data.num_rows, path.stat().st_size))
+            self._unmerged[table] += 1
             self.rows_written[table] += data.num_rows
+            self.bytes_written += self._parts[table][-1].size
             buffered.clear()
+        if self.max_size is not None:
+            self._rotate_out()
+
+    def compact(self) -> None:
+        """Merge each table's parts since the last compaction into one file.
+
+        The merged file is complete under its final name before the parts go; a reader that
+        finds both (a crash in between) reads the merged file and skips the parts it covers.
+        """
+        for table, parts in self._parts.items():
+            count = self._unmerged[table]
+            self._unmerged[table] = 0
+            if count < 2:
+                continue
+            merging = parts[-count:]
+            data = pa.concat_tables([pq.read_table(p.path) for p in merging], promote_options="default")
+            path = host_dir(self.root, table, self.host) / part_name(merging[0].first, merging[-1].last)
+            self._guard(lambda d=data, p=path: self._write_part(d, p))
+            for part in merging:
+                part.path.unlink()
+            parts[-count:] = [_Part(merging[0].first, merging[-1].last, path, data.num_rows, path.stat().st_size)]
+
+    def _rotate_out(self) -> None:
+        """Delete the oldest parts until the recording fits ``max_size`` (keeping the newest)."""
+        assert self.max_size is not None
+        while self.size > self.max_size:
+            candidates = [(parts[0].first, table) for table, parts in self._parts.items() if len(parts) > 1]
+            if not candidates:
+                return
+            _, table = min(candidates)
+            part = self._parts[table].pop(0)
+            self._unmerged[table] = min(self._unmerged[table], len(self._parts[table]))
+            part.path.unlink()
+            self.rotated_out["files"] += 1
+            self.rotated_out["bytes"] += part.size
+            self.rotated_out["rows"][table] += part.rows
 
     def _write_part(self, data: pa.Table, final: Path) -> None:
         temporary = final.with_suffix(".parquet.tmp")
@@ -75,11 +139,11 @@ class RecordingWriter:
             temporary.unlink(missing_ok=True)
             raise
         os.replace(temporary, final)
-        self.bytes_written += final.stat().st_size
 
     def write_meta(self, complete: bool, **updates: Any) -> None:
         """Write the metadata file (atomically); ``complete`` marks a clean end."""
-        self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written)
+        self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
+                         rotated_out=self.rotated_out)
         path = meta_path(self.root, self.host)
         temporary = path.with_suffix(".json.tmp")
 

@@ -12,7 +12,7 @@ class EventBatch:
 
     Attributes:
         events: a ``pyarrow.Table`` with the schema of ``schema.arrow_schema()``.
-        mono_ns: CLOCK_MONOTONIC time of the poll.
+        mono_ns: the time of the poll: CLOCK_MONOTONIC live, the virtual wall clock in a replay.
         losses: cumulative loss and overflow counters (``schema.STATS``) at the poll.
     """
 

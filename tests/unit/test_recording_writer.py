@@ -1,0 +1,91 @@
+"""The recording writer: complete parts, compaction (--rotate) and the size cap (--max-size)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from fdtrace.cli import parse_size
+from fdtrace.errors import FdtraceError
+from fdtrace.recording import host_dir, load, part_files
+from fdtrace.schema import SCHEMA_VERSION
+from fdtrace.sinks.parquet import RecordingWriter
+
+META = {"schema_version": SCHEMA_VERSION, "host": "h1"}
+
+
+def write_intervals(writer: RecordingWriter, count: int, rows: int = 50, start: int = 0) -> None:
+    for i in range(start, start + count):
+        writer.add("system", pa.table({"ts_ns": list(range(i * rows, (i + 1) * rows)),
+                                       "file_nr": [i] * rows}))
+        writer.flush()
+
+
+def test_parts_are_numbered_by_flush_and_load_in_order(tmp_path: Path) -> None:
+    writer = RecordingWriter(tmp_path, "h1", META)
+    write_intervals(writer, 3)
+    writer.flush()  # nothing buffered: no file, but the number moves on
+    write_intervals(writer, 1, start=3)
+    names = [p.name for p in part_files(host_dir(tmp_path, "system", "h1"))]
+    assert names == ["part-000001.parquet", "part-000002.parquet", "part-000003.parquet", "part-000005.parquet"]
+    assert load(tmp_path).system["ts_ns"].tolist() == list(range(200))
+
+
+def test_compaction_merges_parts_and_keeps_every_row(tmp_path: Path) -> None:
+    writer = RecordingWriter(tmp_path, "h1", META)
+    write_intervals(writer, 4)
+    writer.compact()
+    write_intervals(writer, 2, start=4)
+    writer.compact()
+    names = [p.name for p in part_files(host_dir(tmp_path, "system", "h1"))]
+    assert names == ["part-000001-000004.parquet", "part-000005-000006.parquet"]
+    assert load(tmp_path).system["ts_ns"].tolist() == list(range(300))
+
+
+def test_interrupted_compaction_is_read_once(tmp_path: Path) -> None:
+    writer = RecordingWriter(tmp_path, "h1", META)
+    write_intervals(writer, 3)
+    folder = host_dir(tmp_path, "system", "h1")
+    saved = tmp_path / "saved"
+    shutil.copytree(folder, saved)
+    writer.compact()
+    for part in saved.iterdir():  # as if the recorder died after the rename, before the unlinks
+        shutil.copy(part, folder / part.name)
+    assert [p.name for p in part_files(folder)] == ["part-000001-000003.parquet"]
+    assert len(load(tmp_path).system) == 150
+
+
+def test_max_size_deletes_the_oldest_parts_and_counts_them(tmp_path: Path) -> None:
+    writer = RecordingWriter(tmp_path, "h1", META)
+    write_intervals(writer, 1)
+    one_part = writer.size
+    capped = RecordingWriter(tmp_path / "capped", "h1", META, max_size=int(one_part * 3.5))
+    write_intervals(capped, 10)
+    capped.write_meta(complete=True)
+    rec = load(tmp_path / "capped")
+    assert rec.system["ts_ns"].tolist() == list(range(350, 500))
+    meta = json.loads((tmp_path / "capped" / "meta" / "host=h1.json").read_text())
+    assert meta["rotated_out"]["files"] == 7 and meta["rotated_out"]["rows"]["system"] == 350
+    assert meta["rows"]["system"] == 500
+
+
+def test_a_second_recording_of_the_same_host_is_refused(tmp_path: Path) -> None:
+    RecordingWriter(tmp_path, "h1", META)
+    with pytest.raises(FdtraceError, match="already holds a recording of host h1"):
+        RecordingWriter(tmp_path, "h1", META)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("4096", 4096), ("500K", 500 << 10), ("2G", 2 << 30),
+                                                ("1.5M", 3 << 19), ("64MiB", 64 << 20)])
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-5M", "0"])
+def test_parse_size_refuses_nonsense(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)

@@ -1,0 +1,92 @@
+"""Replaying a recording made by fdtrace's own recorder (tests/data/emfile)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from fdtrace.analysis import load
+from fdtrace.errors import FdtraceError
+from fdtrace.schema import arrow_schema
+from fdtrace.sources.replay import ReplaySource
+
+EMFILE = Path(__file__).parents[1] / "data" / "emfile"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def replay(speed: float = 1.0) -> tuple[ReplaySource, FakeClock]:
+    clock = FakeClock()
+    return ReplaySource(EMFILE, speed=speed, clock=clock), clock
+
+
+def test_replay_yields_every_event_once_in_time_order_with_the_live_schema() -> None:
+    source, clock = replay()
+    seen: list[pa.Table] = []
+    while not source.finished:
+        clock.ns += 100_000_000
+        batch = source.poll()
+        assert batch.events.schema.equals(arrow_schema())
+        seen.append(batch.events)
+    events = pa.concat_tables(seen)
+    recorded = load(EMFILE).events
+    assert events.num_rows == len(recorded) == 74
+    times = events["time"].cast(pa.int64()).to_pylist()
+    assert times == sorted(times)
+    assert events["kind"].cast(pa.string()).to_pylist() == recorded["kind"].astype(str).tolist()
+    assert set(events["host"].cast(pa.string()).to_pylist()) == {"vm"}
+
+
+def test_speed_scales_the_virtual_clock() -> None:
+    source, clock = replay(speed=4.0)
+    clock.ns = 250_000_000
+    assert source.now_ns == source.start_ns + 1_000_000_000
+    source.set_speed(0.5)
+    clock.ns += 1_000_000_000
+    assert source.now_ns == source.start_ns + 1_500_000_000
+
+
+def test_pause_freezes_time_and_resume_goes_on_from_there() -> None:
+    source, clock = replay()
+    clock.ns = 500_000_000
+    source.pause()
+    first = source.poll()
+    clock.ns += 5_000_000_000
+    assert source.now_ns == source.start_ns + 500_000_000
+    assert len(source.poll()) == 0 and len(first) > 0
+    source.resume()
+    clock.ns += 100_000_000
+    assert source.now_ns == source.start_ns + 600_000_000
+
+
+def test_seek_next_jumps_to_the_emfile_and_seek_back_replays_again() -> None:
+    source, clock = replay()
+    first_error = source.seek_next({"fd_error", "oom_kill"})
+    recorded = load(EMFILE).events
+    expected = recorded[recorded["kind"] == "fd_error"]["time"].iloc[0].value
+    assert first_error == expected
+    batch = source.poll()
+    assert batch.events["kind"].cast(pa.string()).to_pylist()[0] == "fd_error"
+    assert source.seek_next({"oom_kill"}) is None
+    source.seek(source.start_ns)
+    clock.ns += 10**12
+    assert len(source.poll()) == 74
+
+
+def test_losses_come_with_each_batch() -> None:
+    source, clock = replay()
+    clock.ns = 10**12
+    assert source.poll().losses == {"ringbuf_full": 0, "counters_full": 0, "exited_full": 0, "errors_full": 0}
+
+
+def test_directory_that_is_not_a_recording_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FdtraceError, match="not an fdtrace recording"):
+        ReplaySource(tmp_path)

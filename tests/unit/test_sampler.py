@@ -1,0 +1,95 @@
+"""The /proc sampler against a fake procfs tree (psutil's way of testing it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fdtrace.procfs import TICK_NS
+from fdtrace.sampler import ProcSampler
+
+LIMITS = """Limit                     Soft Limit           Hard Limit           Units
+Max processes             63936                63936                processes
+Max open files            {soft}                 {hard}                 files
+"""
+
+
+def fake_process(root: Path, pid: int, comm: str, fds: dict[int, str], soft: str = "64", hard: str = "4096") -> None:
+    base = root / str(pid)
+    (base / "fd").mkdir(parents=True)
+    stat_fields = ["S"] + ["0"] * 18 + ["1234"] + ["0"] * 10
+    (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat_fields) + "\n")
+    (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard))
+    (base / "status").write_text(f"Name:\t{comm}\nThreads:\t7\n")
+    (base / "cmdline").write_text("server\0--port\x008080\0")
+    for fd, target in fds.items():
+        os.symlink(target, base / "fd" / str(fd))
+
+
+@pytest.fixture
+def proc_root(tmp_path: Path) -> Path:
+    fake_process(tmp_path, 10, "haproxy (w)", {0: "/dev/null", 3: "socket:[991]", 4: "socket:[992]", 5: "pipe:[7]"})
+    fake_process(tmp_path, 11, "idle", {0: "/dev/null"}, soft="unlimited", hard="unlimited")
+    (tmp_path / "12").mkdir()  # a kernel thread: no fds
+    (tmp_path / "sys/fs").mkdir(parents=True)
+    (tmp_path / "sys/fs/file-nr").write_text("2048\t0\t9223372036854775807\n")
+    (tmp_path / "sys/fs/nr_open").write_text("1048576\n")
+    (tmp_path / "sys/kernel").mkdir(parents=True)
+    (tmp_path / "sys/kernel/threads-max").write_text("95000\n")
+    (tmp_path / "sys/kernel/pid_max").write_text("32768\n")
+    (tmp_path / "sys/net/core").mkdir(parents=True)
+    (tmp_path / "sys/net/core/somaxconn").write_text("4096\n")
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net/netstat").write_text(
+        "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 17 19\n"
+        "IpExt: InNoRoutes\nIpExt: 0\n")
+    return tmp_path
+
+
+def test_process_sample_reads_fds_limits_threads_and_sockets(proc_root: Path) -> None:
+    sampler = ProcSampler(proc_root)
+    assert not sampler.fd_count_by_size  # a fake tree has no /proc/self: count by readdir
+    sample = sampler.sample(10)
+    assert sample is not None
+    assert (sample.comm, sample.open_fds, sample.fd_soft_limit, sample.fd_hard_limit) == ("haproxy (w)", 4, 64, 4096)
+    assert (sample.threads, sample.sockets, sample.start_ns) == (7, 2, 1234 * TICK_NS)
+    assert sample.cmdline is None
+    unlimited = sampler.sample(11)
+    assert unlimited is not None and (unlimited.fd_soft_limit, unlimited.fd_hard_limit) == (None, None)
+
+
+def test_command_lines_only_when_asked(proc_root: Path) -> None:
+    sample = ProcSampler(proc_root, cmdline=True).sample(10)
+    assert sample is not None and sample.cmdline == "server --port 8080"
+
+
+def test_vanished_process_is_skipped(proc_root: Path) -> None:
+    sampler = ProcSampler(proc_root)
+    (proc_root / "10" / "limits").unlink()  # gone between two reads
+    assert sampler.sample(10) is None
+    assert sampler.sample(404) is None
+    assert [s.pid for s in sampler.processes([10, 11, 404])] == [11]
+
+
+def test_top_by_open_fds_leaves_out_kernel_threads(proc_root: Path) -> None:
+    assert ProcSampler(proc_root).top_by_open_fds(5) == [10, 11]
+
+
+def test_system_figures(proc_root: Path) -> None:
+    assert ProcSampler(proc_root).system() == {
+        "file_nr": 2048, "file_max": 9223372036854775807, "nr_open": 1048576, "threads_max": 95000,
+        "pid_max": 32768, "somaxconn": 4096, "listen_overflows": 17, "listen_drops": 19,
+    }
+
+
+def test_real_proc_counts_this_process_fds() -> None:
+    sampler = ProcSampler()
+    r, w = os.pipe()
+    try:
+        expected = len(os.listdir("/proc/self/fd")) - 1
+        assert sampler.open_fds(os.getpid()) == expected
+    finally:
+        os.close(r)
+        os.close(w)
