@@ -99,18 +99,20 @@ class ProcSampler:
         return ProcessSample(pid, int(fields[19]) * TICK_NS, comm, open_fds, soft, hard, threads, sockets, cmdline)
 
     def _sockets(self, base: Path) -> int | None:
-        fd_dir = base / "fd"
+        try:
+            fd_dir = os.open(base / "fd", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # gone
+            return None
         count = 0
         try:
-            names = os.listdir(fd_dir)
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            return None
-        for name in names:
-            try:
-                if os.readlink(fd_dir / name).startswith("socket:"):
-                    count += 1
-            except OSError:  # closed while we looked
-                continue
+            for name in os.listdir(fd_dir):
+                try:
+                    if os.readlink(name, dir_fd=fd_dir).startswith("socket:"):
+                        count += 1
+                except OSError:  # closed while we looked
+                    continue
+        finally:
+            os.close(fd_dir)
         return count
 
     def top_by_open_fds(self, n: int) -> list[int]:

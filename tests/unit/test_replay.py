@@ -90,3 +90,11 @@ def test_losses_come_with_each_batch() -> None:
 def test_directory_that_is_not_a_recording_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FdtraceError, match="not an fdtrace recording"):
         ReplaySource(tmp_path)
+
+
+def test_recording_reads_without_fdtrace_as_a_hive_partitioned_dataset() -> None:
+    import pandas as pd
+
+    events = pd.read_parquet(EMFILE / "events")
+    assert len(events) == 74 and set(events["host"].astype(str)) == {"vm"}
+    assert set(events["kind"].astype(str)) == {"socket", "thread_start", "thread_exit", "fd_error", "process_exit"}
