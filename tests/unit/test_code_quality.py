@@ -14,7 +14,8 @@ def run_tool(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_is_clean() -> None:
-    result = run_tool("ruff", "check", "src", "tests", "bench")
+    bench_scripts = [str(p.relative_to(ROOT)) for p in (ROOT / "bench").iterdir() if p.is_file() and p.suffix != ".c"]
+    result = run_tool("ruff", "check", "src", "tests", *bench_scripts)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -16,13 +16,14 @@ Max open files            {soft}                 {hard}                 files
 """
 
 
-def fake_process(root: Path, pid: int, comm: str, fds: dict[int, str], soft: str = "64", hard: str = "4096") -> None:
+def fake_process(root: Path, pid: int, comm: str, fds: dict[int, str], soft: str = "64", hard: str = "4096",
+                 fd_table: int = 64) -> None:
     base = root / str(pid)
     (base / "fd").mkdir(parents=True)
     stat_fields = ["S"] + ["0"] * 18 + ["1234"] + ["0"] * 10
     (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat_fields) + "\n")
     (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard))
-    (base / "status").write_text(f"Name:\t{comm}\nThreads:\t7\n")
+    (base / "status").write_text(f"Name:\t{comm}\nFDSize:\t{fd_table}\nThreads:\t7\n")
     (base / "cmdline").write_text("server\0--port\x008080\0")
     for fd, target in fds.items():
         os.symlink(target, base / "fd" / str(fd))
@@ -31,7 +32,8 @@ def fake_process(root: Path, pid: int, comm: str, fds: dict[int, str], soft: str
 @pytest.fixture
 def proc_root(tmp_path: Path) -> Path:
     fake_process(tmp_path, 10, "haproxy (w)", {0: "/dev/null", 3: "socket:[991]", 4: "socket:[992]", 5: "pipe:[7]"})
-    fake_process(tmp_path, 11, "idle", {0: "/dev/null"}, soft="unlimited", hard="unlimited")
+    fake_process(tmp_path, 11, "idle", {0: "/dev/null"}, soft="unlimited", hard="unlimited", fd_table=256)
+    fake_process(tmp_path, 13, "small", {0: "/dev/null"}, fd_table=32)
     (tmp_path / "12").mkdir()  # a kernel thread: no fds
     (tmp_path / "sys/fs").mkdir(parents=True)
     (tmp_path / "sys/fs/file-nr").write_text("2048\t0\t9223372036854775807\n")
@@ -73,8 +75,17 @@ def test_vanished_process_is_skipped(proc_root: Path) -> None:
     assert [s.pid for s in sampler.processes([10, 11, 404])] == [11]
 
 
-def test_top_by_open_fds_leaves_out_kernel_threads(proc_root: Path) -> None:
-    assert ProcSampler(proc_root).top_by_open_fds(5) == [10, 11]
+def test_top_without_o1_counts_ranks_by_fd_table_size(proc_root: Path) -> None:
+    sampler = ProcSampler(proc_root)
+    assert sampler.top_by_open_fds(5) == [11, 10, 13]  # FDSize 256, 64, 32; the kernel thread has none
+    assert sampler.top_by_open_fds(1) == [11]
+
+
+def test_top_by_open_fds_counts_when_the_kernel_gives_counts(proc_root: Path) -> None:
+    sampler = ProcSampler(proc_root)
+    sampler.fd_count_by_size = True  # as on Linux >= 6.2; a fake tree's st_size is no count, so stand in
+    sampler.open_fds = lambda pid: {10: 4, 11: 2, 13: 1}.get(pid, 0)  # type: ignore[method-assign]
+    assert sampler.top_by_open_fds(2) == [10, 11]
 
 
 def test_system_figures(proc_root: Path) -> None:
