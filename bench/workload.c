@@ -2,6 +2,9 @@
 /* Syscall-heavy workloads for bench/overhead: prints iterations per second.
  *   workload socket SECONDS   socket() + close() in a loop
  *   workload accept SECONDS   loopback connect() + accept4() + two close() in a loop
+ *   workload badclose SECONDS [RATE]
+ *                             close(-1) in a loop, the cheapest traced call (one event, EBADF),
+ *                             at most RATE calls per second when RATE is given
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -21,7 +24,7 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3)
+    if (argc < 3)
         return 2;
     double seconds = atof(argv[2]);
     long iterations = 0;
@@ -32,6 +35,20 @@ int main(int argc, char **argv)
                 close(socket(AF_INET, SOCK_STREAM, 0));
             iterations += 256;
         } while (now() < end);
+    } else if (strcmp(argv[1], "badclose") == 0) {
+        double rate = argc > 3 ? atof(argv[3]) : 0;
+        double t;
+        do {
+            for (int i = 0; i < 1024; i++)
+                close(-1);
+            iterations += 1024;
+            t = now();
+            if (rate > 0 && start + iterations / rate > t) {
+                double wait = start + iterations / rate - t;
+                struct timespec pause = {.tv_sec = (time_t)wait, .tv_nsec = (long)((wait - (time_t)wait) * 1e9)};
+                nanosleep(&pause, NULL);
+            }
+        } while (t < end);
     } else {
         int listener = socket(AF_INET, SOCK_STREAM, 0);
         int one = 1;

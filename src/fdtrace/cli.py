@@ -204,10 +204,12 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
     try:
         recorder.run(lambda: stop.stopped, deadline)
         writer.write_meta(complete=True, ended=time.time())
+        writer.close()
     except FdtraceError as error:
-        _fail(error)
-    finally:
         source.stop()
+        writer.abandon()
+        _fail(error)
+    source.stop()
     losses = recorder.losses
     click.echo(
         f"fdtrace: recorded {recorder.events} events, {writer.bytes_written} bytes; lost {sum(losses.values())}",

@@ -95,9 +95,9 @@ class Recorder:
                 self.tick()
                 next_tick = max(next_tick + self.options.interval_s, time.monotonic())
             if next_compaction is not None and (last or time.monotonic() >= next_compaction):
-                self.writer.compact()
+                self.writer.compact(wait=False)
                 next_compaction = time.monotonic() + (rotate or 0)
-                self.writer.write_meta(complete=False)
+                self.writer.write_meta(complete=False, wait=False)
             if last:
                 return
             time.sleep(0.01)
@@ -128,7 +128,7 @@ class Recorder:
         self._last_losses = losses
         table = pa.table(row)
         self.writer.add("losses", table.append_column("time", _time_column([now], offsets.realtime_offset_ns)))
-        self.writer.flush()
+        self.writer.flush(wait=False)
 
     def _sample(self, now: int, realtime_offset: int) -> None:
         pids = set(self._pids_seen) | set(self.sampler.top_by_open_fds(self.options.top_processes))

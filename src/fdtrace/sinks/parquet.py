@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,9 @@ import pyarrow.parquet as pq
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording import TABLES, host_dir, meta_path, part_name
+
+#: Flushes that may wait for the writer thread before the caller is held back.
+MAX_PENDING_WRITES = 3
 
 
 @dataclass
@@ -53,6 +58,8 @@ class RecordingWriter:
         self._parts: dict[str, list[_Part]] = {t: [] for t in TABLES}
         self._unmerged: dict[str, int] = dict.fromkeys(TABLES, 0)  # parts since the last compaction
         self._flush_number = 1
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
+        self._pending: list[Future[None]] = []
         if meta_path(self.root, host).exists():
             raise FdtraceError(f"{self.root} already holds a recording of host {host}: choose another -o")
         self._guard(self._make_dirs)
@@ -75,13 +82,49 @@ class RecordingWriter:
         if rows.num_rows:
             self._buffers[table].append(rows)
 
-    def flush(self) -> None:
-        """Write every buffered table as a complete part file."""
+    # Disk work runs on one writer thread, in order, so the caller can go on draining the ring
+    # buffer while a second's worth of events is compressed and written (pyarrow and file I/O
+    # release the GIL). Errors surface at the caller's next call, or at wait().
+
+    def _submit(self, work: Callable[..., None], *args: Any, wait: bool) -> None:
+        for future in [f for f in self._pending if f.done()]:
+            self._pending.remove(future)
+            future.result()
+        while len(self._pending) >= MAX_PENDING_WRITES:  # behind: hold the caller back
+            self._pending.pop(0).result()
+        self._pending.append(self._executor.submit(work, *args))
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait until everything submitted is on disk; raises the first error of the writes."""
+        while self._pending:
+            self._pending.pop(0).result()
+
+    def close(self) -> None:
+        """Wait for the writes and stop the writer thread."""
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """After a failed write: let the writes still queued finish or fail, quietly, and stop."""
+        for future in self._pending:
+            future.exception()
+        self._pending.clear()
+        self._executor.shutdown(wait=True)
+
+    def flush(self, wait: bool = True) -> None:
+        """Write every buffered table as a complete part file (in the background if not ``wait``)."""
         number = self._flush_number
         self._flush_number += 1
-        for table, buffered in self._buffers.items():
-            if not buffered:
-                continue
+        pending = {table: buffered for table, buffered in self._buffers.items() if buffered}
+        self._buffers = {t: [] for t in TABLES}
+        self._submit(self._write_flush, number, pending, wait=wait)
+
+    def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
+        for table, buffered in pending.items():
             data = pa.concat_tables(buffered, promote_options="default")
             path = host_dir(self.root, table, self.host) / part_name(number, number)
             self._guard(lambda d=data, p=path: self._write_part(d, p))
@@ -89,11 +132,14 @@ class RecordingWriter:
             self._unmerged[table] += 1
             self.rows_written[table] += data.num_rows
             self.bytes_written += self._parts[table][-1].size
-            buffered.clear()
         if self.max_size is not None:
             self._rotate_out()
 
-    def compact(self) -> None:
+    def compact(self, wait: bool = True) -> None:
+        """Merge each table's parts since the last compaction into one file (see ``_compact``)."""
+        self._submit(self._compact, wait=wait)
+
+    def _compact(self) -> None:
         """Merge each table's parts since the last compaction into one file.
 
         The merged file is complete under its final name before the parts go; a reader that
@@ -140,8 +186,11 @@ class RecordingWriter:
             raise
         os.replace(temporary, final)
 
-    def write_meta(self, complete: bool, **updates: Any) -> None:
+    def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
         """Write the metadata file (atomically); ``complete`` marks a clean end."""
+        self._submit(self._write_meta, complete, updates, wait=wait)
+
+    def _write_meta(self, complete: bool, updates: dict[str, Any]) -> None:
         self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
                          rotated_out=self.rotated_out)
         path = meta_path(self.root, self.host)
