@@ -16,10 +16,10 @@ import pyarrow as pa
 
 from fdtrace import __version__
 from fdtrace.clock import sample_offsets
-from fdtrace.sampler import ProcSampler
+from fdtrace.sampler import ProcessSample, ProcSampler
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS
 from fdtrace.sinks.parquet import RecordingWriter
-from fdtrace.sources.base import keep_comms
+from fdtrace.sources.base import EventBatch, keep_comms
 from fdtrace.sources.live_bpf import LiveBpfSource
 
 ERRORS_TYPE = pa.list_(pa.struct([("syscall", pa.string()), ("errno", pa.string()), ("count", pa.int64())]))
@@ -77,6 +77,8 @@ class Recorder:
         self._pids_seen: set[int] = set()
         self._last_losses = dict.fromkeys(STATS, 0)
         self._last_counters: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self._next_tick = time.monotonic()
+        self._next_compaction = time.monotonic() + (options.rotate_s or 0)
 
     @property
     def losses(self) -> dict[str, int]:
@@ -85,25 +87,18 @@ class Recorder:
 
     def run(self, should_stop: Callable[[], bool], deadline: float | None) -> None:
         """Poll every 10 ms and sample and flush every interval, until stopped."""
-        next_tick = time.monotonic()
-        rotate = self.options.rotate_s
-        next_compaction = time.monotonic() + rotate if rotate else None
         while True:
             last = should_stop() or (deadline is not None and time.monotonic() >= deadline)
-            self._take_events()
-            if last or time.monotonic() >= next_tick:
+            self.take(self.source.poll())
+            if self.due() or last:
                 self.tick()
-                next_tick = max(next_tick + self.options.interval_s, time.monotonic())
-            if next_compaction is not None and (last or time.monotonic() >= next_compaction):
-                self.writer.compact(wait=False)
-                next_compaction = time.monotonic() + (rotate or 0)
-                self.writer.write_meta(complete=False, wait=False)
+            self.maintain(last)
             if last:
                 return
             time.sleep(0.01)
 
-    def _take_events(self) -> None:
-        batch = self.source.poll()
+    def take(self, batch: EventBatch) -> None:
+        """Buffer a batch's events (those of the --comm names, when given)."""
         if not len(batch):
             return
         table = keep_comms(batch.events, self.options.comms)
@@ -111,14 +106,38 @@ class Recorder:
         self.writer.add("events", table.drop_columns(["host"]))
         self.events += table.num_rows
 
-    def tick(self) -> None:
-        """Sample, read counters and losses, and flush everything buffered."""
+    def due(self) -> bool:
+        """Whether an interval has passed since the last tick."""
+        return time.monotonic() >= self._next_tick
+
+    def maintain(self, last: bool = False) -> None:
+        """Merge files every --rotate seconds (and at the end)."""
+        rotate = self.options.rotate_s
+        if rotate is None or not (last or time.monotonic() >= self._next_compaction):
+            return
+        self.writer.compact(wait=False)
+        self.writer.write_meta(complete=False, wait=False)
+        self._next_compaction = time.monotonic() + rotate
+
+    @property
+    def pids_with_events(self) -> set[int]:
+        """Processes that had events since the last tick."""
+        return set(self._pids_seen)
+
+    def tick(self, samples: list[ProcessSample] | None = None, system: dict[str, Any] | None = None) -> None:
+        """Sample (unless the caller already did), read counters and losses, and flush."""
+        self._next_tick = max(self._next_tick + self.options.interval_s, time.monotonic())
         offsets = sample_offsets()
         now = offsets.mono_ns
         self.writer.add("clock", pa.table({
             "ts_ns": [now], "realtime_offset_ns": [offsets.realtime_offset_ns],
             "boottime_offset_ns": [offsets.boottime_offset_ns]}))
-        self._sample(now, offsets.realtime_offset_ns)
+        if samples is None:
+            samples = self.sampler.round(self._pids_seen, self.options.top_processes, exclude=os.getpid())
+        if system is None:
+            system = self.sampler.system()
+        self._pids_seen.clear()
+        self._write_samples(samples, system, now, offsets.realtime_offset_ns)
         self._counters(now)
         losses = self.source.read_losses()
         row: dict[str, list[Any]] = {"ts_ns": [now]}
@@ -130,11 +149,8 @@ class Recorder:
         self.writer.add("losses", table.append_column("time", _time_column([now], offsets.realtime_offset_ns)))
         self.writer.flush(wait=False)
 
-    def _sample(self, now: int, realtime_offset: int) -> None:
-        pids = set(self._pids_seen) | set(self.sampler.top_by_open_fds(self.options.top_processes))
-        pids.discard(os.getpid())
-        self._pids_seen.clear()
-        samples = self.sampler.processes(pids)
+    def _write_samples(self, samples: list[ProcessSample], system: dict[str, Any], now: int,
+                       realtime_offset: int) -> None:
         if samples:
             columns: dict[str, list[Any]] = {"ts_ns": [now] * len(samples)}
             for name in ("pid", "start_ns", "comm", "open_fds", "fd_soft_limit", "fd_hard_limit", "threads",
@@ -144,7 +160,6 @@ class Recorder:
                 columns["cmdline"] = [s.cmdline for s in samples]
             table = pa.table(columns)
             self.writer.add("samples", table.append_column("time", _time_column(columns["ts_ns"], realtime_offset)))
-        system = self.sampler.system()
         table = pa.table({"ts_ns": [now], **{k: [v] for k, v in system.items()}})
         self.writer.add("system", table.append_column("time", _time_column([now], realtime_offset)))
 

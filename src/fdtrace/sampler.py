@@ -131,6 +131,12 @@ class ProcSampler:
         status = _read(self.root / str(pid) / "status") or ""
         return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("FDSize:")), 0)
 
+    def round(self, with_events: Iterable[int], top: int, exclude: int | None = None) -> list[ProcessSample]:
+        """One sampling round: the processes that had events plus the ``top`` by open FDs."""
+        pids = set(with_events) | set(self.top_by_open_fds(top))
+        pids.discard(exclude if exclude is not None else -1)
+        return self.processes(pids)
+
     def processes(self, pids: Iterable[int]) -> list[ProcessSample]:
         """Samples of these processes, skipping the ones that are gone."""
         return [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
