@@ -229,3 +229,52 @@ def info(directories: tuple[str, ...]) -> None:
     except FdtraceError as error:
         _fail(error)
     click.echo(summary(recording))
+
+
+@main.command()
+@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("--top", "top_processes", type=int, default=30, show_default=True,
+              help="Sample this many processes with the most open FDs (besides those with events).")
+@click.option("--record-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the R key records (default: ./fdtrace-DATE-TIME).")
+@click.option("--ring-pages", type=int, default=4096, show_default=True,
+              help="Ring buffer size in pages (a power of two).")
+def top(pids: tuple[int, ...], top_processes: int, record_dir: str | None, ring_pages: int) -> None:
+    """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
+    from pathlib import Path
+
+    from fdtrace.bpf.loader import TraceOptions
+    from fdtrace.feeds import LiveFeed
+    from fdtrace.sources.live_bpf import LiveBpfSource
+
+    if ring_pages < 1 or ring_pages & (ring_pages - 1):
+        _fail(FdtraceError("--ring-pages must be a power of two"))
+    source = LiveBpfSource(TraceOptions(pids=pids, ring_pages=ring_pages), keep_exited=0)
+    try:
+        source.start()
+    except FdtraceError as error:
+        _fail(error)
+    from fdtrace.tui.app import make_app
+
+    feed = LiveFeed(source, top=top_processes)
+    make_app(feed, Path(record_dir) if record_dir else None).run()
+    for note in source.notes:
+        click.echo(f"fdtrace: {note}", err=True)
+
+
+@main.command()
+@click.argument("directories", nargs=-1, required=True, type=click.Path())
+@click.option("--speed", type=float, default=1.0, show_default=True, help="Replay speed (2 = twice real time).")
+def replay(directories: tuple[str, ...], speed: float) -> None:
+    """Replay recordings in the live view: play, pause, faster/slower, jump to the next error."""
+    from fdtrace.feeds import ReplayFeed
+
+    if speed <= 0:
+        _fail(FdtraceError("--speed must be positive"))
+    try:
+        feed = ReplayFeed(list(directories), speed=speed)
+    except FdtraceError as error:
+        _fail(error)
+    from fdtrace.tui.app import make_app
+
+    make_app(feed).run()

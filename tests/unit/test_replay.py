@@ -38,7 +38,7 @@ def test_replay_yields_every_event_once_in_time_order_with_the_live_schema() -> 
         seen.append(batch.events)
     events = pa.concat_tables(seen)
     recorded = load(EMFILE).events
-    assert events.num_rows == len(recorded) == 74
+    assert events.num_rows == len(recorded) == 76
     times = events["time"].cast(pa.int64()).to_pylist()
     assert times == sorted(times)
     assert events["kind"].cast(pa.string()).to_pylist() == recorded["kind"].astype(str).tolist()
@@ -78,7 +78,7 @@ def test_seek_next_jumps_to_the_emfile_and_seek_back_replays_again() -> None:
     assert source.seek_next({"oom_kill"}) is None
     source.seek(source.start_ns)
     clock.ns += 10**12
-    assert len(source.poll()) == 74
+    assert len(source.poll()) == 76
 
 
 def test_losses_come_with_each_batch() -> None:
@@ -96,5 +96,5 @@ def test_recording_reads_without_fdtrace_as_a_hive_partitioned_dataset() -> None
     import pandas as pd
 
     events = pd.read_parquet(EMFILE / "events")
-    assert len(events) == 74 and set(events["host"].astype(str)) == {"vm"}
+    assert len(events) == 76 and set(events["host"].astype(str)) == {"vm"}
     assert set(events["kind"].astype(str)) == {"socket", "thread_start", "thread_exit", "fd_error", "process_exit"}

@@ -129,6 +129,13 @@ class ReplaySource:
         self._position = int(np.searchsorted(self._times, wall_ns, side="left"))
         self._rebase(wall_ns)
 
+    def replay_until(self, wall_ns: int) -> None:
+        """Jump to a wall time, and hand out every event from the start up to it at the next
+        poll (for a view that rebuilds what it showed at that moment)."""
+        wall_ns = max(self.start_ns, min(wall_ns, self.end_ns))
+        self._position = 0
+        self._rebase(wall_ns)
+
     def seek_next(self, kinds: set[str]) -> int | None:
         """Jump to the next event of one of ``kinds`` after the current time (e.g. the next
         fd_error or oom_kill). Returns its wall time, or None when there is none."""

@@ -1,0 +1,1 @@
+"""The Textual interface (the only package that imports textual)."""

@@ -1,0 +1,148 @@
+"""Pure transforms from the incident state to what the widgets show (no widgets here)."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+
+from fdtrace.incident import USAGE_CRITICAL, USAGE_WARN, LogEntry, ProcessView, SystemView
+
+#: (key, label, width) of the process table's columns, in order.
+COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("pid", "PID", 7), ("comm", "COMM", 15), ("fds", "FDS / SOFT LIMIT", 23), ("use", "USE", 4),
+    ("sockets", "SOCK", 6), ("socket_s", "SOCK/s", 6), ("accept_s", "ACC/s", 6), ("connect_s", "CONN/s", 6),
+    ("close_s", "CLOSE/s", 7), ("emfile", "EMFILE", 6), ("emfile_s", "EMFILE/s", 8), ("threads", "THR", 5),
+    ("threads_s", "THR/s", 5), ("tte", "FULL IN", 7), ("state", "ALERTS", 44),
+)
+BAR_WIDTH = 10
+
+
+def usage_style(usage: float | None) -> str:
+    """Green below 80 %, amber from 80 %, red from 95 %."""
+    if usage is None:
+        return "dim"
+    if usage >= USAGE_CRITICAL:
+        return "bold red"
+    if usage >= USAGE_WARN:
+        return "dark_orange"
+    return "green"
+
+
+def fd_bar(view: ProcessView) -> Text:
+    """"1234/4096 ████░░░░░░" coloured by how full the FD table is."""
+    if view.open_fds is None:
+        return Text("-", style="dim")
+    limit = "∞" if view.fd_soft_limit is None else str(view.fd_soft_limit)
+    usage = view.usage or 0.0
+    filled = min(BAR_WIDTH, round(usage * BAR_WIDTH))
+    text = Text(f"{view.open_fds}/{limit} ".rjust(12))
+    text.append("█" * filled + "░" * (BAR_WIDTH - filled), style=usage_style(view.usage))
+    return text
+
+
+def rate(value: float) -> str:
+    """A per-second rate, short."""
+    if value <= 0:
+        return "·"
+    if value >= 10_000:
+        return f"{value / 1000:.0f}k"
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def duration(seconds: float | None) -> str:
+    """Time to exhaustion, short: 45s, 12m, 3h."""
+    if seconds is None:
+        return "·"
+    if seconds <= 0:
+        return "FULL"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def process_cells(view: ProcessView) -> dict[str, object]:
+    """The table cells of one process, by column key."""
+    usage = view.usage
+    alerts = view.alerts
+    state = ", ".join(alerts)
+    if view.ended:
+        state = f"{view.ended}; {state}" if state else view.ended
+    return {
+        "pid": str(view.pid),
+        "comm": Text(view.comm, style="strike dim" if view.ended else ""),
+        "fds": fd_bar(view),
+        "use": Text("-" if usage is None else f"{usage:.0%}", style=usage_style(usage)),
+        "sockets": "-" if view.sockets is None else str(view.sockets),
+        "socket_s": rate(view.rates.get("socket", 0.0)),
+        "accept_s": rate(view.rates.get("accept", 0.0)),
+        "connect_s": rate(view.rates.get("connect", 0.0)),
+        "close_s": rate(view.rates.get("close", 0.0)),
+        "emfile": Text(str(view.fd_exhaustion_errors), style="bold red") if view.fd_exhaustion_errors else "·",
+        "emfile_s": rate(view.rates.get("fd_exhaustion", 0.0)),
+        "threads": "-" if view.threads is None else str(view.threads),
+        "threads_s": rate(view.rates.get("thread_start", 0.0)),
+        "tte": duration(view.seconds_to_exhaustion()),
+        "state": Text(state, style="bold red" if view.oom_killed or view.fd_exhaustion_errors else "dark_orange"),
+    }
+
+
+def system_line(system: SystemView, status: str, sort: str, frozen: bool) -> Text:
+    """The header line: the system FD table, OOM kills, event rate, losses and the feed's state."""
+    text = Text()
+    if system.file_nr is not None and system.file_max:
+        share = system.file_nr / system.file_max
+        text.append(f"file-nr {system.file_nr:,} / {system.file_max:,} ({share:.1%})", style=usage_style(share))
+    else:
+        text.append("file-nr -", style="dim")
+    text.append("  │  ")
+    text.append(f"OOM kills {system.oom_kills}", style="bold red" if system.oom_kills else "")
+    text.append(f"  │  {system.events_per_s:,.0f} events/s  │  ")
+    lost = f"lost {system.losses:,}" + (f" ({system.loss_detail})" if system.loss_detail else "")
+    text.append(lost, style="bold red" if system.losses else "green")
+    text.append(f"  │  {status}  │  sort: {sort}")
+    if frozen:
+        text.append("  │  FROZEN", style="bold reverse")
+    return text
+
+
+def log_line(entry: LogEntry) -> Text:
+    """One event log line."""
+    stamp = time.strftime("%H:%M:%S", time.gmtime(entry.time_ns / 1e9))
+    text = Text(f"{stamp} ", style="dim")
+    text.append(f"{entry.comm}[{entry.pid}] ", style="bold")
+    text.append(entry.text, style="red" if entry.severity == "error" else "dark_orange")
+    return text
+
+
+def process_detail(view: ProcessView) -> Text:
+    """The detail screen's text for one process."""
+    text = Text()
+    text.append(f"{view.comm} [{view.pid}]\n", style="bold")
+    if view.start_ns is not None:
+        text.append(f"started {view.start_ns / 1e9:.2f} s after boot\n", style="dim")
+    if view.ended:
+        text.append(f"ended: {view.ended}\n", style="bold red")
+    if view.oom_killed:
+        text.append("OOM-killed\n", style="bold red")
+    soft = "unlimited" if view.fd_soft_limit is None else view.fd_soft_limit
+    hard = "unlimited" if view.fd_hard_limit is None else view.fd_hard_limit
+    text.append(f"\nopen FDs {view.open_fds if view.open_fds is not None else '-'}  soft limit {soft}  "
+                f"hard limit {hard}  ")
+    if view.usage is not None:
+        text.append(f"({view.usage:.0%})", style=usage_style(view.usage))
+    text.append(f"\nheadroom {view.headroom if view.headroom is not None else '-'}  "
+                f"full in {duration(view.seconds_to_exhaustion())}  sockets {view.sockets or '-'}  "
+                f"threads {view.threads or '-'}\n")
+    text.append("\nper second: " + "  ".join(f"{k} {rate(v)}" for k, v in view.rates.items()) + "\n")
+    text.append("totals: " + "  ".join(f"{k} {n}" for k, n in sorted(view.totals.items())) + "\n")
+    if view.errors:
+        text.append("\nerrors by syscall:\n", style="bold")
+        for (syscall, errno), count in view.errors.most_common(12):
+            style = "bold red" if errno in ("EMFILE", "ENFILE") else ""
+            text.append(f"  {syscall:<14} {errno:<14} {count}\n", style=style)
+    if view.alerts:
+        text.append("\nalerts: " + ", ".join(view.alerts) + "\n", style="bold red")
+    return text

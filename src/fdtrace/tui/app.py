@@ -1,0 +1,255 @@
+"""The live view: `fdtrace top` over the kernel, `fdtrace replay` over a recording, one UI."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Input, RichLog, Static
+
+from fdtrace.feeds import Feed, FeedUpdate
+from fdtrace.incident import SORT_KEYS, IncidentState
+from fdtrace.tui.adapters import COLUMNS, log_line, process_cells, system_line
+from fdtrace.tui.messages import FeedFailed, FeedUpdated
+from fdtrace.tui.screens import HelpScreen, ProcessScreen
+
+POLL_INTERVAL_S = 0.1  # at most ten redraws a second
+SORTS = tuple(SORT_KEYS)
+
+
+class FdtraceApp(App[None]):
+    """Process table, system header and event log, fed by a Feed on a worker thread."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "fdtrace"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("s", "next_sort", "Sort"),
+        Binding("slash", "filter", "Filter"),
+        Binding("p", "freeze", "Freeze"),
+        Binding("R", "record", "Record", show=False),
+        Binding("question_mark", "help", "Help"),
+        Binding("space", "toggle_play", "Play/pause", show=False),
+        Binding("plus", "faster", "Faster", show=False),
+        Binding("minus", "slower", "Slower", show=False),
+        Binding("n", "next_problem", "Next error", show=False),
+        Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
+        Binding("right_square_bracket", "seek(10)", "+10s", show=False),
+        Binding("left_curly_bracket", "seek(-60)", "-60s", show=False),
+        Binding("right_curly_bracket", "seek(60)", "+60s", show=False),
+    ]
+
+    def __init__(self, feed: Feed, record_dir: Path | None = None) -> None:
+        super().__init__()
+        self.feed = feed
+        self.record_dir = record_dir
+        self.state = IncidentState()
+        self.sort = "headroom"
+        self.text_filter = ""
+        self.frozen = False
+        self._feed_lock = threading.Lock()
+        self._shown_keys: list[str] = []
+        self._shown_cells: dict[str, dict[str, Any]] = {}
+        self._log_shown = 0
+        self._last_roll_ns: int | None = None
+        self._closed = False
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="system")
+        yield DataTable(id="processes", cursor_type="row", zebra_stripes=True)
+        yield RichLog(id="log", max_lines=2000)
+        yield Input(placeholder="filter by name or pid; escape clears", id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#processes", DataTable)
+        for key, label, width in COLUMNS:
+            table.add_column(label, key=key, width=width)
+        if not self.feed.live:
+            self.sub_title = "replay: space play/pause, +/- speed, n next error, [ ] seek"
+        self.poll_feed()
+
+    def on_unmount(self) -> None:
+        with self._feed_lock:
+            self._closed = True
+            self.feed.close()
+
+    # The feed, on a thread; updates come back as messages.
+
+    @work(thread=True, exclusive=True, group="feed")
+    def poll_feed(self) -> None:
+        """Poll the feed every 100 ms and post what it gives."""
+        from textual.worker import get_current_worker
+
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            started = time.monotonic()
+            try:
+                with self._feed_lock:
+                    if self._closed:
+                        return
+                    update = self.feed.poll()
+            except Exception as exc:  # the feed died: say so in the UI rather than vanish
+                self.post_message(FeedFailed(" ".join(str(exc).split()) or type(exc).__name__))
+                return
+            self.post_message(FeedUpdated(update))
+            time.sleep(max(0.0, POLL_INTERVAL_S - (time.monotonic() - started)))
+
+    @on(FeedUpdated)
+    def apply_update(self, message: FeedUpdated) -> None:
+        """Fold an update into the state and redraw (unless frozen)."""
+        update: FeedUpdate = message.update
+        if update.reset:
+            self.state = IncidentState()
+            self._last_roll_ns = None
+            self._log_shown = 0
+            self.query_one("#log", RichLog).clear()
+        self.state.apply_events(update.events)
+        for sample_round in update.rounds:
+            self.state.apply_samples(sample_round.samples, sample_round.time_ns)
+            if sample_round.system:
+                self.state.apply_system(sample_round.system)
+        if self._last_roll_ns is None or update.now_ns - self._last_roll_ns >= 1_000_000_000 or update.reset:
+            self.state.roll(update.now_ns, update.losses)
+            self._last_roll_ns = update.now_ns
+        if not self.frozen:
+            self.redraw()
+
+    @on(FeedFailed)
+    def feed_failed(self, message: FeedFailed) -> None:
+        """Show why the feed stopped."""
+        self.notify(f"the event feed stopped: {message.error}", severity="error", timeout=30)
+
+    # Drawing
+
+    def redraw(self) -> None:
+        """Header, table (rows updated by key) and new log lines."""
+        with self._feed_lock:
+            status = self.feed.status()
+        self.query_one("#system", Static).update(system_line(self.state.system, status, self.sort, self.frozen))
+        self._redraw_table()
+        log = self.query_one("#log", RichLog)
+        for entry in self.state.new_log_entries(self._log_shown):
+            log.write(log_line(entry))
+        self._log_shown = self.state.logged
+
+    def _redraw_table(self) -> None:
+        table = self.query_one("#processes", DataTable)
+        rows = self.state.rows(self.sort, self.text_filter)
+        keys = [str(view.pid) for view in rows]
+        cells = {str(view.pid): process_cells(view) for view in rows}
+        with self.batch_update():
+            if keys != self._shown_keys:
+                selected = self.selected_pid()
+                table.clear()
+                for key in keys:
+                    table.add_row(*(cells[key][c] for c, _, _ in COLUMNS), key=key)
+                if selected is not None and str(selected) in keys:
+                    table.move_cursor(row=keys.index(str(selected)))
+            else:
+                for key in keys:
+                    before = self._shown_cells.get(key, {})
+                    for column, value in cells[key].items():
+                        if before.get(column) != value:
+                            table.update_cell(key, column, value)
+        self._shown_keys = keys
+        self._shown_cells = cells
+
+    def selected_pid(self) -> int | None:
+        """The pid of the row under the cursor."""
+        table = self.query_one("#processes", DataTable)
+        if not table.row_count:
+            return None
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return int(row_key.value) if row_key.value is not None else None
+
+    # Actions
+
+    @on(DataTable.RowSelected)
+    def open_detail(self, message: DataTable.RowSelected) -> None:
+        """Enter: the selected process's detail screen."""
+        if message.row_key.value is not None:
+            self.push_screen(ProcessScreen(int(message.row_key.value)))
+
+    def action_next_sort(self) -> None:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self.redraw()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("visible")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def filter_changed(self, message: Input.Changed) -> None:
+        self.text_filter = message.value
+        self.redraw()
+
+    def on_key(self, event: Any) -> None:
+        box = self.query_one("#filter", Input)
+        if event.key == "escape" and box.has_focus:
+            box.value = ""
+            box.remove_class("visible")
+            self.query_one("#processes", DataTable).focus()
+
+    @on(Input.Submitted, "#filter")
+    def filter_done(self) -> None:
+        self.query_one("#processes", DataTable).focus()
+
+    def action_freeze(self) -> None:
+        self.frozen = not self.frozen
+        self.redraw()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_record(self) -> None:
+        if not self.feed.live:
+            self.notify("recording is for live views")
+            return
+        feed: Any = self.feed
+        with self._feed_lock:
+            if feed.recorder is None:
+                directory = self.record_dir or Path(time.strftime("fdtrace-%Y%m%d-%H%M%S"))
+                try:
+                    feed.start_recording(directory)
+                except Exception as exc:
+                    self.notify(f"cannot record: {exc}", severity="error")
+                    return
+                self.notify(f"recording to {directory}")
+            else:
+                done = feed.stop_recording()
+                self.notify(f"recording saved in {done}")
+
+    def _replay(self, action: str, *args: Any) -> None:
+        if self.feed.live:
+            return
+        with self._feed_lock:
+            result = getattr(self.feed, action)(*args)
+        if action == "next_problem" and result is False:
+            self.notify("no EMFILE, ENFILE or OOM kill after this point")
+
+    def action_toggle_play(self) -> None:
+        self._replay("toggle_pause")
+
+    def action_faster(self) -> None:
+        self._replay("faster")
+
+    def action_slower(self) -> None:
+        self._replay("slower")
+
+    def action_next_problem(self) -> None:
+        self._replay("next_problem")
+
+    def action_seek(self, seconds: int) -> None:
+        self._replay("seek_by", seconds)
+
+
+def make_app(feed: Feed, record_dir: Path | None = None) -> FdtraceApp:
+    """The app over a feed (tests pass a ReplayFeed over a fixture recording)."""
+    return FdtraceApp(feed, record_dir)

@@ -1,0 +1,78 @@
+"""The detail and help screens."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Label, Sparkline, Static
+
+from fdtrace.tui.adapters import process_detail
+
+if TYPE_CHECKING:
+    from fdtrace.tui.app import FdtraceApp
+
+HELP = """\
+[b]fdtrace[/b]: who is closest to an FD limit, what fails, since when, how fast.
+
+[b]Process table[/b] (sorted by FD headroom: fullest first, processes with EMFILE/ENFILE or an
+OOM kill on top)
+  FDS / SOFT LIMIT   open FDs against RLIMIT_NOFILE; the bar turns amber at 80 %, red at 95 %
+  SOCK/s ACC/s ...   calls per second;  EMFILE  EMFILE+ENFILE failures of any syscall
+  FULL IN            time until the soft limit at the FD growth of the last 30 s
+  ALERTS             FDs over 80 %, any EMFILE/ENFILE, OOM kill, thread bursts, how it ended
+
+[b]Keys[/b]
+  enter  details of the selected process     /  filter by name or pid (escape clears)
+  s      next sort order                      p  freeze the view (collection goes on)
+  R      start/stop recording (live)          ?  this help          q  quit
+[b]Replay[/b]
+  space  pause/play    + -  faster/slower    n  next EMFILE or OOM kill
+  [ ]    10 s back/forward                  { }  60 s back/forward
+"""
+
+
+class ProcessScreen(Screen[None]):
+    """One process: FDs against its limit over time, rates, errors by syscall, threads, limits."""
+
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "Back")]
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+
+    def compose(self) -> ComposeResult:
+        yield Label("open FDs (last 10 minutes of samples)", classes="chart-title")
+        yield Sparkline([], id="fd-chart")
+        yield Label("threads", classes="chart-title")
+        yield Sparkline([], id="thread-chart")
+        with VerticalScroll():
+            yield Static(id="detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_detail()
+        self.set_interval(0.5, self.refresh_detail)
+
+    def refresh_detail(self) -> None:
+        """Redraw from the app's current state."""
+        app: FdtraceApp = self.app  # type: ignore[assignment]
+        view = app.state.processes.get(self.pid)
+        if view is None:
+            self.query_one("#detail", Static).update(f"pid {self.pid}: no longer known")
+            return
+        self.query_one("#fd-chart", Sparkline).data = [float(v) for _, v in view.history] or [0.0]
+        self.query_one("#thread-chart", Sparkline).data = [float(v) for _, v in view.thread_history] or [0.0]
+        self.query_one("#detail", Static).update(process_detail(view))
+
+
+class HelpScreen(ModalScreen[None]):
+    """Keys and columns."""
+
+    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")

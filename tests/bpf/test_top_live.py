@@ -1,0 +1,64 @@
+"""`fdtrace top`'s app over the live kernel, headless: a child that hits EMFILE shows up."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+
+import pytest
+from textual.widgets import DataTable, RichLog
+
+from fdtrace.bpf.loader import TraceOptions
+from fdtrace.feeds import LiveFeed
+from fdtrace.sources.live_bpf import LiveBpfSource
+from fdtrace.tui.app import make_app
+from tests.conftest import python_child
+
+pytestmark = pytest.mark.bpf
+
+CHILD = """
+import os, socket, time
+open('/proc/self/comm', 'w').write('top-emfile')
+held = []
+while True:
+    try: held.append(os.open('/dev/null', os.O_RDONLY))
+    except OSError: break
+for _ in range(3):
+    try: socket.socket()
+    except OSError: pass
+time.sleep(4)
+"""
+
+
+def test_live_top_shows_a_child_hitting_emfile() -> None:
+    source = LiveBpfSource(TraceOptions(), keep_exited=0)
+    source.start()
+    app = make_app(LiveFeed(source, top=5))
+
+    async def scenario() -> None:
+        async with app.run_test(size=(180, 40)) as pilot:
+            child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
+            try:
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    await pilot.pause(0.2)
+                    view = app.state.processes.get(child.pid)
+                    if view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48:
+                        break
+                view = app.state.processes[child.pid]
+                assert view.fd_exhaustion_errors == 4  # openat once, socket three times
+                assert view.errors == {("openat", "EMFILE"): 1, ("socket", "EMFILE"): 3}
+                assert (view.open_fds, view.fd_soft_limit) == (48, 48)
+                await pilot.pause(1.2)  # the next rate window writes the log lines
+                table = app.query_one("#processes", DataTable)
+                assert str(table.get_cell(str(child.pid), "emfile")) == "4"
+                assert str(table.get_cell(str(child.pid), "use")) == "100%"
+                lines = [line.text for line in app.query_one("#log", RichLog).lines]
+                assert any(f"top-emfile[{child.pid}] socket failed with EMFILE x3" in line for line in lines)
+                assert any(f"top-emfile[{child.pid}] openat failed with EMFILE" in line for line in lines)
+            finally:
+                child.kill()
+                child.wait()
+
+    asyncio.run(scenario())

@@ -1,0 +1,150 @@
+"""Pilot tests of the live view, driven by a replay of tests/data/emfile (made by fdtrace's own
+recorder): the same app `fdtrace top` runs, fed from a recording on a clock the test moves."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from textual.pilot import Pilot
+from textual.widgets import DataTable, RichLog, Static
+
+from fdtrace.analysis import load
+from fdtrace.feeds import ReplayFeed
+from fdtrace.tui.app import FdtraceApp, make_app
+from fdtrace.tui.screens import ProcessScreen
+
+EMFILE = Path(__file__).parents[1] / "data" / "emfile"
+RECORDING = load(EMFILE)
+PIDS = {comm: int(RECORDING.events[RECORDING.events["comm"] == comm]["pid"].iloc[0])
+        for comm in ("emfile-child", "busy-85", "quiet-10")}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def run(scenario: Callable[[FdtraceApp, Pilot[None], FakeClock, ReplayFeed], Awaitable[None]]) -> None:
+    clock = FakeClock()
+    feed = ReplayFeed(EMFILE, clock=clock)
+    app = make_app(feed)
+
+    async def main() -> None:
+        async with app.run_test(size=(180, 40)) as pilot:
+            await scenario(app, pilot, clock, feed)
+
+    asyncio.run(main())
+
+
+async def play_to_end(pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+    for _ in range(200):
+        if feed.replay.finished:
+            break
+        clock.ns += 250_000_000
+        await pilot.pause(0.05)
+    clock.ns += 2_000_000_000  # one more rate window after the last event
+    await pilot.pause(0.3)
+
+
+def table_pids(app: FdtraceApp) -> list[int]:
+    table = app.query_one("#processes", DataTable)
+    return [int(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+
+def cell(app: FdtraceApp, pid: int, column: str) -> str:
+    return str(app.query_one("#processes", DataTable).get_cell(str(pid), column))
+
+
+def test_processes_sorted_by_headroom_with_alerts_on_the_right_rows() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+        await play_to_end(pilot, clock, feed)
+        pids = table_pids(app)
+        assert pids[:3] == [PIDS["emfile-child"], PIDS["busy-85"], PIDS["quiet-10"]]
+        assert cell(app, PIDS["emfile-child"], "use") == "100%"
+        assert "64/64" in cell(app, PIDS["emfile-child"], "fds")
+        assert cell(app, PIDS["emfile-child"], "emfile") == "4"
+        assert "4 EMFILE/ENFILE" in cell(app, PIDS["emfile-child"], "state")
+        assert "exit 1" in cell(app, PIDS["emfile-child"], "state")
+        assert "FDs at 85%" in cell(app, PIDS["busy-85"], "state")
+        assert "FDs at" not in cell(app, PIDS["quiet-10"], "state")
+        assert cell(app, PIDS["quiet-10"], "use") == "10%"
+
+    run(scenario)
+
+
+def test_filter_keeps_matching_rows() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+        await play_to_end(pilot, clock, feed)
+        await pilot.press("slash", *"busy")
+        await pilot.pause(0.2)
+        assert table_pids(app) == [PIDS["busy-85"]]
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert len(table_pids(app)) > 3
+
+    run(scenario)
+
+
+def test_enter_opens_the_selected_process() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+        await play_to_end(pilot, clock, feed)
+        await pilot.press("down", "enter")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, ProcessScreen) and app.screen.pid == PIDS["busy-85"]
+        text = str(app.screen.query_one("#detail", Static).render())
+        assert "busy-85" in text and "open FDs 870  soft limit 1024  hard limit 4096" in text
+        await pilot.press("escape")
+        await pilot.press("up", "enter")
+        await pilot.pause(0.3)
+        text = str(app.screen.query_one("#detail", Static).render())
+        assert "emfile-child" in text and "socket         EMFILE         3" in text
+
+    run(scenario)
+
+
+def test_replay_controls_move_time() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+        start = feed.replay.start_ns
+        await pilot.press("space")
+        clock.ns += 5_000_000_000
+        await pilot.pause(0.2)
+        assert feed.replay.paused and feed.replay.now_ns == start
+        assert "paused" in str(app.query_one("#system", Static).render())
+        await pilot.press("space", "plus", "plus")
+        assert feed.replay.speed == 4.0
+        await pilot.press("minus")
+        assert feed.replay.speed == 2.0
+        await pilot.press("n")
+        fd_error = RECORDING.events[RECORDING.events["kind"] == "fd_error"]["time"].iloc[0].value
+        assert abs(feed.replay.now_ns - fd_error) < 1_000
+        clock.ns += 1_500_000_000
+        await pilot.pause(0.3)
+        log = app.query_one("#log", RichLog)
+        assert any("pipe2 failed with EMFILE" in line.text for line in log.lines)
+        await pilot.press("left_curly_bracket")  # a minute back: to the start, state rebuilt from there
+        await pilot.pause(0.3)
+        assert feed.replay.now_ns == start
+
+    run(scenario)
+
+
+def test_help_screen_and_freeze() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape", "p")
+        frozen = table_pids(app)
+        await play_to_end(pilot, clock, feed)
+        assert table_pids(app) == frozen and "FROZEN" in str(app.query_one("#system", Static).render())
+        assert PIDS["busy-85"] not in frozen and PIDS["busy-85"] in app.state.processes  # collection went on
+        await pilot.press("p")
+        await pilot.pause(0.2)
+        assert PIDS["busy-85"] in table_pids(app)
+
+    run(scenario)
