@@ -37,6 +37,7 @@ class FeedUpdate:
         rounds: the sampling rounds of /proc taken (or recorded) since, in time order.
         losses: cumulative loss counters.
         reset: the feed jumped back: forget what was shown and start from these events.
+        boot_wall_ns: wall time of the traced machine's boot, to show process start times.
     """
 
     now_ns: int
@@ -44,6 +45,7 @@ class FeedUpdate:
     rounds: list[SampleRound] = field(default_factory=list)
     losses: dict[str, int] = field(default_factory=dict)
     reset: bool = False
+    boot_wall_ns: int | None = None
 
 
 class Feed(Protocol):
@@ -74,10 +76,12 @@ class LiveFeed:
         self.recording_dir: Path | None = None
         self._pids_with_events: set[int] = set()
         self._next_sample = 0
+        self._boot_wall_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
     def poll(self) -> FeedUpdate:
         batch = self.source.poll()
-        update = FeedUpdate(now_ns=time.time_ns(), events=batch.events, losses=batch.losses)
+        update = FeedUpdate(now_ns=time.time_ns(), events=batch.events, losses=batch.losses,
+                            boot_wall_ns=self._boot_wall_ns)
         if len(batch):
             self._pids_with_events.update(batch.events["pid"].unique().to_pylist())
         if self.recorder is not None:
@@ -158,11 +162,15 @@ class ReplayFeed:
         self._system_times = _times(self._system)
         self._shown_until = self.replay.start_ns - 1
         self._reset = False
+        clocks = [read_parts(root, "clock", host, skipped) for root in roots for host in read_meta(root)]
+        first = next((c.slice(0, 1).to_pylist()[0] for c in clocks if c is not None and c.num_rows), None)
+        self._boot_wall_ns = None if first is None else first["realtime_offset_ns"] - first["boottime_offset_ns"]
 
     def poll(self) -> FeedUpdate:
         batch = self.replay.poll()
         now = batch.mono_ns
-        update = FeedUpdate(now_ns=now, events=batch.events, losses=batch.losses, reset=self._reset)
+        update = FeedUpdate(now_ns=now, events=batch.events, losses=batch.losses, reset=self._reset,
+                            boot_wall_ns=self._boot_wall_ns)
         self._reset = False
         if now > self._shown_until:
             update.rounds = self._rounds_between(self._shown_until, now)

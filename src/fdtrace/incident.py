@@ -124,9 +124,11 @@ class IncidentState:
         self._window_events = 0
         self._window_start_ns: int | None = None
         self._window_errors: Counter[tuple[int, str, str]] = Counter()
+        self._window_error_first: dict[tuple[int, str, str], int] = {}  # when each first failed
         self._oom_kills = 0
         self._system_figures: dict[str, Any] = {}
         self.logged = 0  # log lines ever written; the view shows those past what it has shown
+        self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
 
     def _log(self, entry: LogEntry) -> None:
         self.log.append(entry)
@@ -170,8 +172,12 @@ class IncidentState:
                 self._window[(pid, kind)] += count
         failed = pc.not_equal(events["errno"].cast(pa.string()), "")
         if pc.any(failed).as_py():
-            errors = events.filter(failed).select(["pid", "syscall", "errno"])
-            keys = zip(errors["pid"].to_pylist(), _strings(errors["syscall"]), _strings(errors["errno"]), strict=True)
+            errors = events.filter(failed).select(["pid", "syscall", "errno", "time"])
+            keys = list(zip(errors["pid"].to_pylist(), _strings(errors["syscall"]), _strings(errors["errno"]),
+                            strict=True))
+            times = errors["time"].cast(pa.int64()).to_pylist()
+            for key, when in zip(keys, times, strict=True):
+                self._window_error_first.setdefault(key, when)
             for (pid, syscall, errno), count in Counter(keys).items():
                 view = self.processes[pid]
                 view.errors[(syscall, errno)] += count
@@ -231,10 +237,12 @@ class IncidentState:
         for view in self.processes.values():
             view.rates = {kind: self._window.get((view.pid, kind), 0) / seconds for kind in RATE_KINDS}
             view.rates["fd_exhaustion"] = exhaustion.get(view.pid, 0) / seconds
-        for (pid, syscall, errno), count in sorted(self._window_errors.items()):
+        for key, count in sorted(self._window_errors.items(), key=lambda item: self._window_error_first[item[0]]):
+            pid, syscall, errno = key
             comm = self.processes[pid].comm if pid in self.processes else ""
             times = f" x{count}" if count > 1 else ""
-            self._log(LogEntry(now_ns, pid, comm, f"{syscall} failed with {errno}{times}", "error"))
+            self._log(LogEntry(self._window_error_first[key], pid, comm, f"{syscall} failed with {errno}{times}",
+                               "error"))
         for view in self.processes.values():
             if view.rates.get("thread_start", 0.0) >= THREAD_BURST_PER_S:
                 self._log(LogEntry(now_ns, view.pid, view.comm,
@@ -247,6 +255,7 @@ class IncidentState:
         )
         self._window.clear()
         self._window_errors.clear()
+        self._window_error_first.clear()
         self._window_events = 0
         self._window_start_ns = now_ns
 
@@ -263,14 +272,31 @@ def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
     return (not view.oom_killed and not view.fd_exhaustion_errors, -(usage if usage is not None else -1.0), view.pid)
 
 
+def _by_rate(kind: str) -> Any:
+    return lambda v: (-v.rates.get(kind, 0.0), v.pid)
+
+
+def _exhaustion_key(view: ProcessView) -> tuple[Any, ...]:
+    seconds = view.seconds_to_exhaustion()
+    return (seconds is None, seconds if seconds is not None else 0.0, view.pid)
+
+
+#: Sort orders, worst (or biggest) first; the keys are the process table's column keys.
 SORT_KEYS: dict[str, Any] = {
     "headroom": _headroom_key,
     "pid": lambda v: v.pid,
     "comm": lambda v: (v.comm, v.pid),
     "fds": lambda v: (-(v.open_fds or 0), v.pid),
-    "errors": lambda v: (-v.fd_exhaustion_errors, -sum(v.errors.values()), v.pid),
-    "sockets/s": lambda v: (-v.rates.get("socket", 0.0), v.pid),
+    "sockets": lambda v: (-(v.sockets or 0), v.pid),
+    "socket_s": _by_rate("socket"),
+    "accept_s": _by_rate("accept"),
+    "connect_s": _by_rate("connect"),
+    "close_s": _by_rate("close"),
+    "emfile": lambda v: (-v.fd_exhaustion_errors, -sum(v.errors.values()), v.pid),
+    "emfile_s": _by_rate("fd_exhaustion"),
     "threads": lambda v: (-(v.threads or 0), v.pid),
+    "threads_s": _by_rate("thread_start"),
+    "tte": _exhaustion_key,
 }
 
 

@@ -77,6 +77,24 @@ def test_processes_sorted_by_headroom_with_alerts_on_the_right_rows() -> None:
     run(scenario)
 
 
+def test_sort_by_clicking_a_header_and_by_key() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+        await play_to_end(pilot, clock, feed)
+        table = app.query_one("#processes", DataTable)
+        table.post_message(DataTable.HeaderSelected(table, table.columns["fds"].key, 2, table.columns["fds"].label))
+        await pilot.pause(0.2)
+        assert app.sort == "fds"
+        pids = table_pids(app)
+        fds = [app.state.processes[pid].open_fds or 0 for pid in pids]
+        assert fds == sorted(fds, reverse=True) and pids[0] == PIDS["busy-85"]
+        await pilot.press("s")
+        assert app.sort == "sockets"
+        await pilot.pause(0.2)
+        assert table_pids(app)[0] == PIDS["emfile-child"]  # 61 sockets
+
+    run(scenario)
+
+
 def test_filter_keeps_matching_rows() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
         await play_to_end(pilot, clock, feed)

@@ -81,11 +81,11 @@ class ReplaySource:
 
     @property
     def now_ns(self) -> int:
-        """The wall time the replay has reached."""
+        """The wall time the replay has reached (it goes on past the last event, as time does)."""
         if self._paused:
             return self._anchor_virtual
         elapsed = self._clock() - self._anchor_real
-        return min(self._anchor_virtual + int(elapsed * self._speed), self.end_ns)
+        return self._anchor_virtual + int(elapsed * self._speed)
 
     @property
     def speed(self) -> float:

@@ -10,7 +10,7 @@ from fdtrace.incident import USAGE_CRITICAL, USAGE_WARN, LogEntry, ProcessView, 
 
 #: (key, label, width) of the process table's columns, in order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("pid", "PID", 7), ("comm", "COMM", 15), ("fds", "FDS / SOFT LIMIT", 23), ("use", "USE", 4),
+    ("pid", "PID", 7), ("comm", "COMM", 15), ("fds", "FDS / SOFT LIMIT", 22), ("use", "USE", 4),
     ("sockets", "SOCK", 6), ("socket_s", "SOCK/s", 6), ("accept_s", "ACC/s", 6), ("connect_s", "CONN/s", 6),
     ("close_s", "CLOSE/s", 7), ("emfile", "EMFILE", 6), ("emfile_s", "EMFILE/s", 8), ("threads", "THR", 5),
     ("threads_s", "THR/s", 5), ("tte", "FULL IN", 7), ("state", "ALERTS", 44),
@@ -63,13 +63,20 @@ def duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.0f}h"
 
 
+def _alert_style(view: ProcessView) -> str:
+    if view.oom_killed or view.fd_exhaustion_errors:
+        return "bold red"
+    return "dark_orange" if view.alerts else "dim"
+
+
 def process_cells(view: ProcessView) -> dict[str, object]:
     """The table cells of one process, by column key."""
     usage = view.usage
     alerts = view.alerts
-    state = ", ".join(alerts)
+    parts = [", ".join(alerts)] if alerts else []
     if view.ended:
-        state = f"{view.ended}; {state}" if state else view.ended
+        parts.append(view.ended)
+    state = "; ".join(parts)
     return {
         "pid": str(view.pid),
         "comm": Text(view.comm, style="strike dim" if view.ended else ""),
@@ -85,7 +92,7 @@ def process_cells(view: ProcessView) -> dict[str, object]:
         "threads": "-" if view.threads is None else str(view.threads),
         "threads_s": rate(view.rates.get("thread_start", 0.0)),
         "tte": duration(view.seconds_to_exhaustion()),
-        "state": Text(state, style="bold red" if view.oom_killed or view.fd_exhaustion_errors else "dark_orange"),
+        "state": Text(state, style=_alert_style(view)),
     }
 
 
@@ -117,11 +124,22 @@ def log_line(entry: LogEntry) -> Text:
     return text
 
 
-def process_detail(view: ProcessView) -> Text:
+def chart_title(name: str, points: list[int], limit: int | None = None) -> str:
+    """A chart's label with its scale: first and last value, range, and the limit if any."""
+    if not points:
+        return f"{name}: no samples yet"
+    title = f"{name}: {points[0]} -> {points[-1]} (min {min(points)}, max {max(points)}"
+    return title + (f", soft limit {limit})" if limit is not None else ")")
+
+
+def process_detail(view: ProcessView, boot_wall_ns: int | None = None) -> Text:
     """The detail screen's text for one process."""
     text = Text()
     text.append(f"{view.comm} [{view.pid}]\n", style="bold")
-    if view.start_ns is not None:
+    if view.start_ns is not None and boot_wall_ns is not None:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime((boot_wall_ns + view.start_ns) / 1e9))
+        text.append(f"started {started} UTC\n", style="dim")
+    elif view.start_ns is not None:
         text.append(f"started {view.start_ns / 1e9:.2f} s after boot\n", style="dim")
     if view.ended:
         text.append(f"ended: {view.ended}\n", style="bold red")

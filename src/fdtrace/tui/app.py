@@ -109,6 +109,8 @@ class FdtraceApp(App[None]):
             self._last_roll_ns = None
             self._log_shown = 0
             self.query_one("#log", RichLog).clear()
+        if update.boot_wall_ns is not None:
+            self.state.boot_wall_ns = update.boot_wall_ns
         self.state.apply_events(update.events)
         for sample_round in update.rounds:
             self.state.apply_samples(sample_round.samples, sample_round.time_ns)
@@ -178,6 +180,13 @@ class FdtraceApp(App[None]):
 
     def action_next_sort(self) -> None:
         self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self.redraw()
+
+    @on(DataTable.HeaderSelected)
+    def sort_by_column(self, message: DataTable.HeaderSelected) -> None:
+        """A click on a column's header sorts by it (USE and ALERTS: by headroom)."""
+        key = str(message.column_key.value)
+        self.sort = key if key in SORT_KEYS else "headroom"
         self.redraw()
 
     def action_filter(self) -> None:

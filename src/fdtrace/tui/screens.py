@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, Sparkline, Static
 
-from fdtrace.tui.adapters import process_detail
+from fdtrace.tui.adapters import chart_title, process_detail
 
 if TYPE_CHECKING:
     from fdtrace.tui.app import FdtraceApp
@@ -45,9 +45,9 @@ class ProcessScreen(Screen[None]):
         self.pid = pid
 
     def compose(self) -> ComposeResult:
-        yield Label("open FDs (last 10 minutes of samples)", classes="chart-title")
+        yield Label("open FDs", id="fd-title", classes="chart-title")
         yield Sparkline([], id="fd-chart")
-        yield Label("threads", classes="chart-title")
+        yield Label("threads", id="thread-title", classes="chart-title")
         yield Sparkline([], id="thread-chart")
         with VerticalScroll():
             yield Static(id="detail")
@@ -64,9 +64,13 @@ class ProcessScreen(Screen[None]):
         if view is None:
             self.query_one("#detail", Static).update(f"pid {self.pid}: no longer known")
             return
-        self.query_one("#fd-chart", Sparkline).data = [float(v) for _, v in view.history] or [0.0]
-        self.query_one("#thread-chart", Sparkline).data = [float(v) for _, v in view.thread_history] or [0.0]
-        self.query_one("#detail", Static).update(process_detail(view))
+        fds = [v for _, v in view.history]
+        threads = [v for _, v in view.thread_history]
+        self.query_one("#fd-title", Label).update(chart_title("open FDs, one sample a second", fds, view.fd_soft_limit))
+        self.query_one("#thread-title", Label).update(chart_title("threads", threads))
+        self.query_one("#fd-chart", Sparkline).data = [float(v) for v in fds] or [0.0]
+        self.query_one("#thread-chart", Sparkline).data = [float(v) for v in threads] or [0.0]
+        self.query_one("#detail", Static).update(process_detail(view, app.state.boot_wall_ns))
 
 
 class HelpScreen(ModalScreen[None]):
