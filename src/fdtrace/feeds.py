@@ -74,6 +74,7 @@ class LiveFeed:
         self.top = top
         self.recorder: Any = None
         self.recording_dir: Path | None = None
+        self.recording_error: str | None = None
         self._pids_with_events: set[int] = set()
         self._next_sample = 0
         self._boot_wall_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
@@ -85,7 +86,7 @@ class LiveFeed:
         if len(batch):
             self._pids_with_events.update(batch.events["pid"].unique().to_pylist())
         if self.recorder is not None:
-            self.recorder.take(batch)
+            self._recording(lambda: self.recorder.take(batch))
         if time.monotonic_ns() >= self._next_sample:
             self._next_sample = time.monotonic_ns() + SAMPLE_INTERVAL_NS
             samples = self.sampler.round(self._pids_with_events, self.top, exclude=os.getpid())
@@ -93,17 +94,29 @@ class LiveFeed:
             update.rounds.append(SampleRound(update.now_ns, samples, system))
             self._pids_with_events.clear()
             if self.recorder is not None:
-                self.recorder.tick(samples, system)
-                self.recorder.maintain()
+                self._recording(lambda: (self.recorder.tick(samples, system), self.recorder.maintain()))
             else:
                 self.source.read_counters()  # drains the kernel's table of exited processes
         return update
+
+    def _recording(self, step: Any) -> None:
+        """Run a recording step; a failed recording (a full disk) stops, the view goes on."""
+        from fdtrace.errors import FdtraceError
+
+        try:
+            step()
+        except FdtraceError as exc:
+            self.recorder.writer.abandon()
+            self.recorder = None
+            self.recording_dir = None
+            self.recording_error = str(exc)
 
     def start_recording(self, directory: Path) -> None:
         """Record everything from now on to ``directory`` (a new recording)."""
         from fdtrace.recorder import Recorder, RecordOptions, run_metadata
         from fdtrace.sinks.parquet import RecordingWriter
 
+        self.recording_error = None
         writer = RecordingWriter(directory, self.source.host, run_metadata(self.source, ["fdtrace", "top"]))
         self.recorder = Recorder(self.source, writer, self.sampler, RecordOptions(top_processes=self.top))
         self.recording_dir = directory
@@ -122,6 +135,8 @@ class LiveFeed:
     def status(self) -> str:
         if self.recording_dir is not None:
             return f"live, recording to {self.recording_dir} ({self.recorder.events} events)"
+        if self.recording_error:
+            return f"live, recording stopped: {self.recording_error}"
         return "live"
 
     def close(self) -> None:

@@ -1,14 +1,17 @@
-"""`fdtrace top`'s app over the live kernel, headless: a child that hits EMFILE shows up."""
+"""`fdtrace top`'s app over the live kernel, headless: a child that hits EMFILE shows up, and the
+R key records it."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable, RichLog
 
+from fdtrace.analysis import load
 from fdtrace.bpf.loader import TraceOptions
 from fdtrace.feeds import LiveFeed
 from fdtrace.sources.live_bpf import LiveBpfSource
@@ -31,14 +34,20 @@ time.sleep(4)
 """
 
 
-def test_live_top_shows_a_child_hitting_emfile() -> None:
+def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) -> None:
     source = LiveBpfSource(TraceOptions(), keep_exited=0)
     source.start()
-    app = make_app(LiveFeed(source, top=5))
+    app = make_app(LiveFeed(source, top=5), record_dir=tmp_path / "rec")
+
+    child_pid: list[int] = []
 
     async def scenario() -> None:
         async with app.run_test(size=(180, 40)) as pilot:
+            await pilot.press("R")  # start recording
+            await pilot.pause(0.3)
+            assert "recording to" in app.feed.status()
             child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
+            child_pid.append(child.pid)
             try:
                 deadline = time.monotonic() + 15
                 while time.monotonic() < deadline:
@@ -57,8 +66,17 @@ def test_live_top_shows_a_child_hitting_emfile() -> None:
                 lines = [line.text for line in app.query_one("#log", RichLog).lines]
                 assert any(f"top-emfile[{child.pid}] socket failed with EMFILE x3" in line for line in lines)
                 assert any(f"top-emfile[{child.pid}] openat failed with EMFILE" in line for line in lines)
+                await pilot.press("R")  # stop recording
+                await pilot.pause(0.3)
+                assert app.feed.status() == "live"
             finally:
                 child.kill()
                 child.wait()
 
     asyncio.run(scenario())
+    rec = load(tmp_path / "rec")
+    [meta] = rec.meta.values()
+    assert meta["complete"] is True
+    mine = rec.events[rec.events["pid"] == child_pid[0]]
+    assert (mine["errno"] == "EMFILE").sum() == 4
+    assert rec.samples[rec.samples["pid"] == child_pid[0]]["open_fds"].max() == 48

@@ -166,3 +166,26 @@ def test_help_screen_and_freeze() -> None:
         assert PIDS["busy-85"] in table_pids(app)
 
     run(scenario)
+
+
+def test_thousands_of_processes_draw_the_worst_rows_and_say_so() -> None:
+    from fdtrace.incident import IncidentState
+    from fdtrace.sampler import ProcessSample
+    from fdtrace.tui.app import MAX_ROWS
+
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+        await pilot.press("space")  # the replay stands still; this test sets the state itself
+        state = IncidentState()
+        state.apply_samples([ProcessSample(pid=i, start_ns=i, comm="lonely" if i == 7 else f"proc-{i}", open_fds=i,
+                                           fd_soft_limit=2000,
+                                           fd_hard_limit=4096, threads=1, sockets=0) for i in range(1, 1201)], 1)
+        state.roll(2, {})
+        app.state = state
+        app.redraw()
+        assert table_pids(app) == list(range(1200, 1200 - MAX_ROWS, -1))  # fullest first
+        assert "showing 300 of 1200 processes" in str(app.query_one("#system", Static).render())
+        await pilot.press("slash", *"lonely")
+        await pilot.pause(0.2)
+        assert table_pids(app) == [7]  # the filter reaches rows not drawn
+
+    run(scenario)

@@ -13,12 +13,15 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
 from fdtrace.feeds import Feed, FeedUpdate
-from fdtrace.incident import SORT_KEYS, IncidentState
+from fdtrace.incident import SORT_KEYS, IncidentState, ProcessView
 from fdtrace.tui.adapters import COLUMNS, log_line, process_cells, system_line
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
+#: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
+#: 5,000 rows took over 100 ms here, too slow for ten redraws a second.
+MAX_ROWS = 300
 SORTS = tuple(SORT_KEYS)
 
 
@@ -133,16 +136,18 @@ class FdtraceApp(App[None]):
         """Header, table (rows updated by key) and new log lines."""
         with self._feed_lock:
             status = self.feed.status()
+        rows = self.state.rows(self.sort, self.text_filter)
+        if len(rows) > MAX_ROWS:
+            status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
         self.query_one("#system", Static).update(system_line(self.state.system, status, self.sort, self.frozen))
-        self._redraw_table()
+        self._redraw_table(rows[:MAX_ROWS])
         log = self.query_one("#log", RichLog)
         for entry in self.state.new_log_entries(self._log_shown):
             log.write(log_line(entry))
         self._log_shown = self.state.logged
 
-    def _redraw_table(self) -> None:
+    def _redraw_table(self, rows: list[ProcessView]) -> None:
         table = self.query_one("#processes", DataTable)
-        rows = self.state.rows(self.sort, self.text_filter)
         keys = [str(view.pid) for view in rows]
         cells = {str(view.pid): process_cells(view) for view in rows}
         with self.batch_update():
