@@ -1,0 +1,336 @@
+"""The checks, read from a procfs and a sysfs tree (tests pass fake ones)."""
+
+from __future__ import annotations
+
+import enum
+import math
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from fdtrace.doctor.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
+from fdtrace.doctor.haproxy import config_paths, fds_needed, parse_config, show_info
+from fdtrace.sampler import ProcSampler
+
+WARN_AT = 0.80
+FAIL_AT = 0.95
+MARGIN = 1.2  # recommended limits: the peak seen plus 20 %
+
+
+class Status(enum.IntEnum):
+    """Outcome of a check; the exit code of `fdtrace doctor` is the worst one."""
+
+    OK = 0
+    WARN = 1
+    FAIL = 2
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's table."""
+
+    scope: str
+    name: str
+    status: Status
+    current: str
+    recommended: str = ""
+    change: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        data = asdict(self)
+        data["status"] = self.status.name
+        return data
+
+
+def by_usage(used: float, limit: float | None) -> Status:
+    """OK below 80 % of the limit, WARN from 80 %, FAIL from 95 %."""
+    if not limit:
+        return Status.OK
+    share = used / limit
+    return Status.FAIL if share >= FAIL_AT else Status.WARN if share >= WARN_AT else Status.OK
+
+
+def with_margin(value: int) -> int:
+    """The value plus the margin, rounded up."""
+    return math.ceil(value * MARGIN)
+
+
+class Doctor:
+    """Reads limits and usage and says what to change.
+
+    Args:
+        procfs: the /proc tree.
+        peaks: the highest open-FD count seen per pid (from a recording), when known.
+        systemctl: the systemctl binary, None where systemd is not there to ask.
+    """
+
+    def __init__(self, procfs: str | Path = "/proc", peaks: dict[int, int] | None = None,
+                 systemctl: str | None = shutil.which("systemctl"), cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
+        self.proc = Path(procfs)
+        self.cgroupfs = Path(cgroupfs)
+        self.sampler = ProcSampler(self.proc)
+        self.peaks = peaks or {}
+        self.thread_growth: dict[int, float] = {}  # threads per second seen in a recording
+        self.systemctl = systemctl
+
+    # Reading
+
+    def _read(self, relative: str) -> str | None:
+        try:
+            return (self.proc / relative).read_text()
+        except OSError:
+            return None
+
+    def _number(self, relative: str) -> int | None:
+        text = self._read(relative)
+        try:
+            return int(text.split()[0]) if text else None
+        except ValueError:
+            return None
+
+    def _limits(self, pid: int) -> dict[str, tuple[int | None, int | None]]:
+        """/proc/PID/limits as {name: (soft, hard)}; the file is in fixed-width columns."""
+        limits = {}
+        for line in (self._read(f"{pid}/limits") or "").splitlines()[1:]:
+            name, soft, hard = line[:26].strip(), line[26:47].strip(), line[47:68].strip()
+            try:
+                limits[name] = (None if soft == "unlimited" else int(soft), None if hard == "unlimited" else int(hard))
+            except ValueError:
+                continue
+        return limits
+
+    def _status_field(self, pid: int, field: str) -> str | None:
+        for line in (self._read(f"{pid}/status") or "").splitlines():
+            if line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+        return None
+
+    def _cmdline(self, pid: int) -> list[str]:
+        return [part for part in (self._read(f"{pid}/cmdline") or "").split("\0") if part]
+
+    def _systemd_unit(self, pid: int) -> str | None:
+        for line in (self._read(f"{pid}/cgroup") or "").splitlines():
+            for part in line.split(":", 2)[-1].split("/"):
+                if part.endswith(".service"):
+                    return part
+        return None
+
+    def _unit_limit(self, unit: str) -> str | None:
+        if not self.systemctl:
+            return None
+        try:
+            result = subprocess.run([self.systemctl, "show", "-p", "LimitNOFILE", "-p", "LimitNOFILESoft", unit],
+                                    capture_output=True, text=True, timeout=5, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return " ".join(result.stdout.split()) if result.returncode == 0 and result.stdout.strip() else None
+
+    def _cgroup_pids(self, pid: int) -> tuple[int, int | None] | None:
+        """(pids.current, pids.max) of the process's cgroup (v2, or the v1 pids controller)."""
+        for line in (self._read(f"{pid}/cgroup") or "").splitlines():
+            hierarchy, controllers, path = line.split(":", 2)
+            if hierarchy == "0" and controllers == "":
+                base = self.cgroupfs / "unified" if (self.cgroupfs / "unified").is_dir() else self.cgroupfs
+            elif "pids" in controllers.split(","):
+                base = self.cgroupfs / "pids"
+            else:
+                continue
+            folder = base / path.lstrip("/")
+            try:
+                current = int((folder / "pids.current").read_text())
+                limit_text = (folder / "pids.max").read_text().strip()
+            except (OSError, ValueError):
+                continue
+            return current, None if limit_text == "max" else int(limit_text)
+        return None
+
+    # Process checks
+
+    def process_checks(self, pid: int) -> list[Check]:
+        """Every check for one process; empty when it is gone."""
+        sample = self.sampler.sample(pid)
+        if sample is None:
+            return []
+        scope = f"pid {pid} ({sample.comm})"
+        checks = [*self._fd_checks(pid, scope, sample.open_fds, sample.fd_soft_limit, sample.fd_hard_limit),
+                  *self._thread_checks(pid, scope, sample.threads)]
+        if sample.comm.startswith("haproxy"):
+            checks += self._haproxy_checks(pid, scope, sample.fd_soft_limit)
+        return checks
+
+    def _limit_source(self, pid: int) -> tuple[str, Callable[[int], str]]:
+        """(where the limit comes from, how to set it to n for good)."""
+        unit = self._systemd_unit(pid)
+        if unit:
+            current = self._unit_limit(unit)
+            where = f"systemd unit {unit}" + (f" ({current})" if current else "")
+            return where, lambda n: (f"set LimitNOFILE={n} in [Service] of {unit}, then "
+                                     f"systemctl daemon-reload && systemctl restart {unit}")
+        ppid = self._status_field(pid, "PPid")
+        parent = f"parent pid {ppid}" if ppid and ppid != "0" else "its parent"
+        return (f"inherited from {parent}",
+                lambda n: (f"raise it where the process is started (ulimit -n {n} in its start script, "
+                           f"LimitNOFILE={n} in its systemd unit, or /etc/security/limits.conf for logins)"))
+
+    def _fd_checks(self, pid: int, scope: str, open_fds: int, soft: int | None, hard: int | None) -> list[Check]:
+        peak = max(open_fds, self.peaks.get(pid, 0))
+        seen = f"{open_fds} open" + (f", peak {peak} in the recording" if peak > open_fds else "")
+        where, how = self._limit_source(pid)
+        checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK, where)]
+        if soft is None:
+            return [*checks, Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {seen}")]
+        status = by_usage(peak, soft)
+        need = with_margin(peak)
+        change = ""
+        if status != Status.OK:
+            if hard is None or need <= hard:
+                hard_text = hard if hard is not None else "unlimited"
+                change = f"prlimit --pid {pid} --nofile={need}:{hard_text} now; for good: {how(need)}"
+            else:
+                change = f"raise the soft and hard limits to {need}: {how(need)}"
+        checks.append(Check(scope, "RLIMIT_NOFILE soft", status, f"{soft} ({seen}, {peak / soft:.0%})",
+                            f">= {need}" if status != Status.OK else "", change))
+        nr_open = self._number("sys/fs/nr_open")
+        if hard is not None and nr_open is not None and need > nr_open:
+            checks.append(Check(scope, "RLIMIT_NOFILE vs fs.nr_open", Status.FAIL, f"fs.nr_open {nr_open}",
+                                f">= {need}", f"sysctl -w fs.nr_open={need} (and in /etc/sysctl.d/)"))
+        return checks
+
+    def _thread_checks(self, pid: int, scope: str, threads: int) -> list[Check]:
+        checks = []
+        nproc_soft, _ = self._limits(pid).get("Max processes", (None, None))
+        uid = (self._status_field(pid, "Uid") or "0").split()[0]
+        if nproc_soft is not None and uid != "0":  # root is not held to RLIMIT_NPROC
+            user_threads = sum(int(self._status_field(p, "Threads") or 0) for p in self.sampler.pids()
+                               if (self._status_field(p, "Uid") or "").split()[:1] == [uid])
+            status = by_usage(user_threads, nproc_soft)
+            checks.append(Check(scope, "RLIMIT_NPROC (threads of uid " + uid + ")", status,
+                                f"{user_threads} of {nproc_soft}", f">= {with_margin(user_threads)}" if status else "",
+                                "raise LimitNPROC= / ulimit -u for the user" if status else ""))
+        pids = self._cgroup_pids(pid)
+        if pids is not None and pids[1] is not None:
+            status = by_usage(pids[0], pids[1])
+            checks.append(Check(scope, "cgroup pids.max", status, f"{pids[0]} tasks of {pids[1]}",
+                                f">= {with_margin(pids[0])}" if status else "",
+                                "raise TasksMax= of its unit (or pids.max of its cgroup)" if status else ""))
+        if is_go_binary(self.proc / str(pid) / "exe"):
+            status = by_usage(threads, GO_DEFAULT_MAX_THREADS)
+            growth = self.thread_growth.get(pid, 0.0)
+            current = f"{threads} threads of Go's default {GO_DEFAULT_MAX_THREADS} (a Go binary)"
+            if growth > 0:
+                eta = (GO_DEFAULT_MAX_THREADS - threads) / growth
+                current += f", growing {growth:.0f}/s in the recording: the limit in {eta:.0f} s"
+                if eta < 600:
+                    status = max(status, Status.WARN)
+            checks.append(Check(scope, "Go thread limit", status, current,
+                                "fewer threads blocked in syscalls" if status else "",
+                                "bound the goroutines blocked in syscalls or cgo (e.g. DNS: the pure-Go resolver, "
+                                "netgo), or raise the limit with runtime/debug.SetMaxThreads" if status else ""))
+        return checks
+
+    def _haproxy_checks(self, pid: int, scope: str, soft: int | None) -> list[Check]:
+        checks = []
+        for path in config_paths(self._cmdline(pid)):
+            try:
+                config = parse_config(path)
+            except OSError as exc:
+                checks.append(Check(scope, "haproxy config", Status.WARN, f"{path}: unreadable ({exc.strerror})"))
+                continue
+            if config.maxconn is not None:
+                need = fds_needed(config.maxconn, config.listeners)
+                limit = soft if soft is not None else config.ulimit_n
+                status = Status.FAIL if limit is not None and need > limit else Status.OK
+                fits = (limit - config.listeners - 16) // 2 if limit is not None else None
+                checks.append(Check(
+                    scope, "haproxy maxconn vs FD limit", status,
+                    f"maxconn {config.maxconn} needs ~{need} FDs (2 per connection + {config.listeners} listeners); "
+                    f"the process may open {limit if limit is not None else 'unlimited'}",
+                    f"FD limit >= {need}, or maxconn <= {fits}" if status else "",
+                    f"set ulimit-n {need} in global and LimitNOFILE={need} for the service, or maxconn {fits}"
+                    if status else ""))
+            if config.ulimit_n is not None and soft is not None and config.ulimit_n != soft:
+                checks.append(Check(scope, "haproxy ulimit-n", Status.WARN,
+                                    f"config says {config.ulimit_n}, the process has {soft}",
+                                    str(soft), "make ulimit-n and the service's LimitNOFILE agree"))
+            if config.strict_limits is False:
+                checks.append(Check(scope, "haproxy strict-limits", Status.WARN, "no strict-limits",
+                                    "strict-limits", "remove 'no strict-limits' so HAProxy refuses to start "
+                                    "without the FDs its maxconn needs"))
+            checks += self._haproxy_runtime(scope, config.stats_sockets)
+        return checks
+
+    def _haproxy_runtime(self, scope: str, sockets: list[str]) -> list[Check]:
+        checks = []
+        for path in sockets:
+            try:
+                info = show_info(path)
+            except OSError as exc:
+                checks.append(Check(scope, "haproxy stats socket", Status.WARN, f"{path} did not answer ({exc})"))
+                continue
+            current = int(info.get("CurrConns", 0))
+            maxconn = int(info.get("Maxconn", 0)) or None
+            status = by_usage(current, maxconn)
+            checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status,
+                                f"{current} of {maxconn} "
+                                f"(Ulimit-n {info.get('Ulimit-n')}, Maxsock {info.get('Maxsock')})",
+                                f"maxconn >= {with_margin(current)}" if status else "",
+                                "raise maxconn and the FD limits with it" if status else ""))
+        return checks
+
+    # System checks
+
+    def system_checks(self, listen_moved: dict[str, int] | None = None,
+                      consumers: list[int] | None = None) -> list[Check]:
+        """File table, listen queues, thread and pid limits of the whole machine."""
+        system = self.sampler.system()
+        checks = []
+        file_nr, file_max = system["file_nr"], system["file_max"]
+        status = by_usage(file_nr, file_max)
+        checks.append(Check("system", "fs.file-max vs file-nr", status, f"{file_nr} of {file_max}",
+                            f">= {with_margin(file_nr) * 2}" if status else "",
+                            f"sysctl -w fs.file-max={with_margin(file_nr) * 2}" if status else ""))
+        limits = [s.fd_soft_limit for pid in (consumers or []) if (s := self.sampler.sample(pid)) and s.fd_soft_limit]
+        if limits:
+            total = sum(limits)
+            status = Status.WARN if total > file_max else Status.OK
+            checks.append(Check("system", "sum of the big consumers' FD limits vs fs.file-max", status,
+                                f"{total} ({len(limits)} processes) against {file_max}",
+                                f"fs.file-max >= {total * 2}" if status else "",
+                                f"sysctl -w fs.file-max={total * 2} (and in /etc/sysctl.d/), or ENFILE comes "
+                                "before any process reaches its own limit" if status else ""))
+        checks.append(Check("system", "fs.nr_open (ceiling of any RLIMIT_NOFILE)", Status.OK, str(system["nr_open"])))
+        somaxconn = system["somaxconn"]
+        if somaxconn is not None:
+            status = Status.WARN if somaxconn < 4096 else Status.OK
+            checks.append(Check("system", "net.core.somaxconn", status, str(somaxconn), ">= 4096" if status else "",
+                                "sysctl -w net.core.somaxconn=65535 (and in /etc/sysctl.d/)" if status else ""))
+        backlog = self._number("sys/net/ipv4/tcp_max_syn_backlog")
+        if backlog is not None:
+            status = Status.WARN if backlog < 4096 else Status.OK
+            checks.append(Check("system", "net.ipv4.tcp_max_syn_backlog", status, str(backlog),
+                                ">= 4096" if status else "",
+                                "sysctl -w net.ipv4.tcp_max_syn_backlog=4096" if status else ""))
+        reuse = self._number("sys/net/ipv4/tcp_tw_reuse")
+        if reuse is not None:
+            status = Status.WARN if reuse == 0 else Status.OK
+            checks.append(Check("system", "net.ipv4.tcp_tw_reuse", status, str(reuse), "1" if status else "",
+                                "sysctl -w net.ipv4.tcp_tw_reuse=1" if status else ""))
+        moved = listen_moved if listen_moved is not None else {
+            "ListenOverflows": system["listen_overflows"] or 0, "ListenDrops": system["listen_drops"] or 0}
+        when = "during the recording" if listen_moved is not None else "since boot"
+        for name, count in moved.items():
+            status = Status.WARN if count else Status.OK
+            checks.append(Check("system", f"TcpExt {name} {when}", status, str(count), "0" if status else "",
+                                "a listen queue overflowed: raise somaxconn and the listener's backlog, or accept "
+                                "faster" if status else ""))
+        threads = sum(int(self._status_field(p, "Threads") or 0) for p in self.sampler.pids())
+        for name, limit in (("kernel.threads-max", system["threads_max"]), ("kernel.pid_max", system["pid_max"])):
+            status = by_usage(threads, limit)
+            checks.append(Check("system", f"{name} vs threads", status, f"{threads} of {limit}",
+                                f">= {with_margin(threads) * 2}" if status else "",
+                                f"sysctl -w {name}={with_margin(threads) * 2}" if status else ""))
+        return checks

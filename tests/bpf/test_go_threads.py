@@ -1,0 +1,92 @@
+"""A Go program (Debian's golang-go) whose goroutines pin OS threads in blocking syscalls: its
+raw clone() threads are seen, its growth is in a recording, and doctor flags it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fdtrace.analysis import load
+
+pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+GOROUTINES = 300
+
+PROGRAM = """package main
+
+import (
+	"os"
+	"runtime/debug"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+func main() {
+	debug.SetMaxThreads(2000)
+	n, _ := strconv.Atoi(os.Args[1])
+	for i := 0; i < n; i++ {
+		var fds [2]int
+		if err := syscall.Pipe(fds[:]); err != nil {
+			panic(err)
+		}
+		// A read of an empty pipe blocks in the kernel and holds its OS thread.
+		go func(fd int) { buf := make([]byte, 1); syscall.Read(fd, buf) }(fds[0])
+		if i%20 == 19 {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	time.Sleep(30 * time.Second)
+}
+"""
+
+
+def build(tmp_path: Path) -> Path:
+    source = tmp_path / "threads.go"
+    source.write_text(PROGRAM)
+    binary = tmp_path / "go-threads"
+    env = {**os.environ, "GOCACHE": str(tmp_path / "cache"), "GOPATH": str(tmp_path / "gopath"),
+           "HOME": str(tmp_path), "GO111MODULE": "off", "GOFLAGS": ""}
+    subprocess.run(["go", "build", "-o", str(binary), str(source)], check=True, env=env, cwd=tmp_path,
+                   capture_output=True, timeout=300)
+    return binary
+
+
+def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
+    binary = build(tmp_path)
+    out = tmp_path / "rec"
+    recorder = subprocess.Popen([FDTRACE, "record", "-o", str(out), "--interval", "0.5"],
+                                stderr=subprocess.PIPE, text=True)
+    assert recorder.stderr is not None
+    for line in recorder.stderr:
+        if "recording to" in line:
+            break
+    program = subprocess.Popen([str(binary), str(GOROUTINES)])
+    try:
+        time.sleep(2.6)  # 300 goroutines at 200 a second, then it sleeps
+        result = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--from", str(out), "--json"],
+                                capture_output=True, text=True, timeout=60)
+        checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]
+                  if c["scope"] == f"pid {program.pid} (go-threads)"}
+        go = checks["Go thread limit"]
+        assert go["status"] == "WARN", go
+        assert "of Go's default 10000 (a Go binary), growing" in go["current"]
+        assert result.returncode >= 1
+    finally:
+        program.kill()
+        program.wait()
+        recorder.send_signal(signal.SIGINT)
+        recorder.communicate(timeout=30)
+    rec = load(out)
+    started = rec.events[(rec.events["pid"] == program.pid) & (rec.events["kind"] == "thread_start")]
+    assert len(started) >= GOROUTINES  # Go's raw clone() threads, each one seen
+    threads = rec.samples[rec.samples["pid"] == program.pid].sort_values("ts_ns")["threads"]
+    assert threads.iloc[0] < threads.max() and threads.max() >= GOROUTINES

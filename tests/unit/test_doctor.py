@@ -1,0 +1,163 @@
+"""Every doctor check against a fake /proc and /sys/fs/cgroup tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fdtrace.doctor import report
+from fdtrace.doctor.checks import Doctor, Status
+from fdtrace.doctor.golang import BUILDINFO_MAGIC
+from fdtrace.doctor.haproxy import fds_needed, parse_config
+
+LIMITS = ("Limit                     Soft Limit           Hard Limit           Units     \n"
+          "Max processes             {nproc:<21}{nproc:<21}processes \n"
+          "Max open files            {soft:<21}{hard:<21}files     \n"
+          "Max nice priority         0                    0                    \n")
+
+
+def fake_process(root: Path, pid: int, comm: str, open_fds: int, soft: str, hard: str, threads: int = 1,
+                 uid: int = 1000, nproc: str = "4096", cmdline: str = "", cgroup: str = "0::/app.slice/app.service",
+                 exe: bytes = b"\x7fELF plain") -> None:
+    base = root / str(pid)
+    (base / "fd").mkdir(parents=True)
+    for fd in range(open_fds):
+        (base / "fd" / str(fd)).symlink_to("/dev/null")
+    stat = ["S"] + ["0"] * 18 + ["100"] + ["0"] * 10
+    (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat) + "\n")
+    (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard, nproc=nproc))
+    (base / "status").write_text(f"Name:\t{comm}\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nThreads:\t{threads}\n")
+    (base / "cmdline").write_text(cmdline.replace(" ", "\0"))
+    (base / "cgroup").write_text(cgroup + "\n")
+    (base / "exe.bin").write_bytes(exe)
+    (base / "exe").symlink_to(base / "exe.bin")
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> tuple[Path, Path]:
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "sys/fs").mkdir(parents=True)
+    (proc / "sys/fs/file-nr").write_text("900\t0\t1000\n")
+    (proc / "sys/fs/nr_open").write_text("1048576\n")
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "sys/kernel/threads-max").write_text("100000\n")
+    (proc / "sys/kernel/pid_max").write_text("32768\n")
+    (proc / "sys/net/core").mkdir(parents=True)
+    (proc / "sys/net/core/somaxconn").write_text("128\n")
+    (proc / "sys/net/ipv4").mkdir(parents=True)
+    (proc / "sys/net/ipv4/tcp_max_syn_backlog").write_text("8192\n")
+    (proc / "sys/net/ipv4/tcp_tw_reuse").write_text("0\n")
+    (proc / "net").mkdir()
+    (proc / "net/netstat").write_text("TcpExt: ListenOverflows ListenDrops\nTcpExt: 5 7\n")
+    (cgroups / "app.slice/app.service").mkdir(parents=True)
+    (cgroups / "app.slice/app.service/pids.current").write_text("97\n")
+    (cgroups / "app.slice/app.service/pids.max").write_text("100\n")
+    return proc, cgroups
+
+
+def doctor(tree: tuple[Path, Path]) -> Doctor:
+    return Doctor(tree[0], systemctl=None, cgroupfs=tree[1])
+
+
+def by_name(checks: list, name: str):  # type: ignore[no-untyped-def]
+    [check] = [c for c in checks if c.name == name]
+    return check
+
+
+def test_fd_limit_warns_at_80_and_fails_at_95_with_the_change_to_make(tree: tuple[Path, Path]) -> None:
+    fake_process(tree[0], 10, "warm", 85, "100", "4096")
+    fake_process(tree[0], 11, "full", 96, "100", "100")
+    fake_process(tree[0], 12, "calm", 10, "100", "100")
+    checks = doctor(tree)
+    warm = by_name(checks.process_checks(10), "RLIMIT_NOFILE soft")
+    assert (warm.status, warm.recommended) == (Status.WARN, ">= 102")
+    assert warm.change.startswith("prlimit --pid 10 --nofile=102:4096 now; for good: set LimitNOFILE=102 in [Service]")
+    full = by_name(checks.process_checks(11), "RLIMIT_NOFILE soft")
+    assert full.status == Status.FAIL and "raise the soft and hard limits to 116" in full.change
+    assert by_name(checks.process_checks(12), "RLIMIT_NOFILE soft").status == Status.OK
+    source = by_name(checks.process_checks(12), "RLIMIT_NOFILE source")
+    assert source.current == "systemd unit app.service"
+
+
+def test_recorded_peak_raises_the_recommendation(tree: tuple[Path, Path]) -> None:
+    fake_process(tree[0], 10, "spiky", 10, "100", "4096")
+    checks = doctor(tree)
+    checks.peaks[10] = 97
+    check = by_name(checks.process_checks(10), "RLIMIT_NOFILE soft")
+    assert check.status == Status.FAIL and check.recommended == ">= 117" and "peak 97" in check.current
+
+
+def test_threads_against_nproc_cgroup_and_go(tree: tuple[Path, Path]) -> None:
+    go_exe = b"\x7fELF" + b"\0" * 5000 + BUILDINFO_MAGIC + b"\0" * 100
+    fake_process(tree[0], 20, "gosrv", 5, "1024", "1024", threads=8500, nproc="10000", exe=go_exe)
+    checks = doctor(tree).process_checks(20)
+    nproc = by_name(checks, "RLIMIT_NPROC (threads of uid 1000)")
+    assert nproc.status == Status.WARN and nproc.current == "8500 of 10000"
+    pids = by_name(checks, "cgroup pids.max")
+    assert pids.status == Status.FAIL and pids.current == "97 tasks of 100"
+    go = by_name(checks, "Go thread limit")
+    assert go.status == Status.WARN and "8500 threads of Go's default 10000" in go.current
+    fake_process(tree[0], 21, "cprog", 5, "1024", "1024", threads=8500)
+    assert not [c for c in doctor(tree).process_checks(21) if c.name == "Go thread limit"]
+
+
+def test_go_thread_growth_in_a_recording_warns_before_the_limit(tree: tuple[Path, Path]) -> None:
+    go_exe = b"\x7fELF" + BUILDINFO_MAGIC
+    fake_process(tree[0], 22, "gosrv", 5, "1024", "1024", threads=400, exe=go_exe)
+    checker = doctor(tree)
+    checker.thread_growth[22] = 100.0
+    go = by_name(checker.process_checks(22), "Go thread limit")
+    assert go.status == Status.WARN and "growing 100/s in the recording: the limit in 96 s" in go.current
+
+
+def test_haproxy_maxconn_the_fd_limit_cannot_hold(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    config = tmp_path / "haproxy.cfg"
+    config.write_text("global\n    maxconn 1000\n    ulimit-n 4000\n    no strict-limits\n"
+                      f"    stats socket {tmp_path}/nobody.sock mode 600\n"
+                      "defaults\n    mode tcp\nfrontend fe\n    bind 127.0.0.1:1\n    default_backend be\n"
+                      "backend be\n    server s1 127.0.0.1:2\n")
+    parsed = parse_config(config)
+    assert (parsed.maxconn, parsed.ulimit_n, parsed.strict_limits, parsed.listeners) == (1000, 4000, False, 1)
+    fake_process(tree[0], 30, "haproxy", 20, "1024", "1024", cmdline=f"/usr/sbin/haproxy -f {config}")
+    checks = doctor(tree).process_checks(30)
+    maxconn = by_name(checks, "haproxy maxconn vs FD limit")
+    assert maxconn.status == Status.FAIL and maxconn.recommended == "FD limit >= 2017, or maxconn <= 503"
+    assert fds_needed(1000, 1) == 2017
+    assert by_name(checks, "haproxy ulimit-n").current == "config says 4000, the process has 1024"
+    assert by_name(checks, "haproxy strict-limits").status == Status.WARN
+    assert "did not answer" in by_name(checks, "haproxy stats socket").current
+
+
+def test_system_checks(tree: tuple[Path, Path]) -> None:
+    checks = doctor(tree).system_checks()
+    assert by_name(checks, "fs.file-max vs file-nr").status == Status.WARN
+    assert by_name(checks, "net.core.somaxconn").change == "sysctl -w net.core.somaxconn=65535 (and in /etc/sysctl.d/)"
+    assert by_name(checks, "net.ipv4.tcp_max_syn_backlog").status == Status.OK
+    assert by_name(checks, "net.ipv4.tcp_tw_reuse").status == Status.WARN
+    assert by_name(checks, "TcpExt ListenOverflows since boot").current == "5"
+    moved = doctor(tree).system_checks(listen_moved={"ListenOverflows": 0, "ListenDrops": 0})
+    assert by_name(moved, "TcpExt ListenOverflows during the recording").status == Status.OK
+
+
+def test_sum_of_big_consumers_against_file_max(tree: tuple[Path, Path]) -> None:
+    fake_process(tree[0], 40, "a", 5, "800", "800")
+    fake_process(tree[0], 41, "b", 5, "800", "800")
+    checks = doctor(tree).system_checks(consumers=[40, 41])
+    check = by_name(checks, "sum of the big consumers' FD limits vs fs.file-max")
+    assert check.status == Status.WARN and check.current == "1600 (2 processes) against 1000"
+
+
+def test_report_table_json_and_exit_status(tree: tuple[Path, Path]) -> None:
+    fake_process(tree[0], 11, "full", 96, "100", "100")
+    checker = doctor(tree)
+    checks = report.run_checks(checker, [11], None)
+    assert report.worst(checks) == Status.FAIL
+    data = json.loads(report.as_json(checks))
+    assert data["status"] == "FAIL"
+    assert {"scope", "name", "status", "current", "recommended", "change"} <= set(data["checks"][0])
+    table = report.as_table(checks)
+    assert table.splitlines()[0].split() == ["STATUS", "SCOPE", "CHECK", "CURRENT", "RECOMMENDED"]
+    assert "Changes:" in table and table.endswith("overall: FAIL")
+    assert report.select_pids(checker, (), ("full",)) == [11]
