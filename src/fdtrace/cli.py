@@ -158,11 +158,12 @@ def trace(
 @click.option("--max-size", "max_size", default=None,
               help="Keep the recording under this size (e.g. 500M, 2G) by deleting its oldest files; "
                    "what is deleted is counted in the metadata.")
+@click.option("--listen", default=None, help="Also serve Prometheus /metrics on ADDRESS:PORT.")
 @click.option("--ring-pages", type=int, default=4096, show_default=True,
               help="Ring buffer size in pages (a power of two).")
 def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tuple[str, ...], errors_only: bool,
            interval: float, top_processes: int, cmdline: bool, shared: bool, rotate: float | None,
-           max_size: str | None, ring_pages: int) -> None:
+           max_size: str | None, listen: str | None, ring_pages: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
 
     Runs until --duration, SIGINT or SIGTERM; every file on disk is complete at any moment.
@@ -197,9 +198,19 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
     for note in source.notes:
         click.echo(f"fdtrace: {note}", err=True)
     click.echo(f"fdtrace: recording to {output} ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
+    exporter = None
+    if listen is not None:
+        from fdtrace.sinks.prometheus import MetricsExporter
+
+        try:
+            exporter = MetricsExporter(listen)
+        except FdtraceError as error:
+            source.stop()
+            writer.abandon()
+            _fail(error)
     recorder = Recorder(source, writer, ProcSampler(cmdline=cmdline),
                         RecordOptions(interval_s=interval, top_processes=top_processes, comms=comms,
-                                      rotate_s=rotate))
+                                      rotate_s=rotate), exporter=exporter)
     deadline = time.monotonic() + duration if duration is not None else None
     try:
         recorder.run(lambda: stop.stopped, deadline)
@@ -310,3 +321,43 @@ def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, 
     checks = report.run_checks(checker, selected, listen_moved)
     click.echo(report.as_json(checks) if as_json else report.as_table(checks))
     sys.exit(int(report.worst(checks)))
+
+
+@main.command()
+@click.option("--listen", default="127.0.0.1:9877", show_default=True,
+              help="ADDRESS:PORT to serve /metrics on (loopback by default).")
+@click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("--top", "top_processes", type=int, default=50, show_default=True,
+              help="Processes with series: the ones with the most open FDs (bounds the label sets).")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+def export(listen: str, pids: tuple[int, ...], top_processes: int, duration: float | None) -> None:
+    """Serve Prometheus metrics: process_open_fds / process_max_fds per process, exact counters of
+    sockets, accepts, connects, closes, FD errors and threads, OOM kills, file-nr and losses."""
+    from fdtrace.bpf.loader import TraceOptions
+    from fdtrace.feeds import LiveFeed
+    from fdtrace.sinks.prometheus import MetricsExporter
+    from fdtrace.sources.live_bpf import LiveBpfSource
+
+    stop = _StopFlag()
+    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=True), keep_exited=0)
+    try:
+        source.start()
+        exporter = MetricsExporter(listen, max_processes=top_processes)
+    except FdtraceError as error:
+        source.stop()
+        _fail(error)
+    for note in source.notes:
+        click.echo(f"fdtrace: {note}", err=True)
+    click.echo(f"fdtrace: serving metrics on http://{exporter.address}:{exporter.port}/metrics", err=True)
+    feed = LiveFeed(source, top=top_processes)
+    deadline = time.monotonic() + duration if duration is not None else None
+    try:
+        while not stop.stopped and (deadline is None or time.monotonic() < deadline):
+            update = feed.poll()
+            exporter.observe(update.events)
+            for sample_round in update.rounds:
+                exporter.update(sample_round.samples, sample_round.system or {}, source.counters, update.losses)
+            time.sleep(0.1)
+    finally:
+        exporter.close()
+        feed.close()

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from fdtrace import __version__
 from fdtrace.clock import sample_offsets
+from fdtrace.counters import CounterStore
 from fdtrace.sampler import ProcessSample, ProcSampler
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS
 from fdtrace.sinks.parquet import RecordingWriter
@@ -68,8 +69,10 @@ class Recorder:
     """Drives one live source into one recording writer until told to stop."""
 
     def __init__(self, source: LiveBpfSource, writer: RecordingWriter, sampler: ProcSampler,
-                 options: RecordOptions) -> None:
+                 options: RecordOptions, exporter: Any = None) -> None:
+        """``exporter``: a MetricsExporter fed with the same events, samples and counters."""
         self.source = source
+        self.exporter = exporter
         self.writer = writer
         self.sampler = sampler
         self.options = options
@@ -104,6 +107,8 @@ class Recorder:
         table = keep_comms(batch.events, self.options.comms)
         self._pids_seen.update(table["pid"].unique().to_pylist())
         self.writer.add("events", table.drop_columns(["host"]))
+        if self.exporter is not None:
+            self.exporter.observe(table)
         self.events += table.num_rows
 
     def due(self) -> bool:
@@ -138,8 +143,11 @@ class Recorder:
             system = self.sampler.system()
         self._pids_seen.clear()
         self._write_samples(samples, system, now, offsets.realtime_offset_ns)
-        self._counters(now)
+        store = self.source.read_counters()
+        self._counters(now, store)
         losses = self.source.read_losses()
+        if self.exporter is not None:
+            self.exporter.update(samples, system, store, losses)
         row: dict[str, list[Any]] = {"ts_ns": [now]}
         for name in STATS:
             row[name] = [losses.get(name, 0) - self._last_losses.get(name, 0)]
@@ -163,8 +171,7 @@ class Recorder:
         table = pa.table({"ts_ns": [now], **{k: [v] for k, v in system.items()}})
         self.writer.add("system", table.append_column("time", _time_column([now], realtime_offset)))
 
-    def _counters(self, now: int) -> None:
-        store = self.source.read_counters()
+    def _counters(self, now: int, store: CounterStore) -> None:
         rows = list(store.newly_exited)  # final values, written once
         for totals in rows:
             self._last_counters.pop((totals.pid, totals.first_ts), None)

@@ -1,0 +1,125 @@
+"""A Prometheus /metrics endpoint (prometheus_client): per-process FD headroom under the names
+client libraries use, exact call and error counters, OOM kills, the system FD table under
+node_exporter's names, and fdtrace's own losses. Label sets are bounded to the top processes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from fdtrace.counters import CounterStore
+from fdtrace.errors import FdtraceError
+from fdtrace.sampler import ProcessSample
+
+#: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).
+COUNTER_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("sockets", "fdtrace_sockets_total", "socket() calls"),
+    ("accepts", "fdtrace_accepts_total", "accept() and accept4() calls"),
+    ("connects", "fdtrace_connects_total", "connect() calls"),
+    ("closes", "fdtrace_closes_total", "close() calls"),
+    ("threads_started", "fdtrace_threads_started_total", "threads started"),
+)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'127.0.0.1:9877' or ':9877' (loopback) to (address, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise FdtraceError(f"--listen {text!r}: give ADDRESS:PORT, e.g. 127.0.0.1:9877")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+@dataclass
+class _Snapshot:
+    processes: list[ProcessSample] = field(default_factory=list)
+    counters: list[Any] = field(default_factory=list)
+    system: dict[str, Any] = field(default_factory=dict)
+    losses: dict[str, int] = field(default_factory=dict)
+    oom_kills: int = 0
+
+
+class MetricsExporter:
+    """Serves /metrics from the latest snapshot; ``observe`` and ``update`` feed it.
+
+    Args:
+        listen: ADDRESS:PORT (loopback by default).
+        max_processes: processes with series, the ones with the most open FDs (and, for the
+            counters, the most calls): keeps the label sets bounded.
+    """
+
+    def __init__(self, listen: str = "127.0.0.1:9877", max_processes: int = 50) -> None:
+        self.address, self.port = parse_listen(listen)
+        self.max_processes = max_processes
+        self._lock = threading.Lock()
+        self._snapshot = _Snapshot()
+        self._oom_kills = 0
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)  # type: ignore[arg-type]
+        try:
+            self._server, self._thread = start_http_server(self.port, self.address, registry=self.registry)
+        except OSError as exc:
+            raise FdtraceError(f"cannot serve metrics on {listen}: {exc.strerror}") from None
+
+    def observe(self, events: Any) -> None:
+        """Count what only the event stream tells (OOM kills)."""
+        if events.num_rows:
+            import pyarrow.compute as pc
+
+            self._oom_kills += int(pc.sum(pc.equal(events["kind"].cast("string"), "oom_kill")).as_py() or 0)
+
+    def update(self, samples: list[ProcessSample], system: dict[str, Any], counters: CounterStore,
+               losses: dict[str, int]) -> None:
+        """Take the latest sampling round and counter reading."""
+        top = sorted(samples, key=lambda s: s.open_fds, reverse=True)[: self.max_processes]
+        live = sorted(counters.live.values(), key=lambda t: sum(t.counts.values()), reverse=True)
+        snapshot = _Snapshot(top, live[: self.max_processes], dict(system), dict(losses), self._oom_kills)
+        with self._lock:
+            self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        """Called by prometheus_client on each scrape."""
+        with self._lock:
+            snap = self._snapshot
+        open_fds = GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", labels=["pid", "comm"])
+        max_fds = GaugeMetricFamily("process_max_fds", "Maximum number of open file descriptors (soft limit).",
+                                    labels=["pid", "comm"])
+        threads = GaugeMetricFamily("fdtrace_process_threads", "Threads of the process.", labels=["pid", "comm"])
+        for sample in snap.processes:
+            labels = [str(sample.pid), sample.comm]
+            open_fds.add_metric(labels, sample.open_fds)
+            if sample.fd_soft_limit is not None:
+                max_fds.add_metric(labels, sample.fd_soft_limit)
+            threads.add_metric(labels, sample.threads)
+        yield from (open_fds, max_fds, threads)
+        for counter, name, help_text in COUNTER_METRICS:
+            family = CounterMetricFamily(name, f"Exact count of {help_text}, per process.", labels=["pid", "comm"])
+            for totals in snap.counters:
+                family.add_metric([str(totals.pid), totals.comm], totals.counts[counter])
+            yield family
+        errors = CounterMetricFamily("fdtrace_fd_errors_total", "Failed calls by syscall and errno, per process.",
+                                     labels=["pid", "comm", "syscall", "errno"])
+        for totals in snap.counters:
+            for (syscall, errno), count in sorted(totals.errors.items()):
+                errors.add_metric([str(totals.pid), totals.comm, syscall, errno], count)
+        yield errors
+        yield CounterMetricFamily("fdtrace_oom_kills_total", "OOM kills seen.", value=snap.oom_kills)
+        if snap.system:
+            yield GaugeMetricFamily("node_filefd_allocated", "File descriptor statistics: allocated.",
+                                    value=snap.system["file_nr"])
+            yield GaugeMetricFamily("node_filefd_maximum", "File descriptor statistics: maximum.",
+                                    value=snap.system["file_max"])
+        lost = CounterMetricFamily("fdtrace_events_lost_total", "Events or counts fdtrace lost, by reason.",
+                                   labels=["reason"])
+        for reason, count in sorted(snap.losses.items()):
+            lost.add_metric([reason], count)
+        yield lost
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,79 @@
+"""`fdtrace export`: scrape /metrics while a child runs out of descriptors."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import python_child
+
+pytestmark = pytest.mark.bpf
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+
+CHILD = """
+import os, socket, sys, time
+sys.stdin.readline()
+while True:
+    try: os.open('/dev/null', os.O_RDONLY)
+    except OSError: break
+for _ in range(2):
+    try: socket.socket()
+    except OSError: pass
+time.sleep(6)
+"""
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_show_the_child_at_its_limit_and_its_errors() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exporter = subprocess.Popen([FDTRACE, "export", "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+    assert exporter.stderr is not None
+    for line in exporter.stderr:
+        if "serving metrics" in line:
+            break
+    child = subprocess.Popen(["prlimit", "--nofile=64:64", *python_child(CHILD)], stdin=subprocess.PIPE, text=True)
+    try:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 10
+        metrics: dict = {}
+        labels = (("comm", Path(sys.executable).name[:15]), ("pid", str(child.pid)))
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            metrics = scrape(port)
+            socket_errors = tuple(sorted(labels + (("errno", "EMFILE"), ("syscall", "socket"))))
+            at_limit = metrics.get(("process_open_fds", labels)) == 64
+            if at_limit and ("fdtrace_fd_errors_total", socket_errors) in metrics:
+                break
+        assert metrics[("process_open_fds", labels)] == 64
+        assert metrics[("process_max_fds", labels)] == 64
+        errors = {dict(key)["syscall"]: value for (name, key) in metrics
+                  if name == "fdtrace_fd_errors_total" and dict(key)["pid"] == str(child.pid)
+                  for value in [metrics[(name, key)]]}
+        assert errors == {"openat": 1.0, "socket": 2.0}
+        assert metrics[("fdtrace_sockets_total", labels)] == 2.0
+        assert metrics[("node_filefd_maximum", ())] > 0 and metrics[("node_filefd_allocated", ())] > 0
+        assert metrics[("fdtrace_events_lost_total", (("reason", "ringbuf_full"),))] == 0
+        assert ("fdtrace_oom_kills_total", ()) in metrics
+    finally:
+        child.kill()
+        child.wait()
+        exporter.send_signal(signal.SIGTERM)
+        exporter.communicate(timeout=30)
+    assert exporter.returncode == 0
