@@ -159,11 +159,13 @@ def trace(
               help="Keep the recording under this size (e.g. 500M, 2G) by deleting its oldest files; "
                    "what is deleted is counted in the metadata.")
 @click.option("--listen", default=None, help="Also serve Prometheus /metrics on ADDRESS:PORT.")
+@click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
+              help="Sample HAProxy's `show info` from this stats socket every interval (repeatable).")
 @click.option("--ring-pages", type=int, default=4096, show_default=True,
               help="Ring buffer size in pages (a power of two).")
 def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tuple[str, ...], errors_only: bool,
            interval: float, top_processes: int, cmdline: bool, shared: bool, rotate: float | None,
-           max_size: str | None, listen: str | None, ring_pages: int) -> None:
+           max_size: str | None, listen: str | None, haproxy_sockets: tuple[str, ...], ring_pages: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
 
     Runs until --duration, SIGINT or SIGTERM; every file on disk is complete at any moment.
@@ -210,7 +212,7 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
             _fail(error)
     recorder = Recorder(source, writer, ProcSampler(cmdline=cmdline),
                         RecordOptions(interval_s=interval, top_processes=top_processes, comms=comms,
-                                      rotate_s=rotate), exporter=exporter)
+                                      rotate_s=rotate, haproxy_sockets=haproxy_sockets), exporter=exporter)
     deadline = time.monotonic() + duration if duration is not None else None
     try:
         recorder.run(lambda: stop.stopped, deadline)
@@ -248,9 +250,12 @@ def info(directories: tuple[str, ...]) -> None:
               help="Sample this many processes with the most open FDs (besides those with events).")
 @click.option("--record-dir", type=click.Path(file_okay=False), default=None,
               help="Where the R key records (default: ./fdtrace-DATE-TIME).")
+@click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
+              help="Show HAProxy's `show info` from this stats socket every second (repeatable).")
 @click.option("--ring-pages", type=int, default=4096, show_default=True,
               help="Ring buffer size in pages (a power of two).")
-def top(pids: tuple[int, ...], top_processes: int, record_dir: str | None, ring_pages: int) -> None:
+def top(pids: tuple[int, ...], top_processes: int, record_dir: str | None, haproxy_sockets: tuple[str, ...],
+        ring_pages: int) -> None:
     """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
     from pathlib import Path
 
@@ -267,7 +272,7 @@ def top(pids: tuple[int, ...], top_processes: int, record_dir: str | None, ring_
         _fail(error)
     from fdtrace.tui.app import make_app
 
-    feed = LiveFeed(source, top=top_processes)
+    feed = LiveFeed(source, top=top_processes, haproxy_sockets=haproxy_sockets)
     make_app(feed, Path(record_dir) if record_dir else None).run()
     for note in source.notes:
         click.echo(f"fdtrace: {note}", err=True)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from fdtrace.haproxy import HaproxySampler
 from fdtrace.recording import read_meta, read_parts
 from fdtrace.sampler import ProcessSample, ProcSampler
 
@@ -25,6 +26,7 @@ class SampleRound:
     time_ns: int
     samples: list[ProcessSample]
     system: dict[str, Any] | None
+    haproxy: list[dict[str, Any]] = field(default_factory=list)  # `show info` rows (--haproxy-socket)
 
 
 @dataclass
@@ -68,10 +70,13 @@ class LiveFeed:
 
     live = True
 
-    def __init__(self, source: Any, sampler: ProcSampler | None = None, top: int = 30) -> None:
+    def __init__(self, source: Any, sampler: ProcSampler | None = None, top: int = 30,
+                 haproxy_sockets: tuple[str, ...] = ()) -> None:
         self.source = source
         self.sampler = sampler or ProcSampler()
         self.top = top
+        self.haproxy_sockets = haproxy_sockets
+        self.haproxy = HaproxySampler(list(haproxy_sockets)) if haproxy_sockets else None
         self.recorder: Any = None
         self.recording_dir: Path | None = None
         self.recording_error: str | None = None
@@ -91,10 +96,11 @@ class LiveFeed:
             self._next_sample = time.monotonic_ns() + SAMPLE_INTERVAL_NS
             samples = self.sampler.round(self._pids_with_events, self.top, exclude=os.getpid())
             system = self.sampler.system()
-            update.rounds.append(SampleRound(update.now_ns, samples, system))
+            haproxy = self.haproxy.sample() if self.haproxy is not None else []
+            update.rounds.append(SampleRound(update.now_ns, samples, system, haproxy))
             self._pids_with_events.clear()
             if self.recorder is not None:
-                self._recording(lambda: (self.recorder.tick(samples, system), self.recorder.maintain()))
+                self._recording(lambda: (self.recorder.tick(samples, system, haproxy), self.recorder.maintain()))
             else:
                 self.source.read_counters()  # drains the kernel's table of exited processes
         return update
@@ -118,7 +124,8 @@ class LiveFeed:
 
         self.recording_error = None
         writer = RecordingWriter(directory, self.source.host, run_metadata(self.source, ["fdtrace", "top"]))
-        self.recorder = Recorder(self.source, writer, self.sampler, RecordOptions(top_processes=self.top))
+        self.recorder = Recorder(self.source, writer, self.sampler,
+                                 RecordOptions(top_processes=self.top, haproxy_sockets=self.haproxy_sockets))
         self.recording_dir = directory
 
     def stop_recording(self) -> Path | None:
@@ -165,14 +172,17 @@ class ReplayFeed:
         skipped: list[str] = []
         samples: list[pa.Table] = []
         systems: list[pa.Table] = []
+        haproxy: list[pa.Table] = []
         for root in roots:
             for host in read_meta(root):
-                for name, bucket in (("samples", samples), ("system", systems)):
+                for name, bucket in (("samples", samples), ("system", systems), ("haproxy", haproxy)):
                     part = read_parts(root, name, host, skipped)
                     if part is not None:
                         bucket.append(part)
         self._samples = _by_time(samples)
         self._system = _by_time(systems)
+        self._haproxy = _by_time(haproxy)
+        self._haproxy_times = _times(self._haproxy)
         self._sample_times = _times(self._samples)
         self._system_times = _times(self._system)
         self._shown_until = self.replay.start_ns - 1
@@ -201,6 +211,9 @@ class ReplayFeed:
         for row in _rows_between(self._samples, self._sample_times, start_ns, end_ns):
             when = row["time_ns"]
             rounds.setdefault(when, SampleRound(when, [], None)).samples.append(_sample(row))
+        for row in _rows_between(self._haproxy, self._haproxy_times, start_ns, end_ns):
+            when = row.pop("time_ns")
+            rounds.setdefault(when, SampleRound(when, [], None)).haproxy.append(row)
         return [rounds[t] for t in sorted(rounds)]
 
     # Replay controls

@@ -100,6 +100,31 @@ class LogEntry:
     severity: str  # "error", "warning"
 
 
+HAPROXY_BUSY = 0.90  # CurrConns / maxconn
+HAPROXY_BUSY_FOR_NS = 30_000_000_000
+
+
+@dataclass
+class HaproxyView:
+    """One HAProxy stats socket's latest `show info`, and how long it has been near maxconn."""
+
+    socket: str
+    row: dict[str, Any] = field(default_factory=dict)
+    busy_since_ns: int | None = None
+    alerted: bool = False
+    unreachable_logged: bool = False
+
+    @property
+    def usage(self) -> float | None:
+        """CurrConns / maxconn."""
+        current, limit = self.row.get("curr_conns"), self.row.get("maxconn")
+        return current / limit if current is not None and limit else None
+
+    def busy_for_s(self, now_ns: int) -> float:
+        """Seconds CurrConns has stayed above 90 % of maxconn."""
+        return 0.0 if self.busy_since_ns is None else (now_ns - self.busy_since_ns) / 1e9
+
+
 @dataclass(frozen=True)
 class SystemView:
     """The header: the system's FD table and what the feed has seen."""
@@ -129,6 +154,7 @@ class IncidentState:
         self._system_figures: dict[str, Any] = {}
         self.logged = 0  # log lines ever written; the view shows those past what it has shown
         self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
+        self.haproxy: dict[str, HaproxyView] = {}
 
     def _log(self, entry: LogEntry) -> None:
         self.log.append(entry)
@@ -218,6 +244,31 @@ class IncidentState:
             view.history.append((time_ns, sample.open_fds))
             view.thread_history.append((time_ns, sample.threads))
             view.last_seen_ns = max(view.last_seen_ns, time_ns)
+
+    def apply_haproxy(self, rows: list[dict[str, Any]], time_ns: int) -> None:
+        """Fold in `show info` samples: alert when CurrConns stays above 90 % of maxconn for 30 s,
+        and say once when a socket does not answer."""
+        for row in rows:
+            view = self.haproxy.setdefault(row["socket"], HaproxyView(row["socket"]))
+            view.row = row
+            if row.get("error"):
+                if not view.unreachable_logged:
+                    self._log(LogEntry(time_ns, 0, "haproxy", f"stats socket {row['socket']} does not answer: "
+                                                               f"{row['error']}", "warning"))
+                    view.unreachable_logged = True
+                continue
+            view.unreachable_logged = False
+            usage = view.usage
+            if usage is None or usage <= HAPROXY_BUSY:
+                view.busy_since_ns, view.alerted = None, False
+                continue
+            if view.busy_since_ns is None:
+                view.busy_since_ns = time_ns
+            if not view.alerted and time_ns - view.busy_since_ns >= HAPROXY_BUSY_FOR_NS:
+                view.alerted = True
+                pid = int(row.get("haproxy_pid") or 0)
+                self._log(LogEntry(time_ns, pid, "haproxy", f"{row['curr_conns']} connections of maxconn "
+                                                            f"{row['maxconn']} ({usage:.0%}) for 30 s", "error"))
 
     def apply_system(self, figures: dict[str, Any]) -> None:
         """Fold in the system figures (file-nr, file-max, ...)."""

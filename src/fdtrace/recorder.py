@@ -17,12 +17,15 @@ import pyarrow as pa
 from fdtrace import __version__
 from fdtrace.clock import sample_offsets
 from fdtrace.counters import CounterStore
+from fdtrace.haproxy import SAMPLED_FIELDS, HaproxySampler
 from fdtrace.sampler import ProcessSample, ProcSampler
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS
 from fdtrace.sinks.parquet import RecordingWriter
 from fdtrace.sources.base import EventBatch, keep_comms
 from fdtrace.sources.live_bpf import LiveBpfSource
 
+HAPROXY_SCHEMA = pa.schema([("ts_ns", pa.int64()), ("socket", pa.string()), ("error", pa.string())]
+                           + [(column, pa.int64()) for _, column in SAMPLED_FIELDS])
 ERRORS_TYPE = pa.list_(pa.struct([("syscall", pa.string()), ("errno", pa.string()), ("count", pa.int64())]))
 
 
@@ -33,6 +36,7 @@ class RecordOptions:
     interval_s: float = 1.0
     rotate_s: float | None = None  # merge the parts of each this many seconds into one file
     top_processes: int = 20
+    haproxy_sockets: tuple[str, ...] = ()
     comms: tuple[str, ...] = ()
 
 
@@ -73,6 +77,7 @@ class Recorder:
         """``exporter``: a MetricsExporter fed with the same events, samples and counters."""
         self.source = source
         self.exporter = exporter
+        self.haproxy = HaproxySampler(list(options.haproxy_sockets)) if options.haproxy_sockets else None
         self.writer = writer
         self.sampler = sampler
         self.options = options
@@ -129,7 +134,8 @@ class Recorder:
         """Processes that had events since the last tick."""
         return set(self._pids_seen)
 
-    def tick(self, samples: list[ProcessSample] | None = None, system: dict[str, Any] | None = None) -> None:
+    def tick(self, samples: list[ProcessSample] | None = None, system: dict[str, Any] | None = None,
+             haproxy: list[dict[str, Any]] | None = None) -> None:
         """Sample (unless the caller already did), read counters and losses, and flush."""
         self._next_tick = max(self._next_tick + self.options.interval_s, time.monotonic())
         offsets = sample_offsets()
@@ -143,6 +149,12 @@ class Recorder:
             system = self.sampler.system()
         self._pids_seen.clear()
         self._write_samples(samples, system, now, offsets.realtime_offset_ns)
+        if haproxy is None and self.haproxy is not None:
+            haproxy = self.haproxy.sample()
+        if haproxy:
+            table = pa.Table.from_pylist([{"ts_ns": now, **row} for row in haproxy], schema=HAPROXY_SCHEMA)
+            self.writer.add("haproxy", table.append_column("time", _time_column([now] * len(haproxy),
+                                                                                offsets.realtime_offset_ns)))
         store = self.source.read_counters()
         self._counters(now, store)
         losses = self.source.read_losses()

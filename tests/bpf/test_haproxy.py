@@ -96,3 +96,23 @@ def test_accept4_emfile_of_haproxy_under_a_connection_storm(
     # The exact counter agrees with the stream (nothing was lost) since the test began.
     assert instance.errors[("accept4", "EMFILE")] >= len(accept_emfile) > 0
     assert live_tracer.losses.get("ringbuf_full", 0) == 0
+
+
+def test_show_info_samples_land_in_a_recording(haproxy: tuple[subprocess.Popen[str], int, Path],
+                                               tmp_path: Path) -> None:
+    proc, _, config = haproxy
+    stats = str(config.parent / "stats.sock")
+    out = tmp_path / "rec"
+    result = subprocess.run([FDTRACE, "record", "-o", str(out), "--duration", "2", "--interval", "0.5",
+                             "--haproxy-socket", stats, "--haproxy-socket", str(tmp_path / "nobody.sock")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    from fdtrace.analysis import load
+
+    rows = load(out).haproxy
+    answered = rows[rows["socket"] == stats]
+    assert len(answered) >= 4
+    assert set(answered["maxconn"]) == {1000} and set(answered["ulimit_n"]) == {64}
+    assert set(answered["haproxy_pid"]) == {proc.pid} and answered["error"].isna().all()
+    silent = rows[rows["socket"] != stats]
+    assert len(silent) == len(answered) and silent["error"].notna().all() and silent["maxconn"].isna().all()

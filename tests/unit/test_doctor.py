@@ -10,7 +10,7 @@ import pytest
 from fdtrace.doctor import report
 from fdtrace.doctor.checks import Doctor, Status
 from fdtrace.doctor.golang import BUILDINFO_MAGIC
-from fdtrace.doctor.haproxy import fds_needed, parse_config
+from fdtrace.haproxy import fds_needed, parse_config
 
 LIMITS = ("Limit                     Soft Limit           Hard Limit           Units     \n"
           "Max processes             {nproc:<21}{nproc:<21}processes \n"
@@ -161,3 +161,19 @@ def test_report_table_json_and_exit_status(tree: tuple[Path, Path]) -> None:
     assert table.splitlines()[0].split() == ["STATUS", "SCOPE", "CHECK", "CURRENT", "RECOMMENDED"]
     assert "Changes:" in table and table.endswith("overall: FAIL")
     assert report.select_pids(checker, (), ("full",)) == [11]
+
+
+def test_haproxy_near_maxconn_for_30_seconds_alerts_once() -> None:
+    from fdtrace.incident import IncidentState
+
+    state = IncidentState()
+    row = {"socket": "/run/haproxy.sock", "error": None, "haproxy_pid": 7, "curr_conns": 950, "maxconn": 1000}
+    for second in range(0, 40):
+        state.apply_haproxy([dict(row)], second * 1_000_000_000)
+    alerts = [e for e in state.log if "for 30 s" in e.text]
+    assert len(alerts) == 1 and alerts[0].time_ns == 30_000_000_000 and alerts[0].pid == 7
+    assert state.haproxy["/run/haproxy.sock"].busy_for_s(39_000_000_000) == 39
+    state.apply_haproxy([{**row, "curr_conns": 100}], 41_000_000_000)
+    assert state.haproxy["/run/haproxy.sock"].busy_since_ns is None
+    state.apply_haproxy([{"socket": "/gone.sock", "error": "No such file or directory"}] * 2, 42_000_000_000)
+    assert len([e for e in state.log if "does not answer" in e.text]) == 1

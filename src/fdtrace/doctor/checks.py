@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.doctor.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
-from fdtrace.doctor.haproxy import config_paths, fds_needed, parse_config, show_info
+from fdtrace.haproxy import config_paths, fds_needed, parse_config, show_info
 from fdtrace.sampler import ProcSampler
 
 WARN_AT = 0.80

@@ -6,7 +6,7 @@ import time
 
 from rich.text import Text
 
-from fdtrace.incident import USAGE_CRITICAL, USAGE_WARN, LogEntry, ProcessView, SystemView
+from fdtrace.incident import USAGE_CRITICAL, USAGE_WARN, HaproxyView, LogEntry, ProcessView, SystemView
 
 #: (key, label, width) of the process table's columns, in order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -112,6 +112,28 @@ def system_line(system: SystemView, status: str, sort: str, frozen: bool) -> Tex
     text.append(f"  │  {status}  │  sort: {sort}")
     if frozen:
         text.append("  │  FROZEN", style="bold reverse")
+    return text
+
+
+def haproxy_line(views: list[HaproxyView], now_ns: int) -> Text:
+    """One line per HAProxy stats socket: connections against maxconn, FD limits, rate, alert."""
+    text = Text()
+    for i, view in enumerate(views):
+        if i:
+            text.append("\n")
+        text.append(f"haproxy {view.socket}: ", style="bold")
+        row = view.row
+        if row.get("error"):
+            text.append(f"does not answer ({row['error']})", style="dark_orange")
+            continue
+        usage = view.usage
+        text.append(f"{row.get('curr_conns')}/{row.get('maxconn')} connections", style=usage_style(usage))
+        if usage is not None:
+            text.append(f" ({usage:.0%})", style=usage_style(usage))
+        text.append(f"  Ulimit-n {row.get('ulimit_n')}  Maxsock {row.get('maxsock')}  {row.get('conn_rate')} conn/s")
+        busy = view.busy_for_s(now_ns)
+        if busy > 0:
+            text.append(f"  above 90 % for {busy:.0f} s", style="bold red" if view.alerted else "dark_orange")
     return text
 
 

@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
 from fdtrace.feeds import Feed, FeedUpdate
 from fdtrace.incident import SORT_KEYS, IncidentState, ProcessView
-from fdtrace.tui.adapters import COLUMNS, log_line, process_cells, system_line
+from fdtrace.tui.adapters import COLUMNS, haproxy_line, log_line, process_cells, system_line
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
 
@@ -64,6 +64,7 @@ class FdtraceApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="system")
+        yield Static(id="haproxy")
         yield DataTable(id="processes", cursor_type="row", zebra_stripes=True)
         yield RichLog(id="log", max_lines=2000)
         yield Input(placeholder="filter by name or pid; escape clears", id="filter")
@@ -119,6 +120,8 @@ class FdtraceApp(App[None]):
             self.state.apply_samples(sample_round.samples, sample_round.time_ns)
             if sample_round.system:
                 self.state.apply_system(sample_round.system)
+            if sample_round.haproxy:
+                self.state.apply_haproxy(sample_round.haproxy, sample_round.time_ns)
         if self._last_roll_ns is None or update.now_ns - self._last_roll_ns >= 1_000_000_000 or update.reset:
             self.state.roll(update.now_ns, update.losses)
             self._last_roll_ns = update.now_ns
@@ -140,6 +143,10 @@ class FdtraceApp(App[None]):
         if len(rows) > MAX_ROWS:
             status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
         self.query_one("#system", Static).update(system_line(self.state.system, status, self.sort, self.frozen))
+        haproxy = self.query_one("#haproxy", Static)
+        haproxy.display = bool(self.state.haproxy)
+        if self.state.haproxy:
+            haproxy.update(haproxy_line(list(self.state.haproxy.values()), self.state.now_ns))
         self._redraw_table(rows[:MAX_ROWS])
         log = self.query_one("#log", RichLog)
         for entry in self.state.new_log_entries(self._log_shown):

@@ -80,6 +80,37 @@ def show_info(socket_path: str, timeout: float = 1.0) -> dict[str, str]:
     return info
 
 
+#: `show info` fields sampled by `--haproxy-socket`, and their column names.
+SAMPLED_FIELDS: tuple[tuple[str, str], ...] = (
+    ("Pid", "haproxy_pid"), ("CurrConns", "curr_conns"), ("Maxconn", "maxconn"), ("Ulimit-n", "ulimit_n"),
+    ("Maxsock", "maxsock"), ("CumConns", "cum_conns"), ("ConnRate", "conn_rate"),
+)
+
+
+class HaproxySampler:
+    """Samples `show info` of stats sockets; a socket that does not answer gives a row with the
+    error and no figures (it is reported, never fatal)."""
+
+    def __init__(self, sockets: list[str]) -> None:
+        self.sockets = list(sockets)
+
+    def sample(self) -> list[dict[str, object]]:
+        """One row per socket."""
+        rows: list[dict[str, object]] = []
+        for path in self.sockets:
+            row: dict[str, object] = {"socket": path, "error": None}
+            try:
+                info = show_info(path)
+            except OSError as exc:
+                row["error"] = exc.strerror or str(exc)
+                info = {}
+            for name, column in SAMPLED_FIELDS:
+                value = info.get(name)
+                row[column] = int(value) if value is not None and value.isdigit() else None
+            rows.append(row)
+        return rows
+
+
 def fds_needed(maxconn: int, listeners: int) -> int:
     """FDs HAProxy needs at maxconn: about two per proxied connection (client and server side),
     plus its listeners and a few of its own."""
