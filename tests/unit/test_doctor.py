@@ -73,7 +73,7 @@ def test_fd_limit_warns_at_80_and_fails_at_95_with_the_change_to_make(tree: tupl
     checks = doctor(tree)
     warm = by_name(checks.process_checks(10), "RLIMIT_NOFILE soft")
     assert (warm.status, warm.recommended) == (Status.WARN, ">= 102")
-    assert warm.change.startswith("prlimit --pid 10 --nofile=102:4096 now; for good: set LimitNOFILE=102 in [Service]")
+    assert warm.change.startswith("prlimit --pid 10 --nofile=102:4096 now; for good: set LimitNOFILE=102:4096 in")
     full = by_name(checks.process_checks(11), "RLIMIT_NOFILE soft")
     assert full.status == Status.FAIL and "raise the soft and hard limits to 116" in full.change
     assert by_name(checks.process_checks(12), "RLIMIT_NOFILE soft").status == Status.OK
@@ -177,3 +177,19 @@ def test_haproxy_near_maxconn_for_30_seconds_alerts_once() -> None:
     assert state.haproxy["/run/haproxy.sock"].busy_since_ns is None
     state.apply_haproxy([{"socket": "/gone.sock", "error": "No such file or directory"}] * 2, 42_000_000_000)
     assert len([e for e in state.log if "does not answer" in e.text]) == 1
+
+
+def test_systemd_unit_limit_is_read_through_systemctl(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text("#!/bin/sh\n[ \"$1 $2 $3 $4 $5 $6\" = \"show -p LimitNOFILE -p LimitNOFILESoft app.service\" ]"
+                         " || exit 1\nprintf 'LimitNOFILE=524288\\nLimitNOFILESoft=1024\\n'\n")
+    systemctl.chmod(0o755)
+    fake_process(tree[0], 50, "svc", 900, "1024", "524288")
+    checker = Doctor(tree[0], systemctl=str(systemctl), cgroupfs=tree[1])
+    checks = checker.process_checks(50)
+    source = by_name(checks, "RLIMIT_NOFILE source")
+    assert source.current == "systemd unit app.service (LimitNOFILE=524288 LimitNOFILESoft=1024)"
+    soft = by_name(checks, "RLIMIT_NOFILE soft")
+    assert soft.status == Status.WARN
+    assert soft.change == ("prlimit --pid 50 --nofile=1080:524288 now; for good: set LimitNOFILE=1080:524288 in "
+                           "[Service] of app.service, then systemctl daemon-reload && systemctl restart app.service")

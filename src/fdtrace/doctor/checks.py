@@ -54,6 +54,13 @@ def by_usage(used: float, limit: float | None) -> Status:
     return Status.FAIL if share >= FAIL_AT else Status.WARN if share >= WARN_AT else Status.OK
 
 
+def _soft_hard(soft: int, hard: int | None) -> str:
+    """systemd's LimitNOFILE value: SOFT:HARD, or one number when they are equal."""
+    if hard is None:
+        return f"{soft}:infinity"
+    return str(soft) if soft == hard else f"{soft}:{hard}"
+
+
 def with_margin(value: int) -> int:
     """The value plus the margin, rounded up."""
     return math.ceil(value * MARGIN)
@@ -162,19 +169,20 @@ class Doctor:
             checks += self._haproxy_checks(pid, scope, sample.fd_soft_limit)
         return checks
 
-    def _limit_source(self, pid: int) -> tuple[str, Callable[[int], str]]:
-        """(where the limit comes from, how to set it to n for good)."""
+    def _limit_source(self, pid: int) -> tuple[str, Callable[[int, int | None], str]]:
+        """(where the limit comes from, how to set soft (and hard) limits for good)."""
         unit = self._systemd_unit(pid)
         if unit:
             current = self._unit_limit(unit)
             where = f"systemd unit {unit}" + (f" ({current})" if current else "")
-            return where, lambda n: (f"set LimitNOFILE={n} in [Service] of {unit}, then "
-                                     f"systemctl daemon-reload && systemctl restart {unit}")
+            return where, lambda soft, hard: (f"set LimitNOFILE={_soft_hard(soft, hard)} in [Service] of {unit}, "
+                                              f"then systemctl daemon-reload && systemctl restart {unit}")
         ppid = self._status_field(pid, "PPid")
         parent = f"parent pid {ppid}" if ppid and ppid != "0" else "its parent"
         return (f"inherited from {parent}",
-                lambda n: (f"raise it where the process is started (ulimit -n {n} in its start script, "
-                           f"LimitNOFILE={n} in its systemd unit, or /etc/security/limits.conf for logins)"))
+                lambda soft, hard: (f"raise it where the process is started (ulimit -n {soft} in its start script, "
+                                    f"LimitNOFILE={_soft_hard(soft, hard)} in its systemd unit, or "
+                                    "/etc/security/limits.conf for logins)"))
 
     def _fd_checks(self, pid: int, scope: str, open_fds: int, soft: int | None, hard: int | None) -> list[Check]:
         peak = max(open_fds, self.peaks.get(pid, 0))
@@ -189,9 +197,9 @@ class Doctor:
         if status != Status.OK:
             if hard is None or need <= hard:
                 hard_text = hard if hard is not None else "unlimited"
-                change = f"prlimit --pid {pid} --nofile={need}:{hard_text} now; for good: {how(need)}"
+                change = f"prlimit --pid {pid} --nofile={need}:{hard_text} now; for good: {how(need, hard)}"
             else:
-                change = f"raise the soft and hard limits to {need}: {how(need)}"
+                change = f"raise the soft and hard limits to {need}: {how(need, need)}"
         checks.append(Check(scope, "RLIMIT_NOFILE soft", status, f"{soft} ({seen}, {peak / soft:.0%})",
                             f">= {need}" if status != Status.OK else "", change))
         nr_open = self._number("sys/fs/nr_open")
