@@ -366,3 +366,32 @@ def export(listen: str, pids: tuple[int, ...], top_processes: int, duration: flo
     finally:
         exporter.close()
         feed.close()
+
+
+@main.command()
+@click.argument("directories", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+              help="The report file.")
+@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default=None,
+              help="html (self-contained) or md; by default from the output's extension.")
+def report(directories: tuple[str, ...], output: str, fmt: str | None) -> None:
+    """A postmortem report of recordings: summary, timeline, spikes, FD headroom, incidents,
+    losses and the limits to change."""
+    from fdtrace.analysis.report import build, to_html, to_markdown
+    from fdtrace.recording import load
+
+    fmt = fmt or ("md" if output.endswith(".md") else "html")
+    try:
+        recording = load(list(directories))
+    except FdtraceError as error:
+        _fail(error)
+    for skipped in recording.skipped:
+        click.echo(f"fdtrace: skipped an unreadable file: {skipped}", err=True)
+    content = build(recording)
+    text = to_markdown(content) if fmt == "md" else to_html(content)
+    try:
+        with open(output, "w") as out:
+            out.write(text)
+    except OSError as exc:
+        _fail(FdtraceError(f"{output}: cannot write the report ({exc.strerror})", exit_code=1))
+    click.echo(f"fdtrace: report written to {output}", err=True)

@@ -1,5 +1,92 @@
-"""Analysis of recordings; every function returns pandas DataFrames."""
+"""Analysis of recordings for postmortems. Every function returns a pandas DataFrame; nothing
+here plots (``fdtrace.analysis.plots`` does, and needs matplotlib)."""
 
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from fdtrace.analysis import binning as _rates
+from fdtrace.analysis import failures as _incidents
+from fdtrace.analysis import headroom_series as _headroom
+from fdtrace.analysis import spike_finder as _spikes
 from fdtrace.recording import Recording, load
 
-__all__ = ["Recording", "load"]
+__all__ = ["Recording", "failures", "headroom", "incidents", "least_headroom", "load", "rates", "spikes"]
+
+
+def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
+          errno: str | list[str] | None = None) -> pd.DataFrame:
+    """Events per time bin.
+
+    Args:
+        recording: a Recording (``load(...)``) or its events DataFrame.
+        kind: only these kinds (``"socket"``, ``["accept", "connect"]``, ...); all when None.
+        freq: the bin width, a pandas offset such as ``"1s"``, ``"100ms"``, ``"1min"``.
+        by: a column to split by: ``"comm"``, ``"pid"``, ``"host"`` (or ``"rank"`` once phases
+            label events); one ``count`` column when None.
+        errno: only failures with these errors (``"EMFILE"``).
+
+    Returns:
+        One row per bin (a UTC DatetimeIndex named ``time``, every bin from the first to the last,
+        empty ones as 0), one column per group, counts of events in the bin.
+    """
+    return _rates.rates(recording, kind=kind, freq=freq, by=by, errno=errno)
+
+
+def spikes(counts: pd.DataFrame, window: int = 30, threshold: float = 5.0, min_count: int = 10,
+           min_share: float = 0.1) -> pd.DataFrame:
+    """Intervals where a rate rises far above its own recent baseline.
+
+    The rate is the sum of the columns of ``counts`` (a ``rates()`` frame). A bin is hot when it
+    holds at least ``min_count`` events and exceeds the baseline by ``threshold`` robust standard
+    deviations. The baseline is the median of the previous ``window`` bins (not the bin itself),
+    the spread 1.4826 times their median absolute deviation, never taken below 1; a bin with fewer
+    than ``max(3, window // 3)`` bins before it has no baseline and is never hot. Consecutive hot
+    bins merge into one interval.
+
+    Returns:
+        One row per interval: ``start``, ``end`` (exclusive), ``duration_s``, ``peak`` (the highest
+        bin), ``peak_time``, ``baseline`` (at the start), ``made_by`` (the columns that made at
+        least ``min_share`` of the interval's events, biggest first).
+    """
+    return _spikes.spikes(counts, window=window, threshold=threshold, min_count=min_count, min_share=min_share)
+
+
+def headroom(recording: Recording, window_s: float = 30.0) -> pd.DataFrame:
+    """FD headroom of every sampled process over time.
+
+    Returns:
+        One row per sample: ``time``, ``host``, ``pid``, ``start_ns``, ``comm``, ``open_fds``,
+        ``fd_soft_limit``, ``fd_hard_limit``, ``headroom`` (soft limit - open FDs), ``usage``
+        (open / soft), ``seconds_to_exhaustion`` (at the growth of open FDs over the previous
+        ``window_s``; 0 when full, NaN when not growing), ``threads`` and ``threads_per_s``
+        (thread growth over the same window).
+    """
+    return _headroom.headroom(recording, window_s=window_s)
+
+
+def least_headroom(recording: Recording) -> pd.DataFrame:
+    """Each process's fullest moment (the ``headroom()`` row with the highest usage), fullest
+    processes first: who came closest to its FD limit, and when."""
+    return _headroom.least_headroom(recording)
+
+
+def failures(recording: Any) -> pd.DataFrame:
+    """Every EMFILE/ENFILE (any syscall), OOM kill, kill by a signal and non-zero exit, in time
+    order, with ``failure`` saying which (``"accept4 EMFILE"``, ``"killed by SIGKILL"``, ...)."""
+    return _incidents.failures(recording)
+
+
+def incidents(recording: Any, window_s: float = 10.0) -> pd.DataFrame:
+    """The first failure against its symptoms.
+
+    Returns:
+        One row per process that failed, at its first failure, in time order: ``time``, ``host``,
+        ``pid``, ``comm``, ``failure``, ``first_overall`` (True on the row of the recording's
+        first failure), ``failures_of_process`` (all of its failures), and ``followed_by``: what
+        the *other* processes did in the next ``window_s`` seconds (errors by syscall and errno,
+        exits, OOM kills), counted, most frequent first.
+    """
+    return _incidents.incidents(recording, window_s=window_s)

@@ -1,0 +1,242 @@
+"""`fdtrace report`: one self-contained HTML file (or Markdown) a postmortem reader can open
+without Python: summary, timeline, spikes, headroom, incidents, losses and the limits to change."""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from fdtrace.analysis import headroom_series as headroom_module
+from fdtrace.analysis.binning import rates
+from fdtrace.analysis.failures import incidents
+from fdtrace.analysis.spike_finder import spikes
+from fdtrace.recording import Recording
+from fdtrace.schema import STATS
+
+MARGIN = 1.2
+SOCKET_KINDS = ["socket", "accept", "connect", "close"]
+
+
+@dataclass
+class Report:
+    """The report's content, rendered by ``to_html`` or ``to_markdown``."""
+
+    title: str
+    summary: list[tuple[str, str]]
+    socket_rate: pd.DataFrame
+    fd_series: dict[str, pd.DataFrame]  # label -> frame of time, open_fds, fd_soft_limit
+    error_rate: pd.DataFrame
+    spikes: pd.DataFrame
+    headroom: pd.DataFrame
+    incidents: pd.DataFrame
+    losses: pd.DataFrame
+    recommendations: list[str] = field(default_factory=list)
+
+
+def build(recording: Recording, top: int = 3) -> Report:
+    """Compute every section from a loaded recording."""
+    events = recording.events
+    socket_rate = rates(recording, kind=SOCKET_KINDS, by="kind")
+    error_rate = rates(recording, errno=["EMFILE", "ENFILE"], by=None)
+    least = headroom_module.least_headroom(recording)
+    series = headroom_module.headroom(recording)
+    fd_series = {}
+    for row in least.head(top).itertuples():
+        mine = series[(series["pid"] == row.pid) & (series["start_ns"] == row.start_ns)]
+        fd_series[f"{row.comm} [{row.pid}]"] = mine[["time", "open_fds", "fd_soft_limit"]]
+    spans = [(m.get("host"), m.get("kernel"), m.get("complete")) for m in recording.meta.values()]
+    summary = [
+        ("hosts", ", ".join(f"{h} (kernel {k}{'' if c else ', recorder did not stop cleanly'})" for h, k, c in spans)),
+        ("span", f"{events['time'].min()} to {events['time'].max()}" if len(events) else "no events"),
+        ("events", f"{len(events):,}"),
+    ]
+    if len(events):
+        by_kind = events["kind"].astype(str).value_counts()
+        summary.append(("by kind", ", ".join(f"{k} {n:,}" for k, n in by_kind.items())))
+    losses = recording.losses
+    lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
+    summary.append(("events lost", f"{sum(lost.values()):,}" + "".join(f", {k} {v:,}" for k, v in lost.items() if v)))
+    if recording.skipped:
+        summary.append(("unreadable files skipped", str(len(recording.skipped))))
+    spike_table = spikes(rates(recording, kind=SOCKET_KINDS, by="comm"))
+    loss_rows = losses[losses[list(lost)].sum(axis=1) > 0] if lost and len(losses) else pd.DataFrame()
+    return Report(
+        title=f"fdtrace report: {', '.join(recording.meta)}",
+        summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
+        spikes=spike_table, headroom=least, incidents=incidents(recording), losses=loss_rows,
+        recommendations=recommendations(recording, least),
+    )
+
+
+def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
+    """The configuration values to change, with the numbers the recording justifies."""
+    advice = []
+    failed = set()
+    events = recording.events
+    if len(events):
+        fd_errors = events[events["errno"].astype(str).isin(["EMFILE", "ENFILE"])]
+        failed = set(zip(fd_errors["pid"], fd_errors["start_ns"], strict=True))
+    for row in least.itertuples():
+        hit = (row.pid, row.start_ns) in failed
+        if row.usage < 0.8 and not hit:
+            continue
+        need = math.ceil(row.open_fds * MARGIN)
+        text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]: peak {row.open_fds} open of a soft limit of "
+                f"{row.fd_soft_limit}; set it to at least {need} (LimitNOFILE= in its systemd unit, or ulimit -n).")
+        if hit:
+            text += " It failed with EMFILE at its limit, so it needed more than it could show: allow well above that."
+        advice.append(text)
+    system = recording.system
+    if len(system) and "file_nr" in system.columns:
+        peak, file_max = int(system["file_nr"].max()), int(system["file_max"].min())
+        if peak * 2 > file_max:
+            advice.append(f"fs.file-max: file-nr peaked at {peak:,} of {file_max:,}; set fs.file-max to at least "
+                          f"{peak * 3:,} (sysctl -w fs.file-max=...).")
+        for column in ("listen_overflows", "listen_drops"):
+            if column in system.columns and system[column].max() > system[column].min():
+                moved = int(system[column].max() - system[column].min())
+                advice.append(f"net.core.somaxconn: TcpExt {column} grew by {moved:,} during the recording (a "
+                              "listen queue overflowed); raise somaxconn (65535) and the listeners' backlog.")
+    if not advice:
+        advice.append("No limit was approached in this recording: nothing to change.")
+    return advice
+
+
+# Rendering
+
+
+def _svg_lines(series: dict[str, tuple[list[float], list[float]]], dashed: dict[str, tuple[list[float], list[float]]],
+               title: str, width: int = 900, height: int = 180) -> str:
+    """A small line chart as inline SVG (x: seconds from the start)."""
+    xs = [x for values in [*series.values(), *dashed.values()] for x in values[0]]
+    ys = [y for values in [*series.values(), *dashed.values()] for y in values[1]]
+    if not xs:
+        return f"<p><em>{html.escape(title)}: no data</em></p>"
+    x0, x1 = min(xs), max(xs) or 1.0
+    y1 = max(ys) or 1.0
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
+
+    def point(x: float, y: float) -> str:
+        px = 50 + (x - x0) / max(x1 - x0, 1e-9) * (width - 60)
+        py = height - 25 - y / y1 * (height - 45)
+        return f"{px:.1f},{py:.1f}"
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+             f'<text x="50" y="14" font-size="13">{html.escape(title)}</text>',
+             f'<text x="5" y="{height - 25}" font-size="11">0</text><text x="5" y="35" font-size="11">{y1:,.0f}</text>',
+             f'<text x="{width - 80}" y="{height - 5}" font-size="11">{x1 - x0:,.0f} s</text>']
+    for i, (label, (x, y)) in enumerate(series.items()):
+        colour = palette[i % len(palette)]
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{" ".join(point(a, b) for a, b in zip(x, y, strict=True))}"/>')
+        parts.append(f'<text x="{60 + 150 * i}" y="{height - 5}" font-size="11" fill="{colour}">'
+                     f'{html.escape(label)}</text>')
+    for i, (_label, (x, y)) in enumerate(dashed.items()):
+        colour = palette[i % len(palette)]
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-dasharray="4 3" stroke-width="1" '
+                     f'points="{" ".join(point(a, b) for a, b in zip(x, y, strict=True))}"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _xy(times: pd.Series | pd.Index, values: pd.Series, origin: pd.Timestamp) -> tuple[list[float], list[float]]:
+    seconds = [(t - origin).total_seconds() for t in times]
+    return seconds, [float(v) for v in values]
+
+
+def timeline_svgs(report: Report) -> list[str]:
+    """The timeline charts: socket calls, open FDs against limits (dashed), FD errors."""
+    origins = [f.index.min() for f in (report.socket_rate, report.error_rate) if len(f)]
+    origins += [s["time"].min() for s in report.fd_series.values() if len(s)]
+    if not origins:
+        return []
+    origin = min(origins)
+    calls = {str(c): _xy(report.socket_rate.index, report.socket_rate[c], origin) for c in report.socket_rate.columns}
+    fds = {k: _xy(v["time"], v["open_fds"], origin) for k, v in report.fd_series.items()}
+    limits = {k: _xy(v["time"], v["fd_soft_limit"], origin) for k, v in report.fd_series.items()}
+    errors = {"EMFILE + ENFILE": _xy(report.error_rate.index, report.error_rate["count"], origin)} \
+        if len(report.error_rate) else {}
+    return [_svg_lines(calls, {}, "socket calls per second, by syscall"),
+            _svg_lines(fds, limits, "open FDs of the fullest processes (dashed: their soft limits)"),
+            _svg_lines(errors, {}, "EMFILE and ENFILE per second")]
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:,.3g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} x{v}" for k, v in value.items()) or "nothing"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def _frame_html(frame: pd.DataFrame, empty: str) -> str:
+    if frame.empty:
+        return f"<p>{html.escape(empty)}</p>"
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _frame_md(frame: pd.DataFrame, empty: str) -> str:
+    if frame.empty:
+        return empty
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |"
+              for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "FD headroom", "Incidents: first failure and symptoms",
+            "Losses during the recording", "What to change")
+HEADROOM_COLUMNS = ["comm", "pid", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom", "usage", "time"]
+NO_SPIKES = "No spike: no bin rose far above its recent baseline."
+NO_INCIDENTS = "No EMFILE, ENFILE, OOM kill or abnormal exit."
+NO_LOSSES = "No event was lost."
+
+
+def to_html(report: Report) -> str:
+    """The report as one self-contained HTML page."""
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}h2{margin-top:1.5em}")
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(report.title)}</title>",
+             f"<style>{style}</style></head><body><h1>{html.escape(report.title)}</h1>",
+             f"<p>made {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>",
+             f"<h2>{SECTIONS[0]}</h2><table>"]
+    parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.summary]
+    parts.append(f"</table><h2>{SECTIONS[1]}</h2>")
+    parts += timeline_svgs(report) or ["<p>No events.</p>"]
+    parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
+              f"<h2>{SECTIONS[3]}</h2>", _frame_html(_headroom_view(report), "No samples."),
+              f"<h2>{SECTIONS[4]}</h2>", _frame_html(report.incidents, NO_INCIDENTS),
+              f"<h2>{SECTIONS[5]}</h2>", _frame_html(report.losses, NO_LOSSES),
+              f"<h2>{SECTIONS[6]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
+              "</ul></body></html>"]
+    return "".join(parts)
+
+
+def to_markdown(report: Report) -> str:
+    """The report as Markdown (the timeline as a table of per-second counts)."""
+    parts = [f"# {report.title}", "", f"## {SECTIONS[0]}", ""]
+    parts += [f"- **{k}**: {v}" for k, v in report.summary]
+    timeline = report.socket_rate.join(report.error_rate.rename(columns={"count": "EMFILE+ENFILE"}), how="outer")
+    parts += ["", f"## {SECTIONS[1]}", "", _frame_md(timeline.fillna(0).astype(int).reset_index(), "No events."),
+              "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
+              "", f"## {SECTIONS[3]}", "", _frame_md(_headroom_view(report), "No samples."),
+              "", f"## {SECTIONS[4]}", "", _frame_md(report.incidents, NO_INCIDENTS),
+              "", f"## {SECTIONS[5]}", "", _frame_md(report.losses, NO_LOSSES),
+              "", f"## {SECTIONS[6]}", ""]
+    parts += [f"- {r}" for r in report.recommendations]
+    return "\n".join(parts) + "\n"
+
+
+def _headroom_view(report: Report) -> pd.DataFrame:
+    frame = report.headroom
+    return frame[HEADROOM_COLUMNS].head(20) if not frame.empty else frame

@@ -1,0 +1,116 @@
+"""Analysis functions on inputs with known answers, and the report on the fixture recording."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fdtrace.analysis import failures, headroom, incidents, least_headroom, load, rates, spikes
+from fdtrace.analysis.report import SECTIONS, build, to_html, to_markdown
+from fdtrace.recording import Recording
+
+EMFILE = Path(__file__).parents[1] / "data" / "emfile"
+T0 = pd.Timestamp("2026-01-01T00:00:00Z")
+
+
+def events(rows: list[tuple[float, int, str, str, str]]) -> pd.DataFrame:
+    """(seconds, pid, comm, kind, errno) rows in the event model's columns that analysis reads."""
+    frame = pd.DataFrame(rows, columns=["seconds", "pid", "comm", "kind", "errno"])
+    frame["time"] = T0 + pd.to_timedelta(frame["seconds"], unit="s")
+    frame["host"] = "h"
+    frame["start_ns"] = frame["pid"] * 1000
+    frame["syscall"] = np.where(frame["errno"] != "", "accept4", "")
+    frame["signal"] = None
+    frame["exit_code"] = pd.array([None] * len(frame), dtype="Int64")
+    for column in ("comm", "kind", "errno", "syscall", "host"):
+        frame[column] = frame[column].astype("category")
+    return frame.drop(columns="seconds")
+
+
+def test_rates_counts_every_bin_including_empty_ones() -> None:
+    frame = events([(0.1, 1, "a", "socket", ""), (0.2, 2, "b", "socket", ""), (2.5, 1, "a", "socket", ""),
+                    (2.6, 1, "a", "close", "")])
+    counts = rates(frame, kind="socket", by="comm")
+    assert counts.index.tolist() == [T0, T0 + pd.Timedelta(seconds=1), T0 + pd.Timedelta(seconds=2)]
+    assert counts.to_dict("list") == {"a": [1, 0, 1], "b": [1, 0, 0]}
+    assert rates(frame, by=None)["count"].tolist() == [2, 0, 2]
+
+
+def test_spikes_are_found_where_they_were_put() -> None:
+    rng = np.random.default_rng(7)
+    rows = []
+    for second in range(120):
+        burst = 400 if 60 <= second < 63 else 0
+        for i in range(int(rng.poisson(20)) + burst):
+            rows.append((second + i / 1000, 1 if i < burst else 2, "haproxy" if i < burst else "web", "accept", ""))
+    found = spikes(rates(events(rows), kind="accept", by="comm"))
+    assert len(found) == 1
+    [spike] = found.to_dict("records")
+    assert (spike["start"], spike["end"]) == (T0 + pd.Timedelta(seconds=60), T0 + pd.Timedelta(seconds=63))
+    assert spike["duration_s"] == 3.0 and spike["peak"] >= 400 and spike["made_by"] == ["haproxy"]
+    assert 15 <= spike["baseline"] <= 25
+
+
+def test_no_spike_in_steady_traffic() -> None:
+    rows = [(second + i / 100, 1, "web", "accept", "") for second in range(100) for i in range(20)]
+    assert spikes(rates(events(rows), kind="accept")).empty
+
+
+def test_headroom_estimates_time_to_exhaustion() -> None:
+    samples = pd.DataFrame({
+        "ts_ns": [i * 1_000_000_000 for i in range(11)],
+        "time": [T0 + pd.Timedelta(seconds=i) for i in range(11)],
+        "host": "h", "pid": 5, "start_ns": 99, "comm": "leaky",
+        "open_fds": [10 * i for i in range(11)], "fd_soft_limit": 200, "fd_hard_limit": 400,
+        "threads": [1 + i for i in range(11)], "sockets": 0,
+    })
+    recording = Recording(events=pd.DataFrame(), samples=samples, system=pd.DataFrame(), losses=pd.DataFrame(),
+                          counters=pd.DataFrame(), clock=pd.DataFrame(), haproxy=pd.DataFrame())
+    series = headroom(recording)
+    last = series.iloc[-1]
+    assert (last["headroom"], last["usage"]) == (100, 0.5)
+    assert last["seconds_to_exhaustion"] == pytest.approx(10.0) and last["threads_per_s"] == pytest.approx(1.0)
+    assert np.isnan(series.iloc[0]["seconds_to_exhaustion"])
+    assert least_headroom(recording).iloc[0]["open_fds"] == 100
+
+
+def test_incidents_put_the_first_failure_before_its_symptoms() -> None:
+    frame = events([(1.0, 1, "web", "accept", ""), (5.0, 2, "haproxy", "accept", "EMFILE"),
+                    (5.5, 2, "haproxy", "accept", "EMFILE"), (6.0, 3, "client", "connect", "ECONNREFUSED"),
+                    (7.0, 3, "client", "connect", "ECONNREFUSED"), (8.0, 4, "worker", "socket", "EMFILE"),
+                    (30.0, 3, "client", "connect", "ECONNREFUSED")])
+    assert len(failures(frame)) == 3
+    found = incidents(frame, window_s=10)
+    assert found["comm"].tolist() == ["haproxy", "worker"] and found["first_overall"].tolist() == [True, False]
+    first = found.iloc[0]
+    assert first["failure"] == "accept4 EMFILE" and first["failures_of_process"] == 2
+    assert first["followed_by"] == {"client: accept4 ECONNREFUSED": 2, "worker: accept4 EMFILE": 1}
+
+
+def test_report_on_a_recording_has_every_section() -> None:
+    content = build(load(EMFILE))
+    page = to_html(content)
+    markdown = to_markdown(content)
+    for section in SECTIONS:
+        assert f"<h2>{section}</h2>" in page and f"## {section}" in markdown
+    assert page.count("<svg") == 3 and "emfile-child" in page
+    assert "RLIMIT_NOFILE of emfile-child" in markdown and "set it to at least 77" in markdown
+    assert "socket EMFILE" in markdown
+
+
+def test_report_cli_writes_a_self_contained_file(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fdtrace.cli import main
+
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["report", str(EMFILE), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http://" not in page.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+    bad = CliRunner().invoke(main, ["report", str(tmp_path), "-o", str(out)])
+    assert bad.exit_code != 0 and "not an fdtrace recording" in bad.output
