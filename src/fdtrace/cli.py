@@ -377,12 +377,12 @@ def export(listen: str, pids: tuple[int, ...], top_processes: int, duration: flo
 def report(directories: tuple[str, ...], output: str, fmt: str | None) -> None:
     """A postmortem report of recordings: summary, timeline, spikes, FD headroom, incidents,
     losses and the limits to change."""
-    from fdtrace.analysis.report import build, to_html, to_markdown
+    from fdtrace.analysis.report import EVENT_COLUMNS, build, to_html, to_markdown
     from fdtrace.recording import load
 
     fmt = fmt or ("md" if output.endswith(".md") else "html")
     try:
-        recording = load(list(directories))
+        recording = load(list(directories), columns={"events": list(EVENT_COLUMNS)})
     except FdtraceError as error:
         _fail(error)
     for skipped in recording.skipped:

@@ -105,30 +105,35 @@ def read_meta(root: Path) -> dict[str, dict[str, Any]]:
     return metas
 
 
-def read_parts(root: Path, table: str, host: str, skipped: list[str]) -> Any:
+def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: list[str] | None = None) -> Any:
     """One host's part files of ``table`` as one ``pyarrow.Table`` (None when there are none);
-    unreadable parts are named in ``skipped``."""
+    unreadable parts are named in ``skipped``. ``columns``: only these (those a part has)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     parts = []
     for path in part_files(host_dir(root, table, host)):
         try:
-            parts.append(pq.read_table(path))
+            if columns is None:
+                parts.append(pq.read_table(path))
+            else:
+                present = set(pq.read_schema(path).names)
+                parts.append(pq.read_table(path, columns=[c for c in columns if c in present]))
         except (OSError, pa.ArrowException) as exc:
             skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
     return pa.concat_tables(parts, promote_options="default") if parts else None
 
 
-def _read_table(root: Path, table: str, hosts: list[str], skipped: list[str]) -> Any:
+def _read_table(root: Path, table: str, hosts: list[str], skipped: list[str], columns: list[str] | None) -> Any:
     import pandas as pd
 
     frames = []
     for host in hosts:
-        data = read_parts(root, table, host, skipped)
+        data = read_parts(root, table, host, skipped, columns)
         if data is None:
             continue
-        frame = data.to_pandas()
+        frame = data.to_pandas(split_blocks=True, self_destruct=True)  # frees Arrow memory as it goes
+        del data
         frame.insert(0, "host", host)
         frames.append(frame)
     if not frames:
@@ -145,11 +150,13 @@ def _read_table(root: Path, table: str, hosts: list[str], skipped: list[str]) ->
     return result
 
 
-def load(paths: str | Path | list[str | Path]) -> Recording:
+def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None) -> Recording:
     """Load one recording directory, or several (several hosts), into DataFrames.
 
     Part files that cannot be read (truncated, corrupt) are skipped and named in ``skipped``;
     a directory that is not a recording, or one of another schema version, raises FdtraceError.
+    ``columns`` reads only some columns of some tables (``{"events": ["time", "pid", ...]}``),
+    for recordings too large to hold whole.
     """
     import pandas as pd
 
@@ -161,7 +168,8 @@ def load(paths: str | Path | list[str | Path]) -> Recording:
         hosts = read_meta(root)
         meta.update(hosts)
         for table in TABLES:
-            tables[table].append(_read_table(root, table, sorted(hosts), skipped))
+            wanted = (columns or {}).get(table)
+            tables[table].append(_read_table(root, table, sorted(hosts), skipped, wanted))
     frames = {}
     for table, parts in tables.items():
         frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

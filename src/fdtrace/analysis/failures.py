@@ -14,18 +14,17 @@ def failures(recording_or_events: Any) -> pd.DataFrame:
     """Every failure that ends or cripples a process: EMFILE/ENFILE from any syscall, OOM kills,
     kills by a signal and non-zero exits, with what it was."""
     events = getattr(recording_or_events, "events", recording_or_events)
-    errno = events["errno"].astype(str)
-    kind = events["kind"].astype(str)
-    signal = events["signal"].astype(str).where(events["signal"].notna(), "")
-    fd = errno.isin(FD_EXHAUSTION)
-    oom = kind == "oom_kill"
-    killed = (kind == "process_exit") & (signal != "")
-    bad_exit = (kind == "process_exit") & events["exit_code"].fillna(0).ne(0)
+    fd = events["errno"].isin(FD_EXHAUSTION)
+    oom = events["kind"] == "oom_kill"
+    exits = events["kind"] == "process_exit"
+    killed = exits & events["signal"].notna() & (events["signal"].astype(object) != "")
+    bad_exit = exits & events["exit_code"].fillna(0).ne(0)
     chosen = events[fd | oom | killed | bad_exit].copy()
+    signal = chosen["signal"].astype(object).fillna("").astype(str)
     what = pd.Series("", index=chosen.index)
     what[fd[chosen.index]] = chosen["syscall"].astype(str) + " " + chosen["errno"].astype(str)
     what[oom[chosen.index]] = "OOM kill"
-    what[killed[chosen.index]] = "killed by " + signal[chosen.index]
+    what[killed[chosen.index]] = "killed by " + signal[killed[chosen.index]]
     what[bad_exit[chosen.index]] = "exit " + chosen["exit_code"].astype("Int64").astype(str)
     chosen["failure"] = what
     return chosen[["time", "host", "pid", "start_ns", "comm", "kind", "failure"]].sort_values("time")
@@ -37,8 +36,7 @@ def incidents(recording_or_events: Any, window_s: float = 10.0) -> pd.DataFrame:
     all_failures = failures(recording_or_events)
     firsts = all_failures.groupby(["host", "pid", "start_ns"], observed=True, dropna=False).head(1)
     events = getattr(recording_or_events, "events", recording_or_events)
-    errno = events["errno"].astype(str)
-    symptoms = events[(errno != "") | events["kind"].astype(str).isin(["process_exit", "oom_kill"])]
+    symptoms = events[(events["errno"] != "") | events["kind"].isin(["process_exit", "oom_kill"])]
     rows = []
     for order, first in enumerate(firsts.itertuples(index=False)):
         end = first.time + pd.Timedelta(seconds=window_s)

@@ -19,6 +19,9 @@ from fdtrace.recording import Recording
 from fdtrace.schema import STATS
 
 MARGIN = 1.2
+#: The event columns the report reads (a large recording is loaded with these only).
+EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
+                 "anon_rss_kb", "file_rss_kb", "oom_score_adj")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
 
 
