@@ -395,3 +395,77 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None) -> None:
     except OSError as exc:
         _fail(FdtraceError(f"{output}: cannot write the report ({exc.strerror})", exit_code=1))
     click.echo(f"fdtrace: report written to {output}", err=True)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--record", "record_dir", type=click.Path(file_okay=False), default=None,
+              help="Record the whole run (as fdtrace record) and store the phases in the recording.")
+@click.option("--phases-out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the phases to this file (.parquet, else JSON lines).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(record_dir: str | None, phases_out: str | None, command: tuple[str, ...]) -> None:
+    """Run a training command unchanged, marking its PyTorch phases in every rank.
+
+    A shim on PYTHONPATH (sitecustomize, standard library and torch only) marks
+    init_process_group, new_group, barrier, destroy_process_group, forward, backward, each
+    gradient all-reduce bucket, optimizer steps and checkpoints, per rank and step. The exit code
+    is the command's.
+    """
+    import os
+    import subprocess
+    import tempfile
+    from importlib import resources
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fdtrace.phases.collect import read_phase_files
+
+    shim = str(resources.files("fdtrace.phases") / "_shim")
+    phases_dir = tempfile.mkdtemp(prefix="fdtrace-phases-")
+    env = dict(os.environ, FDTRACE_PHASES_DIR=phases_dir,
+               PYTHONPATH=os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p))
+    recorder = None
+    if record_dir is not None:
+        recorder = subprocess.Popen([sys.executable, "-m", "fdtrace", "record", "-o", record_dir],
+                                    stderr=subprocess.PIPE, text=True)
+        assert recorder.stderr is not None
+        for line in recorder.stderr:
+            if "recording to" in line:
+                break
+            click.echo(line.rstrip(), err=True)
+        else:
+            recorder.wait()
+            _fail(FdtraceError(f"the recorder did not start (exit {recorder.returncode})", exit_code=1))
+    try:
+        returncode = subprocess.call(list(command), env=env)
+    except OSError as exc:
+        returncode = 127
+        click.echo(f"fdtrace: error: cannot run {command[0]}: {exc.strerror}", err=True)
+    finally:
+        if recorder is not None:
+            recorder.send_signal(signal.SIGINT)
+            recorder.communicate()
+    phases = read_phase_files(Path(phases_dir))
+    phases = phases.append_column("time", pa.array(phases["start_wall_ns"].to_numpy(zero_copy_only=False))
+                                  .cast(pa.timestamp("ns", tz="UTC")))
+    if record_dir is not None and recorder is not None and recorder.returncode == 0:
+        from fdtrace.recording import read_meta
+        from fdtrace.sinks.parquet import append_part
+
+        [host] = list(read_meta(Path(record_dir)))[:1] or [""]
+        append_part(Path(record_dir), "phases", host, phases)
+    if phases_out is not None:
+        if phases_out.endswith(".parquet"):
+            pq.write_table(phases, phases_out)
+        else:
+            with open(phases_out, "w") as out:
+                for row in phases.drop_columns(["time"]).to_pylist():
+                    out.write(json.dumps(row) + "\n")
+    for leftover in Path(phases_dir).glob("phases-*.jsonl"):
+        leftover.unlink()
+    os.rmdir(phases_dir)
+    click.echo(f"fdtrace: {phases.num_rows} phase marks from {len(set(phases['pid'].to_pylist()))} processes",
+               err=True)
+    sys.exit(returncode)

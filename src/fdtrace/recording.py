@@ -21,7 +21,7 @@ from typing import Any
 from fdtrace.errors import FdtraceError
 from fdtrace.schema import SCHEMA_VERSION
 
-TABLES: tuple[str, ...] = ("events", "samples", "system", "losses", "counters", "clock", "haproxy")
+TABLES: tuple[str, ...] = ("events", "samples", "system", "losses", "counters", "clock", "haproxy", "phases")
 PART_GLOB = "part-*.parquet"
 _PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 
@@ -68,6 +68,7 @@ class Recording:
         counters: exact per-process counters, cumulative, at each flush.
         clock: CLOCK_REALTIME/BOOTTIME - CLOCK_MONOTONIC offsets sampled during the recording.
         haproxy: HAProxy `show info` samples (with --haproxy-socket).
+        phases: training phases per rank (recordings made by `fdtrace run --record`).
         meta: run metadata by host.
         skipped: part files that could not be read, with the reason (the rest was loaded).
     """
@@ -79,6 +80,7 @@ class Recording:
     counters: Any
     clock: Any
     haproxy: Any
+    phases: Any
     meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 

@@ -68,7 +68,8 @@ def test_headroom_estimates_time_to_exhaustion() -> None:
         "threads": [1 + i for i in range(11)], "sockets": 0,
     })
     recording = Recording(events=pd.DataFrame(), samples=samples, system=pd.DataFrame(), losses=pd.DataFrame(),
-                          counters=pd.DataFrame(), clock=pd.DataFrame(), haproxy=pd.DataFrame())
+                          counters=pd.DataFrame(), clock=pd.DataFrame(), haproxy=pd.DataFrame(),
+                          phases=pd.DataFrame())
     series = headroom(recording)
     last = series.iloc[-1]
     assert (last["headroom"], last["usage"]) == (100, 0.5)

@@ -216,3 +216,22 @@ class RecordingWriter:
                     "already written are complete", exit_code=1,
                 ) from None
             raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
+
+
+def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
+    """Add rows to a finished recording as a new part of ``table`` (e.g. the phases that
+    `fdtrace run` collects after its recorder has stopped). Returns the file written."""
+    from fdtrace.recording import part_files
+
+    folder = host_dir(Path(root), table, host)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    last = max((int(p.name.split("-")[-1].split(".")[0]) for p in part_files(folder)), default=0)
+    final = folder / part_name(last + 1, last + 1)
+    temporary = final.with_suffix(".parquet.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        pq.write_table(rows, out, compression="zstd")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, final)
+    return final

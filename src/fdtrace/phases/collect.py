@@ -1,0 +1,34 @@
+"""The phase records the shim wrote (JSON lines, one file per process) as a table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+#: Columns of the ``phases`` table. Times are CLOCK_MONOTONIC ns (BPF's clock) and wall ns.
+PHASES_SCHEMA = pa.schema([
+    ("rank", pa.int32()), ("local_rank", pa.int32()), ("world_size", pa.int32()), ("pid", pa.int32()),
+    ("tid", pa.int32()), ("step", pa.int64()), ("phase", pa.string()), ("name", pa.string()),
+    ("bucket", pa.int32()), ("start_mono_ns", pa.int64()), ("end_mono_ns", pa.int64()),
+    ("start_wall_ns", pa.int64()), ("end_wall_ns", pa.int64()),
+])
+
+#: The phase names the shim writes; ``user`` marks come from ``fdtrace.phases.phase(name)``.
+PHASE_NAMES = ("init_process_group", "new_group", "barrier", "destroy_process_group", "forward", "backward",
+               "allreduce", "optimizer", "checkpoint_save", "checkpoint_load", "user")
+
+
+def read_phase_files(directory: Path) -> pa.Table:
+    """Every record of every process, ordered by start; a torn last line (a killed rank) is skipped."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("phases-*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    rows.sort(key=lambda r: (r["start_mono_ns"], r["pid"]))
+    return pa.Table.from_pylist(rows, schema=PHASES_SCHEMA)

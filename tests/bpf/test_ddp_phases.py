@@ -1,0 +1,104 @@
+"""A real PyTorch DDP job (gloo, 2 ranks, CPU) under `fdtrace run --record`, in a network
+namespace with only loopback (its rendezvous looks up 127.0.0.1, which must not leave the machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fdtrace.analysis import load
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.bpf
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+TRAIN = str(Path(__file__).parents[1] / "data" / "ddp_train.py")
+STEPS = 3
+
+
+@pytest.fixture
+def netns() -> Iterator[list[str]]:
+    name = f"fdtrace-test-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        yield ["ip", "netns", "exec", name]
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def checksums(output: str) -> list[str]:
+    return sorted(line.split(" hook_calls")[0] for line in output.splitlines() if " checksum " in line)
+
+
+def test_ddp_phases_per_rank_with_gloo_sockets_inside_init(netns: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    train = [sys.executable, TRAIN, "--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt.pt")]
+    shimmed = subprocess.run([*netns, FDTRACE, "run", "--record", str(out), "--phases-out", str(tmp_path / "p.jsonl"),
+                              "--", *train, "--port", str(free_port())], capture_output=True, text=True, timeout=240)
+    assert shimmed.returncode == 0, shimmed.stderr[-3000:]
+    plain = subprocess.run([*netns, *train, "--port", str(free_port())], capture_output=True, text=True, timeout=240)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert checksums(shimmed.stdout) == checksums(plain.stdout) and len(checksums(plain.stdout)) == 2
+
+    rec = load(out)
+    phases = rec.phases
+    assert sorted(set(phases["rank"])) == [0, 1] and set(phases["world_size"]) == {2}
+    for rank in (0, 1):
+        mine = phases[phases["rank"] == rank]
+        [init] = mine[mine["phase"] == "init_process_group"].itertuples()
+        for step in range(STEPS):
+            at = mine[mine["step"] == step]
+            [forward] = at[at["phase"] == "forward"].itertuples()
+            [backward] = at[at["phase"] == "backward"].itertuples()
+            [optimizer] = at[at["phase"] == "optimizer"].itertuples()
+            assert init.end_mono_ns <= forward.start_mono_ns < backward.start_mono_ns < optimizer.start_mono_ns
+            buckets = at[at["phase"] == "allreduce"]
+            assert len(buckets) >= 1
+            assert (buckets["start_mono_ns"] >= backward.start_mono_ns).all()
+            assert (buckets["end_mono_ns"] <= backward.end_mono_ns).all()
+        assert (mine["phase"] == "destroy_process_group").sum() == 1
+        # Every connection the rank made or accepted (gloo's full mesh and the store) was made
+        # inside init_process_group; outside it, only sockets whose connect() found no such
+        # file: glibc asking for the name service cache daemon's Unix socket.
+        pid = int(mine["pid"].iloc[0])
+        events = rec.events[rec.events["pid"] == pid]
+        inside = events["ts_ns"].between(init.start_mono_ns, init.end_mono_ns)
+        connections = events["kind"].isin(["connect", "accept"]) & events["errno"].isin(["", "EINPROGRESS"])
+        assert connections.sum() >= 2 and inside[connections].all()
+        outside = events[~inside & events["kind"].isin(["socket", "connect"])]
+        assert (outside[outside["kind"] == "connect"]["errno"] == "ENOENT").all()
+        assert set(outside[outside["kind"] == "socket"]["fd"]) <= set(outside[outside["kind"] == "connect"]["fd"])
+    saves = phases[phases["phase"] == "checkpoint_save"]
+    assert saves["rank"].tolist() == [0] and saves["step"].tolist() == [STEPS]
+    lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(lines) == len(phases)
+
+
+def test_the_jobs_own_comm_hook_is_still_called(netns: list[str], tmp_path: Path) -> None:
+    result = subprocess.run([*netns, FDTRACE, "run", "--phases-out", str(tmp_path / "p.jsonl"), "--",
+                             sys.executable, TRAIN, "--hook", "--steps", str(STEPS), "--port", str(free_port()),
+                             "--checkpoint", str(tmp_path / "ckpt.pt")], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(line.split("hook_calls ")[1] for line in result.stdout.splitlines()
+                  if "hook_calls" in line) == [str(STEPS), str(STEPS)]
+    phases = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len([p for p in phases if p["phase"] == "allreduce"]) == 2 * STEPS
+
+
+def test_a_failing_command_gives_its_exit_code(tmp_path: Path) -> None:
+    result = subprocess.run([FDTRACE, "run", "--", sys.executable, "-c", "import sys; sys.exit(3)"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3 and "0 phase marks" in result.stderr

@@ -1,0 +1,56 @@
+"""A small PyTorch DDP job (gloo, CPU) for the phase tests: WORLD ranks train a linear model for
+STEPS steps, rank 0 saves a checkpoint, and every rank prints a checksum of its parameters.
+
+    python tests/data/ddp_train.py [--world 2] [--steps 3] [--hook] [--port 29511]
+
+--hook registers a communication hook of the job's own, which counts its calls.
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+
+def train(rank, world, steps, port, hook, checkpoint):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                                        torch.nn.Linear(256, 8)), bucket_cap_mb=0.05)
+    calls = {"n": 0}
+    if hook:
+        def counting_hook(state, bucket):
+            calls["n"] += 1
+            return default_hooks.allreduce_hook(state, bucket)
+        model.register_comm_hook(dist.group.WORLD, counting_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        inputs = torch.randn(32, 64, generator=generator)
+        loss = model(inputs).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.barrier()
+    if rank == 0:
+        torch.save(model.module.state_dict(), checkpoint)
+    checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+    print(f"rank {rank} checksum {checksum:.12f} hook_calls {calls['n']}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--port", type=int, default=29511)
+    parser.add_argument("--hook", action="store_true")
+    parser.add_argument("--checkpoint", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ddp-checkpoint.pt"))
+    args = parser.parse_args()
+    mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint), nprocs=args.world)
