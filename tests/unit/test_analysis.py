@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fdtrace.analysis import failures, headroom, incidents, least_headroom, load, rates, spikes
+from fdtrace.analysis import align, failures, headroom, incidents, least_headroom, load, phase_stats, rates, spikes
 from fdtrace.analysis.report import SECTIONS, build, to_html, to_markdown
 from fdtrace.recording import Recording
 
@@ -115,3 +115,63 @@ def test_report_cli_writes_a_self_contained_file(tmp_path: Path) -> None:
         'xmlns="http://www.w3.org/2000/svg"', "")
     bad = CliRunner().invoke(main, ["report", str(tmp_path), "-o", str(out)])
     assert bad.exit_code != 0 and "not an fdtrace recording" in bad.output
+
+
+DDP = Path(__file__).parents[1] / "data" / "ddp"
+
+
+def phases_frame(rows: list[tuple[int, int, str, int, int]]) -> pd.DataFrame:
+    """(pid, step, phase, start, end) with rank = pid - 100, times in monotonic ns."""
+    frame = pd.DataFrame(rows, columns=["pid", "step", "phase", "start_mono_ns", "end_mono_ns"])
+    frame["rank"] = frame["pid"] - 100
+    frame["name"] = None
+    frame["start_wall_ns"] = frame["start_mono_ns"] + 10**18
+    frame["end_wall_ns"] = frame["end_mono_ns"] + 10**18
+    return frame
+
+
+def test_align_labels_events_with_the_innermost_phase_at_its_boundaries() -> None:
+    phases = phases_frame([(100, 0, "backward", 1000, 2000), (100, 0, "allreduce", 1500, 1800),
+                           (101, 0, "backward", 1000, 2000)])
+    frame = pd.DataFrame({"pid": [100, 100, 100, 100, 100, 101, 102],
+                          "ts_ns": [999, 1000, 1500, 1800, 2000, 1600, 1600], "kind": "socket", "errno": ""})
+    labelled = align(frame, phases)
+    assert labelled["phase"].astype(str).tolist() == ["outside any phase", "backward", "allreduce", "allreduce",
+                                                      "backward", "backward", "outside any phase"]
+    assert labelled["rank"].tolist()[:6] == [0, 0, 0, 0, 0, 1] and pd.isna(labelled["rank"].iloc[6])
+
+
+def test_phase_stats_equal_direct_counts_on_a_ddp_recording() -> None:
+    rec = load(DDP)
+    stats = phase_stats(rec).set_index(["rank", "phase"])
+    for rank in (0, 1):
+        for name in ("forward", "backward", "optimizer"):
+            assert stats.loc[(rank, name), "instances"] == 3
+        assert stats.loc[(rank, "init_process_group"), "instances"] == 1
+    assert stats.loc[(0, "checkpoint_save"), "instances"] == 1
+    labelled = align(rec.events, rec.phases)
+    for (rank, name), row in stats.iterrows():
+        mine = labelled[(labelled["rank"] == rank) & (labelled["phase"].astype(str) == name)]
+        assert row["sockets"] == ((mine["kind"].astype(str) == "socket") & (mine["errno"] == "")).sum()
+        assert row["connects"] == (mine["kind"].astype(str) == "connect").sum()
+    # gloo's mesh and the store: every connection of a rank was made inside init_process_group
+    made = labelled[labelled["rank"].notna() & labelled["kind"].isin(["connect", "accept"])
+                    & labelled["errno"].isin(["", "EINPROGRESS"])]
+    assert len(made) >= 4 and set(made["phase"].astype(str)) == {"init_process_group"}
+
+
+def test_spikes_are_labelled_with_each_ranks_phase_at_their_peak() -> None:
+    phases = phases_frame([(100, 2, "backward", 0, 10**9), (101, 2, "forward", 0, 10**9)])
+    peak = pd.Timestamp(10**18 + 5 * 10**8, tz="UTC")
+    spike = pd.DataFrame({"start": [pd.Timestamp(10**18, tz="UTC")], "peak_time": [peak]})
+    [row] = align(spike, phases).to_dict("records")
+    assert row["phase_by_rank"] == {0: "backward", 1: "forward"} and row["steps"] == [2]
+
+
+def test_report_of_a_ddp_recording_has_phase_statistics_and_bands() -> None:
+    content = build(load(DDP))
+    stats = content.phase_stats.set_index(["rank", "phase"])
+    assert stats.loc[(0, "forward"), "instances"] == 3 and stats.loc[(1, "init_process_group"), "sockets"] > 0
+    page = to_html(content)
+    assert "<title>init_process_group</title>" in page and "<title>backward</title>" in page
+    assert "No training phases" not in page and "No training phases" in to_html(build(load(EMFILE)))

@@ -10,10 +10,12 @@ import pandas as pd
 from fdtrace.analysis import binning as _rates
 from fdtrace.analysis import failures as _incidents
 from fdtrace.analysis import headroom_series as _headroom
+from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
 from fdtrace.recording import Recording, load
 
-__all__ = ["Recording", "failures", "headroom", "incidents", "least_headroom", "load", "rates", "spikes"]
+__all__ = ["Recording", "align", "failures", "headroom", "incidents", "least_headroom", "load", "phase_stats",
+           "rates", "spikes"]
 
 
 def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
@@ -90,3 +92,31 @@ def incidents(recording: Any, window_s: float = 10.0) -> pd.DataFrame:
         exits, OOM kills), counted, most frequent first.
     """
     return _incidents.incidents(recording, window_s=window_s)
+
+
+def align(frame: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
+    """Label events or spikes with the training phase they happened in.
+
+    Args:
+        frame: events (rows with ``pid`` and ``ts_ns``: each is labelled by its own process's
+            phases, on the monotonic clock they share with BPF) or ``spikes()`` rows (labelled by
+            wall time at their ``peak_time``, across all ranks).
+        phases: ``load(...).phases`` of a recording made by ``fdtrace run --record``.
+
+    Returns:
+        Events with ``rank``, ``step`` and ``phase`` (the innermost phase containing the event,
+        e.g. ``allreduce`` rather than the ``backward`` around it; ``"outside any phase"`` when
+        none does; user marks as ``user:NAME``). Spikes with ``phase_by_rank`` ({rank: phase}) and
+        ``steps``.
+    """
+    if "peak_time" in frame.columns and "pid" not in frame.columns:
+        return _phases.align_spikes(frame, phases)
+    return _phases.align_events(frame, phases)
+
+
+def phase_stats(recording: Recording) -> pd.DataFrame:
+    """Per (rank, phase): ``instances``, ``seconds`` spent, and the ``sockets`` opened, ``closes``,
+    ``connects``, ``accepts``, failed calls (``errors``, not counting EAGAIN/EINPROGRESS) and
+    ``threads_started`` by that rank's process while in it (events counted in their innermost
+    phase, as ``align`` labels them)."""
+    return _phases.phase_stats(recording.events, recording.phases)

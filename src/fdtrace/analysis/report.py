@@ -14,6 +14,7 @@ import pandas as pd
 from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.binning import rates
 from fdtrace.analysis.failures import incidents
+from fdtrace.analysis.phase_alignment import align_spikes, phase_stats
 from fdtrace.analysis.spike_finder import spikes
 from fdtrace.recording import Recording
 from fdtrace.schema import STATS
@@ -39,6 +40,8 @@ class Report:
     incidents: pd.DataFrame
     losses: pd.DataFrame
     recommendations: list[str] = field(default_factory=list)
+    phase_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
+    bands: list[tuple[pd.Timestamp, pd.Timestamp, str]] = field(default_factory=list)  # phases of one rank
 
 
 def build(recording: Recording, top: int = 3) -> Report:
@@ -67,12 +70,21 @@ def build(recording: Recording, top: int = 3) -> Report:
     if recording.skipped:
         summary.append(("unreadable files skipped", str(len(recording.skipped))))
     spike_table = spikes(rates(recording, kind=SOCKET_KINDS, by="comm"))
+    phases = getattr(recording, "phases", pd.DataFrame())
+    stats, bands = pd.DataFrame(), []
+    if len(phases):
+        stats = phase_stats(events, phases)
+        spike_table = align_spikes(spike_table, phases)
+        first_rank = phases[phases["rank"] == phases["rank"].min()]
+        for mark in first_rank[first_rank["phase"].isin(BAND_PHASES)].itertuples():
+            bands.append((pd.Timestamp(mark.start_wall_ns, tz="UTC"), pd.Timestamp(mark.end_wall_ns, tz="UTC"),
+                          mark.phase))
     loss_rows = losses[losses[list(lost)].sum(axis=1) > 0] if lost and len(losses) else pd.DataFrame()
     return Report(
         title=f"fdtrace report: {', '.join(recording.meta)}",
         summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
         spikes=spike_table, headroom=least, incidents=incidents(recording), losses=loss_rows,
-        recommendations=recommendations(recording, least),
+        recommendations=recommendations(recording, least), phase_stats=stats, bands=bands,
     )
 
 
@@ -114,7 +126,8 @@ def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
 
 
 def _svg_lines(series: dict[str, tuple[list[float], list[float]]], dashed: dict[str, tuple[list[float], list[float]]],
-               title: str, width: int = 900, height: int = 180) -> str:
+               title: str, width: int = 900, height: int = 180,
+               bands: list[tuple[float, float, str]] | None = None) -> str:
     """A small line chart as inline SVG (x: seconds from the start)."""
     xs = [x for values in [*series.values(), *dashed.values()] for x in values[0]]
     ys = [y for values in [*series.values(), *dashed.values()] for y in values[1]]
@@ -133,6 +146,11 @@ def _svg_lines(series: dict[str, tuple[list[float], list[float]]], dashed: dict[
              f'<text x="50" y="14" font-size="13">{html.escape(title)}</text>',
              f'<text x="5" y="{height - 25}" font-size="11">0</text><text x="5" y="35" font-size="11">{y1:,.0f}</text>',
              f'<text x="{width - 80}" y="{height - 5}" font-size="11">{x1 - x0:,.0f} s</text>']
+    for start, end, label in bands or []:  # phases behind the lines
+        left, right = (float(p.split(",")[0]) for p in (point(start, 0), point(end, 0)))
+        fill = BAND_COLOURS.get(label, "#eee")
+        parts.append(f'<rect x="{left:.1f}" y="20" width="{max(right - left, 1):.1f}" height="{height - 45}" '
+                     f'fill="{fill}" opacity="0.35"><title>{html.escape(label)}</title></rect>')
     for i, (label, (x, y)) in enumerate(series.items()):
         colour = palette[i % len(palette)]
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
@@ -164,7 +182,9 @@ def timeline_svgs(report: Report) -> list[str]:
     limits = {k: _xy(v["time"], v["fd_soft_limit"], origin) for k, v in report.fd_series.items()}
     errors = {"EMFILE + ENFILE": _xy(report.error_rate.index, report.error_rate["count"], origin)} \
         if len(report.error_rate) else {}
-    return [_svg_lines(calls, {}, "socket calls per second, by syscall"),
+    bands = [((s - origin).total_seconds(), (e - origin).total_seconds(), label) for s, e, label in report.bands]
+    title = "socket calls per second, by syscall" + (" (bands: the first rank's phases)" if bands else "")
+    return [_svg_lines(calls, {}, title, bands=bands),
             _svg_lines(fds, limits, "open FDs of the fullest processes (dashed: their soft limits)"),
             _svg_lines(errors, {}, "EMFILE and ENFILE per second")]
 
@@ -197,8 +217,13 @@ def _frame_md(frame: pd.DataFrame, empty: str) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "FD headroom", "Incidents: first failure and symptoms",
-            "Losses during the recording", "What to change")
+SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", "FD headroom",
+            "Incidents: first failure and symptoms", "Losses during the recording", "What to change")
+NO_PHASES = "No training phases in this recording (record with fdtrace run --record to have them)."
+BAND_PHASES = ("init_process_group", "forward", "backward", "optimizer", "checkpoint_save", "checkpoint_load",
+               "barrier")
+BAND_COLOURS = {"init_process_group": "#9ecae1", "forward": "#c7e9c0", "backward": "#fdd0a2", "optimizer": "#dadaeb",
+                "checkpoint_save": "#fcbba1", "checkpoint_load": "#fcbba1", "barrier": "#d9d9d9"}
 HEADROOM_COLUMNS = ["comm", "pid", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom", "usage", "time"]
 NO_SPIKES = "No spike: no bin rose far above its recent baseline."
 NO_INCIDENTS = "No EMFILE, ENFILE, OOM kill or abnormal exit."
@@ -217,10 +242,11 @@ def to_html(report: Report) -> str:
     parts.append(f"</table><h2>{SECTIONS[1]}</h2>")
     parts += timeline_svgs(report) or ["<p>No events.</p>"]
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
-              f"<h2>{SECTIONS[3]}</h2>", _frame_html(_headroom_view(report), "No samples."),
-              f"<h2>{SECTIONS[4]}</h2>", _frame_html(report.incidents, NO_INCIDENTS),
-              f"<h2>{SECTIONS[5]}</h2>", _frame_html(report.losses, NO_LOSSES),
-              f"<h2>{SECTIONS[6]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
+              f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
+              f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
+              f"<h2>{SECTIONS[5]}</h2>", _frame_html(report.incidents, NO_INCIDENTS),
+              f"<h2>{SECTIONS[6]}</h2>", _frame_html(report.losses, NO_LOSSES),
+              f"<h2>{SECTIONS[7]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
               "</ul></body></html>"]
     return "".join(parts)
 
@@ -232,10 +258,11 @@ def to_markdown(report: Report) -> str:
     timeline = report.socket_rate.join(report.error_rate.rename(columns={"count": "EMFILE+ENFILE"}), how="outer")
     parts += ["", f"## {SECTIONS[1]}", "", _frame_md(timeline.fillna(0).astype(int).reset_index(), "No events."),
               "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
-              "", f"## {SECTIONS[3]}", "", _frame_md(_headroom_view(report), "No samples."),
-              "", f"## {SECTIONS[4]}", "", _frame_md(report.incidents, NO_INCIDENTS),
-              "", f"## {SECTIONS[5]}", "", _frame_md(report.losses, NO_LOSSES),
-              "", f"## {SECTIONS[6]}", ""]
+              "", f"## {SECTIONS[3]}", "", _frame_md(report.phase_stats, NO_PHASES),
+              "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
+              "", f"## {SECTIONS[5]}", "", _frame_md(report.incidents, NO_INCIDENTS),
+              "", f"## {SECTIONS[6]}", "", _frame_md(report.losses, NO_LOSSES),
+              "", f"## {SECTIONS[7]}", ""]
     parts += [f"- {r}" for r in report.recommendations]
     return "\n".join(parts) + "\n"
 
