@@ -102,3 +102,18 @@ def test_a_failing_command_gives_its_exit_code(tmp_path: Path) -> None:
     result = subprocess.run([FDTRACE, "run", "--", sys.executable, "-c", "import sys; sys.exit(3)"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 3 and "0 phase marks" in result.stderr
+
+
+def test_user_phases_from_the_explicit_api(tmp_path: Path) -> None:
+    code = ("import time\nfrom fdtrace.phases import phase\n"
+            "with phase('eval'):\n    time.sleep(0.05)\nwith phase('eval'):\n    pass\n")
+    out = tmp_path / "p.jsonl"
+    result = subprocess.run([FDTRACE, "run", "--phases-out", str(out), "--", sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    marks = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(m["phase"], m["name"]) for m in marks] == [("user", "eval"), ("user", "eval")]
+    assert marks[0]["end_mono_ns"] - marks[0]["start_mono_ns"] >= 50_000_000
+    # Outside fdtrace run the marks are no-ops and the block still runs.
+    plain = subprocess.run([sys.executable, "-c", code + "print('ran')"], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and plain.stdout.strip() == "ran"
