@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 from types import FrameType
+from typing import Any
 
 import click
 
@@ -45,6 +46,25 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise ValueError(f"not a positive size: {text!r}")
     return int(value * units[unit])
+
+
+def _start_source(options: Any, keep_exited: int = 100_000, echo_notes: bool = True) -> Any:
+    """Check the options, attach the probes and say what the user should know; any problem is
+    one line and an exit."""
+    from fdtrace.sources.live_bpf import LiveBpfSource
+
+    if options.ring_pages < 1 or options.ring_pages & (options.ring_pages - 1):
+        _fail(FdtraceError("--ring-pages must be a power of two"))
+    source = LiveBpfSource(options, keep_exited=keep_exited)
+    try:
+        source.start()
+    except FdtraceError as error:
+        source.stop()
+        _fail(error)
+    if echo_notes:
+        for note in source.notes:
+            click.echo(f"fdtrace: {note}", err=True)
+    return source
 
 
 def _count_values(column: object) -> dict[str, int]:
@@ -85,19 +105,10 @@ def trace(
     from fdtrace.bpf.loader import TraceOptions
     from fdtrace.sinks.jsonl import JsonLinesSink
     from fdtrace.sources.base import keep_comms
-    from fdtrace.sources.live_bpf import LiveBpfSource
 
-    if ring_pages < 1 or ring_pages & (ring_pages - 1):
-        _fail(FdtraceError("--ring-pages must be a power of two", exit_code=2))
     stop = _StopFlag()
-    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages),
+    source = _start_source(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages),
                            keep_exited=100_000 if totals_path else 0)
-    try:
-        source.start()
-    except FdtraceError as error:
-        _fail(error)
-    for note in source.notes:
-        click.echo(f"fdtrace: {note}", err=True)
     click.echo(f"fdtrace: tracing ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
     next_counters = time.monotonic() + 1.0
 
@@ -176,10 +187,7 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
     from fdtrace.recorder import Recorder, RecordOptions, run_metadata
     from fdtrace.sampler import ProcSampler
     from fdtrace.sinks.parquet import RecordingWriter
-    from fdtrace.sources.live_bpf import LiveBpfSource
 
-    if ring_pages < 1 or ring_pages & (ring_pages - 1):
-        _fail(FdtraceError("--ring-pages must be a power of two"))
     if rotate is not None and rotate < interval:
         _fail(FdtraceError("--rotate must be at least --interval"))
     max_bytes = None
@@ -189,16 +197,13 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
         except ValueError as exc:
             _fail(FdtraceError(f"--max-size: {exc}"))
     stop = _StopFlag()
-    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages))
+    source = _start_source(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages))
     try:
-        source.start()
         writer = RecordingWriter(Path(output), source.host, run_metadata(source, sys.argv), shared=shared,
                                  max_size=max_bytes)
     except FdtraceError as error:
         source.stop()
         _fail(error)
-    for note in source.notes:
-        click.echo(f"fdtrace: {note}", err=True)
     click.echo(f"fdtrace: recording to {output} ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
     exporter = None
     if listen is not None:
@@ -261,15 +266,8 @@ def top(pids: tuple[int, ...], top_processes: int, record_dir: str | None, hapro
 
     from fdtrace.bpf.loader import TraceOptions
     from fdtrace.feeds import LiveFeed
-    from fdtrace.sources.live_bpf import LiveBpfSource
 
-    if ring_pages < 1 or ring_pages & (ring_pages - 1):
-        _fail(FdtraceError("--ring-pages must be a power of two"))
-    source = LiveBpfSource(TraceOptions(pids=pids, ring_pages=ring_pages), keep_exited=0)
-    try:
-        source.start()
-    except FdtraceError as error:
-        _fail(error)
+    source = _start_source(TraceOptions(pids=pids, ring_pages=ring_pages), keep_exited=0, echo_notes=False)
     from fdtrace.tui.app import make_app
 
     feed = LiveFeed(source, top=top_processes, haproxy_sockets=haproxy_sockets)
@@ -341,18 +339,14 @@ def export(listen: str, pids: tuple[int, ...], top_processes: int, duration: flo
     from fdtrace.bpf.loader import TraceOptions
     from fdtrace.feeds import LiveFeed
     from fdtrace.sinks.prometheus import MetricsExporter
-    from fdtrace.sources.live_bpf import LiveBpfSource
 
     stop = _StopFlag()
-    source = LiveBpfSource(TraceOptions(pids=pids, errors_only=True), keep_exited=0)
+    source = _start_source(TraceOptions(pids=pids, errors_only=True), keep_exited=0)
     try:
-        source.start()
         exporter = MetricsExporter(listen, max_processes=top_processes)
     except FdtraceError as error:
         source.stop()
         _fail(error)
-    for note in source.notes:
-        click.echo(f"fdtrace: {note}", err=True)
     click.echo(f"fdtrace: serving metrics on http://{exporter.address}:{exporter.port}/metrics", err=True)
     feed = LiveFeed(source, top=top_processes)
     deadline = time.monotonic() + duration if duration is not None else None

@@ -151,16 +151,15 @@ def _svg_lines(series: dict[str, tuple[list[float], list[float]]], dashed: dict[
         fill = BAND_COLOURS.get(label, "#eee")
         parts.append(f'<rect x="{left:.1f}" y="20" width="{max(right - left, 1):.1f}" height="{height - 45}" '
                      f'fill="{fill}" opacity="0.35"><title>{html.escape(label)}</title></rect>')
-    for i, (label, (x, y)) in enumerate(series.items()):
-        colour = palette[i % len(palette)]
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
-                     f'points="{" ".join(point(a, b) for a, b in zip(x, y, strict=True))}"/>')
-        parts.append(f'<text x="{60 + 150 * i}" y="{height - 5}" font-size="11" fill="{colour}">'
-                     f'{html.escape(label)}</text>')
-    for i, (_label, (x, y)) in enumerate(dashed.items()):
-        colour = palette[i % len(palette)]
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-dasharray="4 3" stroke-width="1" '
-                     f'points="{" ".join(point(a, b) for a, b in zip(x, y, strict=True))}"/>')
+    # Solid lines with their labels; dashed ones (limits) in the colour of the line they go with.
+    for style, lines in (('stroke-width="1.5"', series), ('stroke-dasharray="4 3" stroke-width="1"', dashed)):
+        for i, (label, (x, y)) in enumerate(lines.items()):
+            colour = palette[i % len(palette)]
+            parts.append(f'<polyline fill="none" stroke="{colour}" {style} '
+                         f'points="{" ".join(point(a, b) for a, b in zip(x, y, strict=True))}"/>')
+            if lines is series:
+                parts.append(f'<text x="{60 + 150 * i}" y="{height - 5}" font-size="11" fill="{colour}">'
+                             f'{html.escape(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
