@@ -8,6 +8,7 @@ STEPS steps, rank 0 saves a checkpoint, and every rank prints a checksum of its 
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,9 @@ def train(rank, world, steps, port, hook, checkpoint):
     if rank == 0:
         torch.save(model.module.state_dict(), checkpoint)
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
-    print(f"rank {rank} checksum {checksum:.12f} hook_calls {calls['n']}", flush=True)
+    # One write of one whole line: ranks share the pipe, and print() writes the newline apart.
+    sys.stdout.write(f"rank {rank} checksum {checksum:.12f} hook_calls {calls['n']}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 
