@@ -1,4 +1,4 @@
-"""Test helpers that touch the system: memory cgroups (v1 and v2)."""
+"""Test helpers that touch the system: memory and pids cgroups (v1 and v2)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _remove(group: Path) -> None:
+    """Remove a cgroup once its last task has gone (exits take a moment to be reaped)."""
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def _memory_parent() -> tuple[Path, str]:
@@ -39,9 +49,28 @@ def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
                 swappiness.write_text("0")
         yield group / "cgroup.procs"
     finally:
-        for _ in range(50):
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        _remove(group)
+
+
+def _pids_parent() -> Path:
+    controllers = CGROUP_ROOT / "cgroup.controllers"
+    if controllers.exists() and "pids" in controllers.read_text().split():
+        subtree = CGROUP_ROOT / "cgroup.subtree_control"
+        if "pids" not in subtree.read_text().split():
+            subtree.write_text("+pids")
+        return CGROUP_ROOT
+    if (CGROUP_ROOT / "pids" / "cgroup.procs").exists():
+        return CGROUP_ROOT / "pids"
+    raise RuntimeError("no pids cgroup controller (v1 or v2) is mounted")
+
+
+@contextmanager
+def pids_cgroup(limit: int) -> Iterator[Path]:
+    """A fresh cgroup whose pids.max is ``limit``; yields its cgroup.procs path."""
+    group = _pids_parent() / f"fdtrace-test-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "pids.max").write_text(str(limit))
+        yield group / "cgroup.procs"
+    finally:
+        _remove(group)

@@ -415,9 +415,11 @@ def run(record_dir: str | None, phases_out: str | None, command: tuple[str, ...]
     import pyarrow.parquet as pq
 
     from fdtrace.phases.collect import read_phase_files
+    from fdtrace.phases.live import RUN_DIR_PREFIX, runs_base
 
     shim = str(resources.files("fdtrace.phases") / "_shim")
-    phases_dir = tempfile.mkdtemp(prefix="fdtrace-phases-")
+    # Where `fdtrace top` looks for the ranks' live state files.
+    phases_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=runs_base())
     env = dict(os.environ, FDTRACE_PHASES_DIR=phases_dir,
                PYTHONPATH=os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p))
     recorder = None
@@ -457,7 +459,7 @@ def run(record_dir: str | None, phases_out: str | None, command: tuple[str, ...]
             with open(phases_out, "w") as out:
                 for row in phases.drop_columns(["time"]).to_pylist():
                     out.write(json.dumps(row) + "\n")
-    for leftover in Path(phases_dir).glob("phases-*.jsonl"):
+    for leftover in [*Path(phases_dir).glob("phases-*.jsonl"), *Path(phases_dir).glob("state-*.bin")]:
         leftover.unlink()
     os.rmdir(phases_dir)
     click.echo(f"fdtrace: {phases.num_rows} phase marks from {len(set(phases['pid'].to_pylist()))} processes",

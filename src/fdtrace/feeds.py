@@ -13,10 +13,12 @@ import numpy as np
 import pyarrow as pa
 
 from fdtrace.haproxy import HaproxySampler
+from fdtrace.phases.live import LivePhases, PhaseNow, phases_at
 from fdtrace.recording import read_meta, read_parts
-from fdtrace.sampler import ProcessSample, ProcSampler
+from fdtrace.sampler import SAMPLE_COLUMNS, ProcessSample, ProcSampler
 
 SAMPLE_INTERVAL_NS = 1_000_000_000
+PHASES_INTERVAL_NS = 250_000_000
 
 
 @dataclass
@@ -40,6 +42,8 @@ class FeedUpdate:
         losses: cumulative loss counters.
         reset: the feed jumped back: forget what was shown and start from these events.
         boot_wall_ns: wall time of the traced machine's boot, to show process start times.
+        phases: where each process of a training job under `fdtrace run` is now, by pid (None:
+            not read in this poll).
     """
 
     now_ns: int
@@ -48,6 +52,7 @@ class FeedUpdate:
     losses: dict[str, int] = field(default_factory=dict)
     reset: bool = False
     boot_wall_ns: int | None = None
+    phases: dict[int, PhaseNow] | None = None
 
 
 class Feed(Protocol):
@@ -71,8 +76,10 @@ class LiveFeed:
     live = True
 
     def __init__(self, source: Any, sampler: ProcSampler | None = None, top: int = 30,
-                 haproxy_sockets: tuple[str, ...] = ()) -> None:
+                 haproxy_sockets: tuple[str, ...] = (), phases: LivePhases | None = None) -> None:
         self.source = source
+        self.phases = phases or LivePhases()
+        self._next_phases = 0
         self.sampler = sampler or ProcSampler()
         self.top = top
         self.haproxy_sockets = haproxy_sockets
@@ -92,6 +99,9 @@ class LiveFeed:
             self._pids_with_events.update(batch.events["pid"].unique().to_pylist())
         if self.recorder is not None:
             self._recording(lambda: self.recorder.take(batch))
+        if time.monotonic_ns() >= self._next_phases:
+            self._next_phases = time.monotonic_ns() + PHASES_INTERVAL_NS
+            update.phases = self.phases.poll()
         if time.monotonic_ns() >= self._next_sample:
             self._next_sample = time.monotonic_ns() + SAMPLE_INTERVAL_NS
             samples = self.sampler.round(self._pids_with_events, self.top, exclude=os.getpid())
@@ -152,9 +162,9 @@ class LiveFeed:
 
 
 def _sample(row: dict[str, Any]) -> ProcessSample:
-    return ProcessSample(pid=row["pid"], start_ns=row["start_ns"], comm=row["comm"], open_fds=row["open_fds"],
-                         fd_soft_limit=row["fd_soft_limit"], fd_hard_limit=row["fd_hard_limit"],
-                         threads=row["threads"], sockets=row["sockets"], cmdline=row.get("cmdline"))
+    # Recordings of older fdtrace lack the thread-limit columns.
+    values: dict[str, Any] = {name: row.get(name) for name in SAMPLE_COLUMNS}
+    return ProcessSample(**values, cmdline=row.get("cmdline"))
 
 
 class ReplayFeed:
@@ -184,6 +194,9 @@ class ReplayFeed:
         self._haproxy = _by_time(haproxy)
         self._haproxy_times = _times(self._haproxy)
         self._sample_times = _times(self._samples)
+        recorded_phases = _by_time([part for root in roots for host in read_meta(root)
+                                    if (part := read_parts(root, "phases", host, skipped)) is not None])
+        self._phases = recorded_phases.to_pandas() if recorded_phases is not None else None
         self._system_times = _times(self._system)
         self._shown_until = self.replay.start_ns - 1
         self._reset = False
@@ -200,6 +213,8 @@ class ReplayFeed:
         if now > self._shown_until:
             update.rounds = self._rounds_between(self._shown_until, now)
             self._shown_until = now
+        if self._phases is not None:
+            update.phases = phases_at(self._phases, now)
         return update
 
     def _rounds_between(self, start_ns: int, end_ns: int) -> list[SampleRound]:

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fdtrace.phases.live import PhaseNow
 from fdtrace.sampler import ProcessSample
 
 #: Alert thresholds.
@@ -155,6 +156,7 @@ class IncidentState:
         self.logged = 0  # log lines ever written; the view shows those past what it has shown
         self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
         self.haproxy: dict[str, HaproxyView] = {}
+        self.phases: dict[int, PhaseNow] = {}  # training processes under `fdtrace run`, by pid
 
     def _log(self, entry: LogEntry) -> None:
         self.log.append(entry)
@@ -269,6 +271,10 @@ class IncidentState:
                 pid = int(row.get("haproxy_pid") or 0)
                 self._log(LogEntry(time_ns, pid, "haproxy", f"{row['curr_conns']} connections of maxconn "
                                                             f"{row['maxconn']} ({usage:.0%}) for 30 s", "error"))
+
+    def apply_phases(self, phases: dict[int, PhaseNow]) -> None:
+        """Where each process of a training job is now (replaces what was known)."""
+        self.phases = dict(phases)
 
     def apply_system(self, figures: dict[str, Any]) -> None:
         """Fold in the system figures (file-nr, file-max, ...)."""

@@ -18,7 +18,7 @@ from fdtrace import __version__
 from fdtrace.clock import sample_offsets
 from fdtrace.counters import CounterStore
 from fdtrace.haproxy import SAMPLED_FIELDS, HaproxySampler
-from fdtrace.sampler import ProcessSample, ProcSampler
+from fdtrace.sampler import SAMPLE_COLUMNS, ProcessSample, ProcSampler
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS
 from fdtrace.sinks.parquet import RecordingWriter
 from fdtrace.sources.base import EventBatch, keep_comms
@@ -173,8 +173,7 @@ class Recorder:
                        realtime_offset: int) -> None:
         if samples:
             columns: dict[str, list[Any]] = {"ts_ns": [now] * len(samples)}
-            for name in ("pid", "start_ns", "comm", "open_fds", "fd_soft_limit", "fd_hard_limit", "threads",
-                         "sockets"):
+            for name in SAMPLE_COLUMNS:
                 columns[name] = [getattr(s, name) for s in samples]
             if self.sampler.cmdline:
                 columns["cmdline"] = [s.cmdline for s in samples]

@@ -1,15 +1,18 @@
-"""Samples of FD headroom from /proc: per process (open FDs against RLIMIT_NOFILE, threads,
-sockets) and system-wide (file-nr against file-max, and the other limits that apply)."""
+"""Samples of headroom from /proc: per process (open FDs against RLIMIT_NOFILE, threads against
+the limits that bound them, sockets) and system-wide (file-nr against file-max, tasks against
+threads-max, and the other limits that apply)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fdtrace.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
 from fdtrace.procfs import TICK_NS
+from fdtrace.thread_limits import cgroup_pids, tasks_total, threads_by_uid
 
 #: Sockets are counted by reading each fd's link only up to this many open FDs.
 MAX_FDS_FOR_SOCKET_COUNT = 10_000
@@ -28,6 +31,22 @@ class ProcessSample:
     threads: int
     sockets: int | None
     cmdline: str | None = None
+    #: Real user id; RLIMIT_NPROC counts all threads of this user.
+    uid: int | None = None
+    #: RLIMIT_NPROC soft limit; None when unlimited or not enforced (root is not held to it).
+    nproc_soft_limit: int | None = None
+    #: Threads of all processes of ``uid``, counted only when ``nproc_soft_limit`` applies.
+    user_threads: int | None = None
+    #: Tasks and limit of the tightest cgroup pids.max over the process; None when none applies.
+    pids_current: int | None = None
+    pids_max: int | None = None
+    #: Go's default thread limit when the executable is a Go program (SetMaxThreads can change it).
+    go_max_threads: int | None = None
+
+
+#: The sample fields written to a recording's samples table (cmdline only when asked).
+SAMPLE_COLUMNS = ("pid", "start_ns", "comm", "open_fds", "fd_soft_limit", "fd_hard_limit", "threads", "sockets",
+                  "uid", "nproc_soft_limit", "user_threads", "pids_current", "pids_max", "go_max_threads")
 
 
 def _read(path: Path) -> str | None:
@@ -44,10 +63,13 @@ def _limit(value: str) -> int | None:
 class ProcSampler:
     """Reads per-process and system samples from one procfs tree (``/proc`` by default)."""
 
-    def __init__(self, procfs_root: str | Path = "/proc", cmdline: bool = False) -> None:
+    def __init__(self, procfs_root: str | Path = "/proc", cmdline: bool = False,
+                 cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
         self.root = Path(procfs_root)
+        self.cgroupfs = Path(cgroupfs)
         self.cmdline = cmdline
         self.fd_count_by_size = self._size_is_count()
+        self._go: dict[tuple[int, int], bool] = {}  # (pid, start_ns) -> is a Go program
 
     def _size_is_count(self) -> bool:
         """Whether st_size of /proc/PID/fd is the number of open FDs (Linux >= 6.2): O(1) instead
@@ -85,18 +107,37 @@ class ProcSampler:
             return None
         comm = stat[stat.find("(") + 1 : stat.rfind(")")]
         fields = stat[stat.rfind(")") + 2 :].split()
-        soft = hard = None
+        if fields[0] in ("Z", "X"):  # exited, not yet reaped: nothing of it is left to sample
+            return None
+        start_ns = int(fields[19]) * TICK_NS
+        soft = hard = nproc = None
         for line in limits.splitlines():
             if line.startswith("Max open files"):
                 parts = line.split()
                 soft, hard = _limit(parts[3]), _limit(parts[4])
-        threads = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), 0)
+            elif line.startswith("Max processes"):
+                nproc = _limit(line.split()[2])
+        fields_of_status = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        threads = int(fields_of_status.get("Threads", "0").split()[0])
+        uid = int(fields_of_status["Uid"].split()[0]) if "Uid" in fields_of_status else None
         sockets = self._sockets(base) if open_fds <= MAX_FDS_FOR_SOCKET_COUNT else None
         cmdline = None
         if self.cmdline:
             raw = _read(base / "cmdline")
             cmdline = raw.replace("\0", " ").strip() if raw else None
-        return ProcessSample(pid, int(fields[19]) * TICK_NS, comm, open_fds, soft, hard, threads, sockets, cmdline)
+        pids = cgroup_pids(self.root, self.cgroupfs, pid)
+        return ProcessSample(pid, start_ns, comm, open_fds, soft, hard, threads, sockets, cmdline,
+                             uid=uid, nproc_soft_limit=nproc if uid != 0 else None,
+                             pids_current=pids[0] if pids else None, pids_max=pids[1] if pids else None,
+                             go_max_threads=GO_DEFAULT_MAX_THREADS if self._is_go(pid, start_ns) else None)
+
+    def _is_go(self, pid: int, start_ns: int) -> bool:
+        key = (pid, start_ns)
+        if key not in self._go:
+            if len(self._go) > 100_000:
+                self._go.clear()
+            self._go[key] = is_go_binary(self.root / str(pid) / "exe")
+        return self._go[key]
 
     def _sockets(self, base: Path) -> int | None:
         try:
@@ -138,8 +179,15 @@ class ProcSampler:
         return self.processes(pids)
 
     def processes(self, pids: Iterable[int]) -> list[ProcessSample]:
-        """Samples of these processes, skipping the ones that are gone."""
-        return [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
+        """Samples of these processes, skipping the ones that are gone. Where RLIMIT_NPROC
+        applies, the threads of the process's user are counted over every process."""
+        samples = [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
+        limited = {s.uid for s in samples if s.nproc_soft_limit is not None and s.uid is not None}
+        if not limited:
+            return samples
+        per_user = threads_by_uid(self.root, self.pids(), limited)
+        return [replace(s, user_threads=per_user[s.uid]) if s.uid in limited and s.nproc_soft_limit is not None
+                else s for s in samples]
 
     def system(self) -> dict[str, Any]:
         """System-wide FD, thread and listen-queue figures."""
@@ -154,6 +202,7 @@ class ProcSampler:
             "file_max": int(file_nr[2]),
             "nr_open": number("sys/fs/nr_open"),
             "threads_max": number("sys/kernel/threads-max"),
+            "threads_total": tasks_total(self.root),
             "pid_max": number("sys/kernel/pid_max"),
             "somaxconn": number("sys/net/core/somaxconn"),
             "listen_overflows": netstat.get("ListenOverflows"),

@@ -9,12 +9,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fdtrace.analysis import load
+from fdtrace.phases.live import LivePhases
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.bpf
@@ -114,6 +116,36 @@ def test_the_jobs_own_comm_hook_is_still_called(netns: list[str], tmp_path: Path
                   if "hook_calls" in line) == [str(STEPS), str(STEPS)]
     phases = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert len([p for p in phases if p["phase"] == "allreduce"]) == 2 * STEPS
+
+
+def test_each_ranks_step_and_phase_can_be_watched_live(netns: list[str], tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    job = subprocess.Popen([*netns, FDTRACE, "run", "--", sys.executable, TRAIN, "--steps", "30", "--step-sleep",
+                            "0.05", "--port", str(free_port()), "--checkpoint", str(tmp_path / "ckpt.pt")],
+                           env=dict(os.environ, FDTRACE_RUNS_DIR=str(runs)), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    live = LivePhases(base=runs)
+    steps: dict[int | None, set[int]] = {}
+    labels, worlds = set(), set()
+    deadline = time.monotonic() + 90
+    while job.poll() is None and time.monotonic() < deadline:
+        for now in live.poll().values():
+            steps.setdefault(now.rank, set()).add(now.step)
+            labels.add(now.label)
+            worlds.add(now.world_size)
+        time.sleep(0.01)
+    if job.poll() is None:
+        subprocess.run(["kill", "-9", *subprocess.run(["ip", "netns", "pids", netns[3]], capture_output=True,
+                                                       text=True).stdout.split()], check=False)
+    _, err = job.communicate(timeout=30)
+    assert job.returncode == 0, err[-3000:]
+    assert set(steps) == {0, 1} and worlds == {2}
+    assert all(len(seen) >= 10 and max(seen) == 30 for seen in steps.values()), steps  # 30 optimizer steps
+    assert "-" in labels  # between steps, in the job's sleep
+    assert labels <= {"-", "init_process_group", "forward", "backward", "allreduce", "optimizer", "barrier",
+                      "checkpoint_save", "destroy_process_group"}, labels
+    assert list(runs.iterdir()) == []  # fdtrace run removed its folder
 
 
 def test_a_failing_command_gives_its_exit_code(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fdtrace.analysis import load
+from fdtrace.analysis import headroom, load
+from fdtrace.golang import GO_DEFAULT_MAX_THREADS
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
 FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
@@ -90,3 +91,10 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
     assert len(started) >= GOROUTINES  # Go's raw clone() threads, each one seen
     threads = rec.samples[rec.samples["pid"] == program.pid].sort_values("ts_ns")["threads"]
     assert threads.iloc[0] < threads.max() and threads.max() >= GOROUTINES
+    samples = rec.samples[rec.samples["pid"] == program.pid]
+    assert (samples["go_max_threads"] == GO_DEFAULT_MAX_THREADS).all()
+    limits = headroom(rec)
+    mine = limits[limits["pid"] == program.pid]
+    # Go's limit binds unless a cgroup or the user's RLIMIT_NPROC leaves even less room
+    assert (mine["thread_headroom"] <= GO_DEFAULT_MAX_THREADS - mine["threads"]).all()
+    assert mine["thread_limit_kind"].notna().all()

@@ -11,10 +11,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fdtrace.analysis import load
+from fdtrace.analysis import headroom, load
 from fdtrace.schema import SCHEMA_VERSION
 from tests.bpf.test_cli_trace import FDTRACE, WAIT_THEN
 from tests.conftest import python_child
+from tests.helpers import pids_cgroup
 
 pytestmark = pytest.mark.bpf
 
@@ -29,6 +30,17 @@ for _ in range(2):
     try: socket.socket()
     except OSError: pass
 time.sleep(2.5)
+"""
+
+
+THREADS = WAIT_THEN + """
+import os, threading, time
+stop = threading.Event()
+workers = [threading.Thread(target=stop.wait) for _ in range(11)]
+for worker in workers:
+    worker.start()
+time.sleep(2.5)
+os._exit(0)
 """
 
 
@@ -184,3 +196,27 @@ def test_full_disk_stops_with_one_line_and_keeps_what_was_written(tmp_path: Path
         assert not list((disk / "rec").rglob("*.tmp"))
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_thread_headroom_against_the_cgroups_pids_max(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    with pids_cgroup(limit=20) as procs:
+        child = subprocess.Popen(python_child(THREADS), stdin=subprocess.PIPE, text=True)
+        procs.write_text(str(child.pid))
+        recorder = start_recorder(out, "--interval", "0.5", "--pid", str(child.pid))
+        child.communicate("go\n", timeout=30)
+        recorder.send_signal(signal.SIGINT)
+        _, err = recorder.communicate(timeout=30)
+        assert recorder.returncode == 0, err
+    series = headroom(load(out))
+    mine = series[series["pid"] == child.pid]
+    assert len(mine) >= 3
+    # The child is alone in its cgroup: the cgroup's tasks are its threads, 20 allowed, and
+    # pids.max leaves less room than RLIMIT_NPROC (root is exempt) or threads-max. A sample read
+    # while threads start sees them in the cgroup first, one read as it exits may not see the
+    # cgroup: once all 12 run, it is exact.
+    settled = mine[mine["threads"] == 12]
+    assert len(settled) >= 3
+    assert (settled["thread_limit_kind"] == "cgroup pids.max").all() and (settled["thread_limit"] == 20).all()
+    assert (settled["thread_count"] == 12).all() and (settled["thread_headroom"] == 8).all()
+    assert (settled["thread_usage"] == 0.6).all()

@@ -1,14 +1,16 @@
 """A small PyTorch DDP job (gloo, CPU) for the phase tests: WORLD ranks train a linear model for
 STEPS steps, rank 0 saves a checkpoint, and every rank prints a checksum of its parameters.
 
-    python tests/data/ddp_train.py [--world 2] [--steps 3] [--hook] [--port 29511]
+    python tests/data/ddp_train.py [--world 2] [--steps 3] [--hook] [--port 29511] [--step-sleep S]
 
---hook registers a communication hook of the job's own, which counts its calls.
+--hook registers a communication hook of the job's own, which counts its calls; --step-sleep
+waits S seconds after each step (time for a watcher to see the ranks move).
 """
 
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -17,7 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 
-def train(rank, world, steps, port, hook, checkpoint):
+def train(rank, world, steps, port, hook, checkpoint, step_sleep):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -38,6 +40,7 @@ def train(rank, world, steps, port, hook, checkpoint):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        time.sleep(step_sleep)
     dist.barrier()
     if rank == 0:
         torch.save(model.module.state_dict(), checkpoint)
@@ -46,6 +49,10 @@ def train(rank, world, steps, port, hook, checkpoint):
     sys.stdout.write(f"rank {rank} checksum {checksum:.12f} hook_calls {calls['n']}\n")
     sys.stdout.flush()
     dist.destroy_process_group()
+    # Skip the interpreter's teardown: in about one run in twenty, gloo's threads crash it
+    # (SIGABRT "terminate called without an active exception", SIGBUS) or hang it, after the
+    # job's work is done and reported; see pytorch/pytorch#179291. Exit 0 is what spawn checks.
+    os._exit(0)
 
 
 if __name__ == "__main__":
@@ -54,6 +61,8 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--port", type=int, default=29511)
     parser.add_argument("--hook", action="store_true")
+    parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--checkpoint", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ddp-checkpoint.pt"))
     args = parser.parse_args()
-    mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint), nprocs=args.world)
+    mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint, args.step_sleep),
+             nprocs=args.world)

@@ -189,3 +189,27 @@ def test_thousands_of_processes_draw_the_worst_rows_and_say_so() -> None:
         assert table_pids(app) == [7]  # the filter reaches rows not drawn
 
     run(scenario)
+
+
+def test_training_ranks_show_their_step_and_phase() -> None:
+    ddp = Path(__file__).parents[1] / "data" / "ddp"
+    phases = load(ddp).phases
+    ranks = {int(r): int(phases[phases["rank"] == r]["pid"].iloc[0]) for r in (0, 1)}
+    rank1 = phases[phases["rank"] == 1]
+    optimizer = int(rank1[(rank1["phase"] == "optimizer") & (rank1["step"] == 0)]["start_wall_ns"].iloc[0])
+    clock = FakeClock()
+    feed = ReplayFeed(ddp, clock=clock)
+    app = make_app(feed)
+
+    async def main() -> None:
+        async with app.run_test(size=(180, 40)) as pilot:
+            await pilot.press("space")  # paused: only the seek moves time
+            feed.seek(optimizer + 1)
+            await pilot.pause(0.3)
+            line = str(app.query_one("#phases", Static).render())
+            # rank 1 has begun its first optimizer step; rank 0's all-reduce is done, its backward not
+            assert f"rank 0 pid {ranks[0]} step 0 backward" in line, line
+            assert f"rank 1 pid {ranks[1]} step 0 optimizer 0.0s" in line, line
+            assert app.query_one("#phases", Static).display
+
+    asyncio.run(main())

@@ -76,6 +76,35 @@ def test_headroom_estimates_time_to_exhaustion() -> None:
     assert last["seconds_to_exhaustion"] == pytest.approx(10.0) and last["threads_per_s"] == pytest.approx(1.0)
     assert np.isnan(series.iloc[0]["seconds_to_exhaustion"])
     assert least_headroom(recording).iloc[0]["open_fds"] == 100
+    assert series["thread_limit_kind"].isna().all()  # a recording without thread limits
+
+
+def test_thread_headroom_takes_the_tightest_limit_and_its_own_growth() -> None:
+    seconds = range(6)
+    samples = pd.DataFrame({
+        "ts_ns": [i * 1_000_000_000 for i in seconds], "time": [T0 + pd.Timedelta(seconds=i) for i in seconds],
+        "host": "h", "pid": 5, "start_ns": 99, "comm": "gopher", "open_fds": 10, "fd_soft_limit": 1024,
+        "fd_hard_limit": 4096, "threads": [100 + 10 * i for i in seconds], "sockets": 0,
+        "go_max_threads": 10_000,
+        "nproc_soft_limit": 4000, "user_threads": [1000 + 500 * i for i in seconds],  # others' threads too
+        "pids_max": None, "pids_current": None,
+    })
+    system = pd.DataFrame({"ts_ns": samples["ts_ns"], "host": "h", "threads_max": 95_000, "threads_total": 2000})
+    recording = Recording(events=pd.DataFrame(), samples=samples, system=system, losses=pd.DataFrame(),
+                          counters=pd.DataFrame(), clock=pd.DataFrame(), haproxy=pd.DataFrame(),
+                          phases=pd.DataFrame())
+    series = headroom(recording, window_s=10)
+    first, last = series.iloc[0], series.iloc[-1]
+    assert (first["thread_limit_kind"], first["thread_limit"], first["thread_headroom"]) == ("RLIMIT_NPROC", 4000, 3000)
+    assert (last["thread_count"], last["thread_headroom"], last["thread_usage"]) == (3500, 500, 0.875)
+    # the user's threads grow 500/s (this process only 10/s): 500 left is one second
+    assert last["seconds_to_thread_limit"] == pytest.approx(1.0) and last["threads_per_s"] == pytest.approx(10.0)
+    assert least_headroom(recording, resource="threads").iloc[0]["thread_usage"] == 0.875
+    no_nproc = Recording(events=pd.DataFrame(), samples=samples.assign(nproc_soft_limit=None), system=system,
+                         losses=pd.DataFrame(), counters=pd.DataFrame(), clock=pd.DataFrame(),
+                         haproxy=pd.DataFrame(), phases=pd.DataFrame())
+    go = headroom(no_nproc).iloc[-1]
+    assert (go["thread_limit_kind"], go["thread_headroom"]) == ("Go default", 10_000 - 150)
 
 
 def test_incidents_put_the_first_failure_before_its_symptoms() -> None:

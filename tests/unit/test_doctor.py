@@ -9,7 +9,7 @@ import pytest
 
 from fdtrace.doctor import report
 from fdtrace.doctor.checks import Doctor, Status
-from fdtrace.doctor.golang import BUILDINFO_MAGIC
+from fdtrace.golang import BUILDINFO_MAGIC
 from fdtrace.haproxy import fds_needed, parse_config
 
 LIMITS = ("Limit                     Soft Limit           Hard Limit           Units     \n"

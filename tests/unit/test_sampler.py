@@ -7,23 +7,27 @@ from pathlib import Path
 
 import pytest
 
+from fdtrace.golang import BUILDINFO_MAGIC, GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs import TICK_NS
 from fdtrace.sampler import ProcSampler
 
 LIMITS = """Limit                     Soft Limit           Hard Limit           Units
-Max processes             63936                63936                processes
+Max processes             {nproc}                63936                processes
 Max open files            {soft}                 {hard}                 files
 """
 
 
 def fake_process(root: Path, pid: int, comm: str, fds: dict[int, str], soft: str = "64", hard: str = "4096",
-                 fd_table: int = 64) -> None:
+                 fd_table: int = 64, uid: int = 1000, threads: int = 7, nproc: str = "63936",
+                 cgroup: str = "0::/\n") -> None:
     base = root / str(pid)
     (base / "fd").mkdir(parents=True)
     stat_fields = ["S"] + ["0"] * 18 + ["1234"] + ["0"] * 10
     (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat_fields) + "\n")
-    (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard))
-    (base / "status").write_text(f"Name:\t{comm}\nFDSize:\t{fd_table}\nThreads:\t7\n")
+    (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard, nproc=nproc))
+    (base / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nFDSize:\t{fd_table}\n"
+                                 f"Threads:\t{threads}\n")
+    (base / "cgroup").write_text(cgroup)
     (base / "cmdline").write_text("server\0--port\x008080\0")
     for fd, target in fds.items():
         os.symlink(target, base / "fd" / str(fd))
@@ -43,6 +47,7 @@ def proc_root(tmp_path: Path) -> Path:
     (tmp_path / "sys/kernel/pid_max").write_text("32768\n")
     (tmp_path / "sys/net/core").mkdir(parents=True)
     (tmp_path / "sys/net/core/somaxconn").write_text("4096\n")
+    (tmp_path / "loadavg").write_text("0.52 0.58 0.59 3/1187 4242\n")
     (tmp_path / "net").mkdir()
     (tmp_path / "net/netstat").write_text(
         "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 17 19\n"
@@ -91,8 +96,41 @@ def test_top_by_open_fds_counts_when_the_kernel_gives_counts(proc_root: Path) ->
 def test_system_figures(proc_root: Path) -> None:
     assert ProcSampler(proc_root).system() == {
         "file_nr": 2048, "file_max": 9223372036854775807, "nr_open": 1048576, "threads_max": 95000,
-        "pid_max": 32768, "somaxconn": 4096, "listen_overflows": 17, "listen_drops": 19,
+        "pid_max": 32768, "somaxconn": 4096, "listen_overflows": 17, "listen_drops": 19, "threads_total": 1187,
     }
+
+
+def test_thread_limits_nproc_counts_every_thread_of_the_user(proc_root: Path) -> None:
+    fake_process(proc_root, 20, "worker", {}, uid=1001, threads=40, nproc="100")
+    fake_process(proc_root, 21, "helper", {}, uid=1001, threads=25, nproc="100")
+    fake_process(proc_root, 22, "rootd", {}, uid=0, threads=3, nproc="100")
+    samples = {s.pid: s for s in ProcSampler(proc_root).processes([10, 20, 22])}
+    assert (samples[20].uid, samples[20].nproc_soft_limit, samples[20].user_threads) == (1001, 100, 65)
+    assert (samples[10].nproc_soft_limit, samples[10].user_threads) == (63936, 7 * 3)  # uid 1000: 10, 11, 13
+    assert (samples[22].nproc_soft_limit, samples[22].user_threads) == (None, None)  # root is not held to it
+
+
+def test_thread_limits_tightest_cgroup_pids_max_of_the_ancestors(tmp_path: Path) -> None:
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    fake_process(proc, 30, "app", {}, cgroup="12:pids:/app.slice/app.service\n0::/app.slice/app.service\n")
+    fake_process(proc, 31, "free", {}, cgroup="0::/\n")
+    for folder, current, limit in (("pids/app.slice", 90, "100"), ("pids/app.slice/app.service", 40, "max")):
+        (cgroups / folder).mkdir(parents=True)
+        (cgroups / folder / "pids.current").write_text(f"{current}\n")
+        (cgroups / folder / "pids.max").write_text(f"{limit}\n")
+    sampler = ProcSampler(proc, cgroupfs=cgroups)
+    app, free = sampler.sample(30), sampler.sample(31)
+    assert app is not None and (app.pids_current, app.pids_max) == (90, 100)  # the slice binds, 10 to spare
+    assert free is not None and (free.pids_current, free.pids_max) == (None, None)
+
+
+def test_go_programs_get_gos_thread_limit(proc_root: Path) -> None:
+    (proc_root / "10" / "exe").write_bytes(b"\0" * 100 + BUILDINFO_MAGIC + b"go1.19")
+    (proc_root / "13" / "exe").write_bytes(b"\x7fELF not go")
+    sampler = ProcSampler(proc_root)
+    go, other = sampler.sample(10), sampler.sample(13)
+    assert go is not None and go.go_max_threads == GO_DEFAULT_MAX_THREADS
+    assert other is not None and other.go_max_threads is None
 
 
 def test_real_proc_counts_this_process_fds() -> None:

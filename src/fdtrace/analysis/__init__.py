@@ -57,7 +57,7 @@ def spikes(counts: pd.DataFrame, window: int = 30, threshold: float = 5.0, min_c
 
 
 def headroom(recording: Recording, window_s: float = 30.0) -> pd.DataFrame:
-    """FD headroom of every sampled process over time.
+    """FD and thread headroom of every sampled process over time.
 
     Returns:
         One row per sample: ``time``, ``host``, ``pid``, ``start_ns``, ``comm``, ``open_fds``,
@@ -65,14 +65,24 @@ def headroom(recording: Recording, window_s: float = 30.0) -> pd.DataFrame:
         (open / soft), ``seconds_to_exhaustion`` (at the growth of open FDs over the previous
         ``window_s``; 0 when full, NaN when not growing), ``threads`` and ``threads_per_s``
         (thread growth over the same window).
+
+        Threads against the tightest limit that bounds them, at that sample:
+        ``thread_limit_kind`` (``"Go default"``: Go's 10000-thread limit, for Go programs, which
+        ``SetMaxThreads`` may have changed; ``"RLIMIT_NPROC"``: all threads of the process's
+        user count, root is exempt; ``"cgroup pids.max"``: all tasks of the cgroup, the tightest
+        of its ancestors; ``"threads-max"``: all tasks of the system), ``thread_limit``,
+        ``thread_count`` (what that limit counts), ``thread_headroom`` (limit - count),
+        ``thread_usage`` and ``seconds_to_thread_limit`` (at the growth of that count over the
+        previous ``window_s``). Recordings made before fdtrace sampled these have NaN there.
     """
     return _headroom.headroom(recording, window_s=window_s)
 
 
-def least_headroom(recording: Recording) -> pd.DataFrame:
-    """Each process's fullest moment (the ``headroom()`` row with the highest usage), fullest
-    processes first: who came closest to its FD limit, and when."""
-    return _headroom.least_headroom(recording)
+def least_headroom(recording: Recording, resource: str = "fds") -> pd.DataFrame:
+    """Each process's fullest moment (the ``headroom()`` row with the highest ``usage``, or
+    ``thread_usage`` with ``resource="threads"``), fullest processes first: who came closest
+    to its limit, and when."""
+    return _headroom.least_headroom(recording, resource=resource)
 
 
 def failures(recording: Any) -> pd.DataFrame:

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.doctor.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
 from fdtrace.haproxy import config_paths, fds_needed, parse_config, show_info
-from fdtrace.sampler import ProcSampler
+from fdtrace.sampler import ProcessSample, ProcSampler
+from fdtrace.thread_limits import threads_by_uid
 
 WARN_AT = 0.80
 FAIL_AT = 0.95
@@ -79,7 +79,7 @@ class Doctor:
                  systemctl: str | None = shutil.which("systemctl"), cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
         self.proc = Path(procfs)
         self.cgroupfs = Path(cgroupfs)
-        self.sampler = ProcSampler(self.proc)
+        self.sampler = ProcSampler(self.proc, cgroupfs=self.cgroupfs)
         self.peaks = peaks or {}
         self.thread_growth: dict[int, float] = {}  # threads per second seen in a recording
         self.systemctl = systemctl
@@ -136,25 +136,6 @@ class Doctor:
             return None
         return " ".join(result.stdout.split()) if result.returncode == 0 and result.stdout.strip() else None
 
-    def _cgroup_pids(self, pid: int) -> tuple[int, int | None] | None:
-        """(pids.current, pids.max) of the process's cgroup (v2, or the v1 pids controller)."""
-        for line in (self._read(f"{pid}/cgroup") or "").splitlines():
-            hierarchy, controllers, path = line.split(":", 2)
-            if hierarchy == "0" and controllers == "":
-                base = self.cgroupfs / "unified" if (self.cgroupfs / "unified").is_dir() else self.cgroupfs
-            elif "pids" in controllers.split(","):
-                base = self.cgroupfs / "pids"
-            else:
-                continue
-            folder = base / path.lstrip("/")
-            try:
-                current = int((folder / "pids.current").read_text())
-                limit_text = (folder / "pids.max").read_text().strip()
-            except (OSError, ValueError):
-                continue
-            return current, None if limit_text == "max" else int(limit_text)
-        return None
-
     # Process checks
 
     def process_checks(self, pid: int) -> list[Check]:
@@ -164,7 +145,7 @@ class Doctor:
             return []
         scope = f"pid {pid} ({sample.comm})"
         checks = [*self._fd_checks(pid, scope, sample.open_fds, sample.fd_soft_limit, sample.fd_hard_limit),
-                  *self._thread_checks(pid, scope, sample.threads)]
+                  *self._thread_checks(pid, scope, sample)]
         if sample.comm.startswith("haproxy"):
             checks += self._haproxy_checks(pid, scope, sample.fd_soft_limit)
         return checks
@@ -208,29 +189,28 @@ class Doctor:
                                 f">= {need}", f"sysctl -w fs.nr_open={need} (and in /etc/sysctl.d/)"))
         return checks
 
-    def _thread_checks(self, pid: int, scope: str, threads: int) -> list[Check]:
+    def _thread_checks(self, pid: int, scope: str, sample: ProcessSample) -> list[Check]:
         checks = []
-        nproc_soft, _ = self._limits(pid).get("Max processes", (None, None))
-        uid = (self._status_field(pid, "Uid") or "0").split()[0]
-        if nproc_soft is not None and uid != "0":  # root is not held to RLIMIT_NPROC
-            user_threads = sum(int(self._status_field(p, "Threads") or 0) for p in self.sampler.pids()
-                               if (self._status_field(p, "Uid") or "").split()[:1] == [uid])
-            status = by_usage(user_threads, nproc_soft)
-            checks.append(Check(scope, "RLIMIT_NPROC (threads of uid " + uid + ")", status,
-                                f"{user_threads} of {nproc_soft}", f">= {with_margin(user_threads)}" if status else "",
+        threads, uid = sample.threads, sample.uid
+        if sample.nproc_soft_limit is not None and uid is not None:
+            user_threads = threads_by_uid(self.proc, self.sampler.pids(), {uid})[uid]
+            status = by_usage(user_threads, sample.nproc_soft_limit)
+            checks.append(Check(scope, f"RLIMIT_NPROC (threads of uid {uid})", status,
+                                f"{user_threads} of {sample.nproc_soft_limit}",
+                                f">= {with_margin(user_threads)}" if status else "",
                                 "raise LimitNPROC= / ulimit -u for the user" if status else ""))
-        pids = self._cgroup_pids(pid)
-        if pids is not None and pids[1] is not None:
-            status = by_usage(pids[0], pids[1])
-            checks.append(Check(scope, "cgroup pids.max", status, f"{pids[0]} tasks of {pids[1]}",
-                                f">= {with_margin(pids[0])}" if status else "",
+        if sample.pids_max is not None and sample.pids_current is not None:
+            status = by_usage(sample.pids_current, sample.pids_max)
+            checks.append(Check(scope, "cgroup pids.max", status, f"{sample.pids_current} tasks of {sample.pids_max}",
+                                f">= {with_margin(sample.pids_current)}" if status else "",
                                 "raise TasksMax= of its unit (or pids.max of its cgroup)" if status else ""))
-        if is_go_binary(self.proc / str(pid) / "exe"):
-            status = by_usage(threads, GO_DEFAULT_MAX_THREADS)
+        if sample.go_max_threads is not None:
+            limit = sample.go_max_threads
+            status = by_usage(threads, limit)
             growth = self.thread_growth.get(pid, 0.0)
-            current = f"{threads} threads of Go's default {GO_DEFAULT_MAX_THREADS} (a Go binary)"
+            current = f"{threads} threads of Go's default {limit} (a Go binary)"
             if growth > 0:
-                eta = (GO_DEFAULT_MAX_THREADS - threads) / growth
+                eta = (limit - threads) / growth
                 current += f", growing {growth:.0f}/s in the recording: the limit in {eta:.0f} s"
                 if eta < 600:
                     status = max(status, Status.WARN)

@@ -22,9 +22,10 @@ def _shim() -> Any:
 def phase(name: str) -> Iterator[None]:
     """Mark a user-named phase (recorded with the current rank and step) around a block."""
     shim = _shim()
+    token = shim._begin("user", name) if shim is not None else None
     start_mono, start_wall = time.monotonic_ns(), time.time_ns()
     try:
         yield
     finally:
         if shim is not None:
-            shim._write("user", start_mono, start_wall, name=name)
+            shim._write("user", start_mono, start_wall, name=name, token=token)

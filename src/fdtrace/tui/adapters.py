@@ -7,6 +7,7 @@ import time
 from rich.text import Text
 
 from fdtrace.incident import USAGE_CRITICAL, USAGE_WARN, HaproxyView, LogEntry, ProcessView, SystemView
+from fdtrace.phases.live import PhaseNow
 
 #: (key, label, width) of the process table's columns, in order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -134,6 +135,27 @@ def haproxy_line(views: list[HaproxyView], now_ns: int) -> Text:
         busy = view.busy_for_s(now_ns)
         if busy > 0:
             text.append(f"  above 90 % for {busy:.0f} s", style="bold red" if view.alerted else "dark_orange")
+    return text
+
+
+#: A rank in one phase for this long is shown amber, then red: a stalled all-reduce or checkpoint.
+PHASE_SLOW_S, PHASE_STUCK_S = 10.0, 60.0
+
+
+def phases_line(phases: dict[int, PhaseNow], now_ns: int) -> Text:
+    """One line per training job under `fdtrace run`: each rank's step and current phase, and
+    for how long it has been in it."""
+    text = Text()
+    ordered = sorted(phases.values(), key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.pid))
+    for i, now in enumerate(ordered):
+        if i:
+            text.append("  │  ")
+        rank = f"rank {now.rank}" if now.rank is not None else "no rank"
+        text.append(f"{rank} ", style="bold")
+        text.append(f"pid {now.pid} step {now.step} ")
+        held_s = max(0.0, (now_ns - now.since_wall_ns) / 1e9)
+        style = "bold red" if held_s >= PHASE_STUCK_S else "dark_orange" if held_s >= PHASE_SLOW_S else ""
+        text.append(f"{now.label} {held_s:.1f}s", style=style)
     return text
 
 

@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
 from fdtrace.feeds import Feed, FeedUpdate
 from fdtrace.incident import SORT_KEYS, IncidentState, ProcessView
-from fdtrace.tui.adapters import COLUMNS, haproxy_line, log_line, process_cells, system_line
+from fdtrace.tui.adapters import COLUMNS, haproxy_line, log_line, phases_line, process_cells, system_line
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
 
@@ -65,6 +65,7 @@ class FdtraceApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="system")
         yield Static(id="haproxy")
+        yield Static(id="phases")
         yield DataTable(id="processes", cursor_type="row", zebra_stripes=True)
         yield RichLog(id="log", max_lines=2000)
         yield Input(placeholder="filter by name or pid; escape clears", id="filter")
@@ -115,6 +116,8 @@ class FdtraceApp(App[None]):
             self.query_one("#log", RichLog).clear()
         if update.boot_wall_ns is not None:
             self.state.boot_wall_ns = update.boot_wall_ns
+        if update.phases is not None:
+            self.state.apply_phases(update.phases)
         self.state.apply_events(update.events)
         for sample_round in update.rounds:
             self.state.apply_samples(sample_round.samples, sample_round.time_ns)
@@ -147,6 +150,10 @@ class FdtraceApp(App[None]):
         haproxy.display = bool(self.state.haproxy)
         if self.state.haproxy:
             haproxy.update(haproxy_line(list(self.state.haproxy.values()), self.state.now_ns))
+        phases = self.query_one("#phases", Static)
+        phases.display = bool(self.state.phases)
+        if self.state.phases:
+            phases.update(phases_line(self.state.phases, self.state.now_ns))
         self._redraw_table(rows[:MAX_ROWS])
         log = self.query_one("#log", RichLog)
         for entry in self.state.new_log_entries(self._log_shown):

@@ -11,7 +11,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import mmap
 import os
+import struct
 import sys
 import threading
 import time
@@ -20,6 +22,12 @@ _OUT_DIR = os.environ.get("FDTRACE_PHASES_DIR")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
 _state = {"file": None, "pid": None, "step": 0, "broken": False, "patched": False}
+# The live state file that `fdtrace top` reads: the phase this process is in now. Its layout is
+# fdtrace.phases.live.STATE_FORMAT (this file cannot import fdtrace: the job's Python is not ours).
+_STATE_FORMAT = "<4sIiiiiqqqq24s40s"
+_STATE_SIZE = struct.calcsize(_STATE_FORMAT)
+_live = {"map": None, "pid": None, "sequence": 0, "open": [], "start_ticks": 0, "next_token": 0,
+         "broken": False}
 
 
 def _rank_info():
@@ -36,11 +44,79 @@ def _rank_info():
     return as_int(rank), as_int(os.environ.get("LOCAL_RANK")), as_int(world)
 
 
-def _write(phase, start_mono, start_wall, name=None, bucket=None):
-    """Append one phase record to this process's file."""
-    if _OUT_DIR is None or _state["broken"]:
+def _state_map():
+    """This process's state file, mapped (made on first use, and again in a forked child)."""
+    if _live["pid"] != os.getpid():
+        path = os.path.join(_OUT_DIR, f"state-{os.getpid()}.bin")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, _STATE_SIZE)
+            _live["map"] = mmap.mmap(fd, _STATE_SIZE)
+        finally:
+            os.close(fd)
+        with open("/proc/self/stat") as stat:
+            text = stat.read()
+        _live["start_ticks"] = int(text[text.rfind(")") + 2:].split()[19])
+        _live["pid"], _live["open"], _live["sequence"] = os.getpid(), [], 0
+    return _live["map"]
+
+
+def _publish(since_wall):
+    """Rewrite the state file: the innermost open phase, or none since ``since_wall``. The
+    sequence number is odd while the record is written, so a reader never takes half of it."""
+    state = _state_map()
+    phase, name, since = "", "", since_wall
+    if _live["open"]:
+        _, phase, name, since = _live["open"][-1]
+    rank, local_rank, world = _rank_info()
+    as_field = lambda v: -1 if v is None else v  # noqa: E731
+    _live["sequence"] += 1
+    struct.pack_into(_STATE_FORMAT, state, 0, b"FDTP", _live["sequence"], os.getpid(), as_field(rank),
+                     as_field(local_rank), as_field(world), _live["start_ticks"], _state["step"], since,
+                     time.monotonic_ns(), phase.encode()[:24], (name or "").encode()[:40])
+    _live["sequence"] += 1
+    struct.pack_into("<I", state, 4, _live["sequence"])
+
+
+def _begin(phase, name=None):
+    """A phase begins: show it live. Returns the token that ends it (None when not shown)."""
+    if _OUT_DIR is None or _live["broken"]:
+        return None
+    try:
+        with _lock:
+            _state_map()
+            _live["next_token"] += 1
+            token = _live["next_token"]
+            _live["open"].append((token, phase, name, time.time_ns()))
+            _publish(_live["open"][-1][3])
+            return token
+    except Exception:
+        _live["broken"] = True
+        return None
+
+
+def _end(token, end_wall):
+    """The phase of ``token`` ended: show the one around it, if any."""
+    if token is None or _live["broken"]:
+        return
+    try:
+        with _lock:
+            if _live["pid"] != os.getpid():
+                return
+            _live["open"] = [entry for entry in _live["open"] if entry[0] != token]
+            _publish(end_wall)
+    except Exception:
+        _live["broken"] = True
+
+
+def _write(phase, start_mono, start_wall, name=None, bucket=None, token=None):
+    """Append one phase record to this process's file (and end its live state)."""
+    if _OUT_DIR is None:
         return
     end_mono, end_wall = time.monotonic_ns(), time.time_ns()
+    _end(token, end_wall)
+    if _state["broken"]:
+        return
     rank, local_rank, world = _rank_info()
     record = {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(),
               "tid": threading.get_native_id(), "step": _state["step"], "phase": phase, "name": name,
@@ -59,11 +135,12 @@ def _write(phase, start_mono, start_wall, name=None, bucket=None):
 def _timed(phase, function, name=None):
     """``function`` with its calls recorded as ``phase``."""
     def wrapper(*args, **kwargs):
+        token = _begin(phase, name)
         start_mono, start_wall = time.monotonic_ns(), time.time_ns()
         try:
             return function(*args, **kwargs)
         finally:
-            _write(phase, start_mono, start_wall, name)
+            _write(phase, start_mono, start_wall, name, token=token)
     wrapper.__wrapped__ = function
     wrapper._fdtrace_phase = phase
     wrapper.__name__ = getattr(function, "__name__", "wrapper")
@@ -74,12 +151,13 @@ def _timed(phase, function, name=None):
 def _timed_comm_hook(hook):
     """A DDP communication hook that records each bucket's all-reduce, start to completion."""
     def timed(state, bucket):
-        start_mono, start_wall = time.monotonic_ns(), time.time_ns()
         index = bucket.index()
+        token = _begin("allreduce", f"bucket {index}")
+        start_mono, start_wall = time.monotonic_ns(), time.time_ns()
         future = hook(state, bucket)
 
         def done(fut):
-            _write("allreduce", start_mono, start_wall, bucket=index)
+            _write("allreduce", start_mono, start_wall, bucket=index, token=token)
             return fut.value()
         return future.then(done)
     timed.__wrapped__ = hook
@@ -115,11 +193,12 @@ def _patch_ddp(torch):
                 original_register(self, None, _timed_comm_hook(default_hooks.allreduce_hook))
             except Exception:
                 pass
+        token = _begin("forward")
         start_mono, start_wall = time.monotonic_ns(), time.time_ns()
         try:
             return original_forward(self, *args, **kwargs)
         finally:
-            _write("forward", start_mono, start_wall)
+            _write("forward", start_mono, start_wall, token=token)
 
     DistributedDataParallel.register_comm_hook = register_comm_hook
     DistributedDataParallel.forward = forward
@@ -132,13 +211,16 @@ def _patch_optimizer(torch):
     started = threading.local()
 
     def pre(optimizer, args, kwargs):
-        started.value = (time.monotonic_ns(), time.time_ns())
+        token = _begin("optimizer", type(optimizer).__name__)
+        started.value = (time.monotonic_ns(), time.time_ns(), token)
 
     def post(optimizer, args, kwargs):
         start = getattr(started, "value", None)
         if start is not None:
             _write("optimizer", start[0], start[1], name=type(optimizer).__name__)
         _state["step"] += 1
+        if start is not None:
+            _end(start[2], time.time_ns())  # shown live with the step it starts
 
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)

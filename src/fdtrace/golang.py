@@ -1,0 +1,81 @@
+"""Telling a Go binary: its build info, which every Go program since 1.13 carries."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+#: The magic that starts the .go.buildinfo section.
+BUILDINFO_MAGIC = b"\xff Go buildinf:"
+#: Go's default limit on OS threads (runtime/debug.SetMaxThreads); past it the program dies.
+GO_DEFAULT_MAX_THREADS = 10_000
+_ELF_MAGIC = b"\x7fELF"
+
+
+def elf_sections(exe: Path) -> set[str] | None:
+    """The section names of an ELF executable; None if it is not ELF or has no section table
+    (then only a scan of its bytes can tell). Reads the headers, not the whole file."""
+    try:
+        with open(exe, "rb") as binary:
+            ident = binary.read(64)
+            if len(ident) < 64 or not ident.startswith(_ELF_MAGIC):
+                return None
+            wide, order = ident[4] == 2, "<" if ident[5] == 1 else ">"
+            if wide:
+                shoff, = struct.unpack_from(order + "Q", ident, 0x28)
+                shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", ident, 0x3A)
+            else:
+                shoff, = struct.unpack_from(order + "I", ident, 0x20)
+                shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", ident, 0x2E)
+            if shoff == 0 or shnum == 0 or shstrndx >= shnum or shnum > 4096:
+                return None
+            binary.seek(shoff)
+            table = binary.read(shentsize * shnum)
+            if len(table) < shentsize * shnum:
+                return None
+
+            def header(index: int) -> tuple[int, int, int]:
+                """(name offset, file offset, size) of a section header."""
+                at = index * shentsize
+                if wide:
+                    name, = struct.unpack_from(order + "I", table, at)
+                    offset, size = struct.unpack_from(order + "QQ", table, at + 0x18)
+                else:
+                    name, = struct.unpack_from(order + "I", table, at)
+                    offset, size = struct.unpack_from(order + "II", table, at + 0x10)
+                return name, offset, size
+
+            _, strings_at, strings_size = header(shstrndx)
+            binary.seek(strings_at)
+            strings = binary.read(min(strings_size, 1 << 20))
+    except (OSError, struct.error):
+        return None
+    names = set()
+    for index in range(shnum):
+        start = header(index)[0]
+        end = strings.find(b"\0", start)
+        names.add(strings[start:end if end >= 0 else None].decode("ascii", "replace"))
+    return names
+
+
+def is_go_binary(exe: Path, scan_bytes: int = 64 << 20) -> bool:
+    """Whether the executable carries Go build info: its ``.go.buildinfo`` section when the ELF
+    section table can be read, else a scan of at most ``scan_bytes`` for the build info magic."""
+    sections = elf_sections(exe)
+    if sections is not None:
+        return ".go.buildinfo" in sections
+    try:
+        with open(exe, "rb") as binary:
+            tail = b""
+            read = 0
+            while read < scan_bytes:
+                chunk = binary.read(1 << 20)
+                if not chunk:
+                    return False
+                if BUILDINFO_MAGIC in tail + chunk:
+                    return True
+                tail = chunk[-len(BUILDINFO_MAGIC):]
+                read += len(chunk)
+    except OSError:
+        return False
+    return False

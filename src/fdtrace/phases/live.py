@@ -1,0 +1,158 @@
+"""The phase each rank is in now: read from the state files the shim keeps under `fdtrace run`
+(live), or from a recording's phases table (replay).
+
+Each process of a job under `fdtrace run` keeps one small file, ``state-PID.bin`` in the run's
+phases folder, that it rewrites in place through a memory map whenever a phase begins or ends.
+A reader takes it only when two reads agree and its sequence number is even (not mid-write).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The layout of a state file; the shim writes the same one (see tests/unit/test_live_phases.py).
+STATE_MAGIC = b"FDTP"
+STATE_FORMAT = "<4sIiiiiqqqq24s40s"
+STATE_SIZE = struct.calcsize(STATE_FORMAT)
+#: `fdtrace run` makes its phases folder under the temporary directory with this prefix.
+RUN_DIR_PREFIX = "fdtrace-phases-"
+
+
+@dataclass(frozen=True)
+class PhaseNow:
+    """Where one process of a training job is now.
+
+    ``phase`` is the innermost phase in progress (``allreduce`` inside ``backward``), ``""``
+    between phases; ``since_wall_ns`` is when it began (or when the last one ended)."""
+
+    pid: int
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    step: int
+    phase: str
+    name: str
+    since_wall_ns: int
+
+    @property
+    def label(self) -> str:
+        """``allreduce``, ``user:eval``, or ``-`` between phases."""
+        if not self.phase:
+            return "-"
+        return f"user:{self.name}" if self.phase == "user" and self.name else self.phase
+
+
+def _optional(value: int) -> int | None:
+    return None if value < 0 else value
+
+
+def read_state(path: Path) -> tuple[PhaseNow, int] | None:
+    """A state file as (PhaseNow, the process's start time in clock ticks); None when it is
+    unreadable, not a state file, or being written both times it was read."""
+    for _ in range(3):
+        try:
+            with open(path, "rb") as state:
+                first = state.read(STATE_SIZE)
+                state.seek(0)
+                second = state.read(STATE_SIZE)
+        except OSError:
+            return None
+        if len(first) < STATE_SIZE or first != second:
+            continue
+        (magic, sequence, pid, rank, local_rank, world, start_ticks, step, since_wall, _, phase,
+         name) = struct.unpack(STATE_FORMAT, first)
+        if magic != STATE_MAGIC:
+            return None
+        if sequence % 2:
+            continue
+        return (PhaseNow(pid, _optional(rank), _optional(local_rank), _optional(world), step,
+                         phase.rstrip(b"\0").decode("utf-8", "replace"), name.rstrip(b"\0").decode("utf-8", "replace"),
+                         since_wall), start_ticks)
+    return None
+
+
+def runs_base() -> Path:
+    """Where `fdtrace run` makes its phases folders and `fdtrace top` looks for them:
+    ``$FDTRACE_RUNS_DIR``, else the temporary directory (``$TMPDIR``, else /tmp)."""
+    return Path(os.environ.get("FDTRACE_RUNS_DIR") or tempfile.gettempdir())
+
+
+class LivePhases:
+    """Finds the jobs running under `fdtrace run` and reads where each of their processes is.
+
+    Args:
+        base: the folder holding the runs' phases folders (``runs_base()``).
+        procfs: to tell a live process from an exited one whose PID was reused.
+    """
+
+    def __init__(self, base: str | Path | None = None, procfs: str | Path = "/proc") -> None:
+        self.base = Path(base) if base is not None else runs_base()
+        self.procfs = Path(procfs)
+
+    def state_files(self) -> list[Path]:
+        """The state files of every run under the base folder."""
+        try:
+            runs = [entry for entry in self.base.iterdir() if entry.name.startswith(RUN_DIR_PREFIX)]
+        except OSError:
+            return []
+        files: list[Path] = []
+        for run in runs:
+            try:
+                files += [p for p in run.iterdir() if p.name.startswith("state-") and p.name.endswith(".bin")]
+            except OSError:
+                continue
+        return files
+
+    def poll(self) -> dict[int, PhaseNow]:
+        """The phase of every live process of every run, by pid."""
+        found = {}
+        for path in self.state_files():
+            read = read_state(path)
+            if read is None:
+                continue
+            now, start_ticks = read
+            if self._start_ticks(now.pid) == start_ticks:
+                found[now.pid] = now
+        return found
+
+    def _start_ticks(self, pid: int) -> int | None:
+        try:
+            stat = (self.procfs / str(pid) / "stat").read_text()
+        except OSError:
+            return None
+        return int(stat[stat.rfind(")") + 2:].split()[19])
+
+
+def phases_at(phases: Any, wall_ns: int, pids: Iterable[int] | None = None) -> dict[int, PhaseNow]:
+    """From a recording's phases table (a DataFrame), where each process was at ``wall_ns``:
+    the innermost phase in progress, else ``""`` since its last phase ended. Processes whose first
+    phase is still ahead are left out."""
+    if phases is None or len(phases) == 0:
+        return {}
+    begun = phases[phases["start_wall_ns"] <= wall_ns]
+    if pids is not None:
+        begun = begun[begun["pid"].isin(list(pids))]
+    found: dict[int, PhaseNow] = {}
+    for pid, mine in begun.groupby("pid", sort=False):
+        running = mine[mine["end_wall_ns"] > wall_ns]
+        if len(running):
+            row = running.loc[running["start_wall_ns"].idxmax()]
+            phase, since = str(row["phase"]), int(row["start_wall_ns"])
+        else:
+            row = mine.loc[mine["end_wall_ns"].idxmax()]
+            phase, since = "", int(row["end_wall_ns"])
+        found[int(pid)] = PhaseNow(int(pid), _nullable(row["rank"]), _nullable(row["local_rank"]),
+                                   _nullable(row["world_size"]), int(row["step"]), phase,
+                                   "" if row["name"] is None or row["name"] != row["name"] else str(row["name"]),
+                                   since)
+    return found
+
+
+def _nullable(value: Any) -> int | None:
+    return None if value is None or value != value else int(value)

@@ -1,0 +1,67 @@
+"""The limits on a process's threads, read from procfs and the cgroup tree: RLIMIT_NPROC (all
+threads of the real user count against it), the cgroup's pids.max (all tasks of the cgroup and
+its descendants), and Go's own limit for Go programs. The system-wide threads-max is in the
+sampler's system figures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def cgroup_pids(procfs: Path, cgroupfs: Path, pid: int) -> tuple[int, int] | None:
+    """(pids.current, pids.max) of the tightest pids limit on the process: its own cgroup's or an
+    ancestor's, whichever leaves the fewest tasks to spare. None when no cgroup limits its tasks
+    (or the process is gone). Works on cgroup v2 and on the v1 pids controller."""
+    tightest: tuple[int, int] | None = None
+    for line in (_read(procfs / str(pid) / "cgroup") or "").splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0" and controllers == "":
+            base = cgroupfs / "unified" if (cgroupfs / "unified").is_dir() else cgroupfs
+        elif "pids" in controllers.split(","):
+            base = cgroupfs / "pids"
+        else:
+            continue
+        folder = base / path.strip("/")
+        while True:
+            limit_text = (_read(folder / "pids.max") or "").strip()
+            current_text = (_read(folder / "pids.current") or "").strip()
+            if limit_text.isdigit() and current_text.isdigit():
+                candidate = (int(current_text), int(limit_text))
+                if tightest is None or candidate[1] - candidate[0] < tightest[1] - tightest[0]:
+                    tightest = candidate
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return tightest
+
+
+def threads_by_uid(procfs: Path, pids: Iterable[int], uids: set[int]) -> dict[int, int]:
+    """Threads of each of ``uids`` (real user id) over ``pids``: what RLIMIT_NPROC counts."""
+    totals = dict.fromkeys(uids, 0)
+    for pid in pids:
+        uid = threads = None
+        for line in (_read(procfs / str(pid) / "status") or "").splitlines():
+            if line.startswith("Uid:"):
+                uid = int(line.split()[1])
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+        if uid in totals and threads is not None:
+            totals[uid] += threads
+    return totals
+
+
+def tasks_total(procfs: Path) -> int | None:
+    """Threads on the system (the total of /proc/loadavg's 4th field): what threads-max bounds."""
+    fields = (_read(procfs / "loadavg") or "").split()
+    if len(fields) < 4 or "/" not in fields[3]:
+        return None
+    return int(fields[3].split("/")[1])
+
