@@ -49,7 +49,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 # The DDP phase tests run a real gloo job: the CPU build of PyTorch 2.13.0 (this exact version:
 # the machine image carries it; any other would download gigabytes). fdtrace itself needs no torch.
+# It goes first: the test extras (Lightning, transformers) need a torch, and would otherwise pull
+# the newest one.
 .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

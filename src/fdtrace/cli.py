@@ -368,7 +368,10 @@ def export(listen: str, pids: tuple[int, ...], top_processes: int, duration: flo
               help="The report file.")
 @click.option("--format", "fmt", type=click.Choice(["html", "md"]), default=None,
               help="html (self-contained) or md; by default from the output's extension.")
-def report(directories: tuple[str, ...], output: str, fmt: str | None) -> None:
+@click.option("--phases", "phase_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Training phases to add: a file of `fdtrace run --phases-out`, or a PyTorch profiler "
+                   "(Kineto) trace JSON, put on the recording's clock. Repeatable.")
+def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_files: tuple[str, ...]) -> None:
     """A postmortem report of recordings: summary, timeline, spikes, FD headroom, incidents,
     losses and the limits to change."""
     from fdtrace.analysis.report import EVENT_COLUMNS, build, to_html, to_markdown
@@ -376,7 +379,7 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None) -> None:
 
     fmt = fmt or ("md" if output.endswith(".md") else "html")
     try:
-        recording = load(list(directories), columns={"events": list(EVENT_COLUMNS)})
+        recording = load(list(directories), columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
     except FdtraceError as error:
         _fail(error)
     for skipped in recording.skipped:

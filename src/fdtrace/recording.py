@@ -152,13 +152,16 @@ def _read_table(root: Path, table: str, hosts: list[str], skipped: list[str], co
     return result
 
 
-def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None) -> Recording:
+def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
+         phases: list[str | Path] | None = None) -> Recording:
     """Load one recording directory, or several (several hosts), into DataFrames.
 
     Part files that cannot be read (truncated, corrupt) are skipped and named in ``skipped``;
     a directory that is not a recording, or one of another schema version, raises FdtraceError.
     ``columns`` reads only some columns of some tables (``{"events": ["time", "pid", ...]}``),
-    for recordings too large to hold whole.
+    for recordings too large to hold whole. ``phases`` adds phase files to the phases table:
+    what `fdtrace run --phases-out` wrote, or PyTorch profiler (Kineto) traces, which are put on
+    the recording's clock (see ``fdtrace.phases.kineto``).
     """
     import pandas as pd
 
@@ -178,4 +181,12 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
         if "host" in frame.columns:
             frame["host"] = frame["host"].astype("category")
         frames[table] = frame
-    return Recording(meta=meta, skipped=skipped, **frames)
+    phases_frame = frames["phases"]
+    if len(phases_frame) and "source" not in phases_frame.columns:
+        phases_frame["source"] = "shim"  # recorded before other sources of phases existed
+    recording = Recording(meta=meta, skipped=skipped, **frames)
+    if phases:
+        from fdtrace.phases.files import with_phase_files
+
+        recording = with_phase_files(recording, list(phases))
+    return recording

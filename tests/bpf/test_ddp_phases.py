@@ -148,6 +148,34 @@ def test_each_ranks_step_and_phase_can_be_watched_live(netns: list[str], tmp_pat
     assert list(runs.iterdir()) == []  # fdtrace run removed its folder
 
 
+def test_kineto_trace_phases_land_inside_the_shims_on_the_recordings_clock(netns: list[str],
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    job = run_job([*netns, FDTRACE, "run", "--record", str(out), "--", sys.executable, TRAIN, "--steps", str(STEPS),
+                   "--profile", str(tmp_path), "--port", str(free_port()), "--checkpoint", str(tmp_path / "c.pt")],
+                  fresh=out)
+    assert job.returncode == 0, job.stderr[-3000:]
+    rec = load(out, phases=sorted(tmp_path.glob("trace-*.json")))
+    shim, kineto = (rec.phases[rec.phases["source"] == source] for source in ("shim", "kineto"))
+    assert sorted(set(kineto["rank"])) == [0, 1] and set(kineto["world_size"]) == {2}
+    # Kineto converts its own clock to wall time approximately (tens of µs off here); a step is
+    # many ms: a span put on the wrong step or the wrong clock would be far outside this.
+    slack = 1_000_000
+    for rank in (0, 1):
+        for phase in ("forward", "backward", "optimizer"):
+            ours = shim[(shim["rank"] == rank) & (shim["phase"] == phase)].sort_values("start_mono_ns")
+            theirs = kineto[(kineto["rank"] == rank) & (kineto["phase"] == phase)].sort_values("start_mono_ns")
+            assert theirs["step"].tolist() == ours["step"].tolist() == list(range(STEPS)), (rank, phase)
+            # the profiler's span of a call lies inside the shim's span of the same call
+            assert (theirs["start_mono_ns"].to_numpy() >= ours["start_mono_ns"].to_numpy() - slack).all()
+            assert (theirs["end_mono_ns"].to_numpy() <= ours["end_mono_ns"].to_numpy() + slack).all()
+            assert (theirs["pid"].to_numpy() == ours["pid"].to_numpy()).all()
+        assert set(kineto[kineto["rank"] == rank]["phase"]) == {"forward", "backward", "allreduce", "optimizer",
+                                                                "user"}
+    assert set(kineto[kineto["phase"] == "optimizer"]["name"]) == {"SGD"}
+    assert set(kineto[kineto["phase"] == "user"]["name"]) == {"gloo:broadcast"}  # DDP's first forward
+
+
 def test_a_failing_command_gives_its_exit_code(tmp_path: Path) -> None:
     result = subprocess.run([FDTRACE, "run", "--", sys.executable, "-c", "import sys; sys.exit(3)"],
                             capture_output=True, text=True, timeout=60)

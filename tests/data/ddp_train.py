@@ -2,12 +2,15 @@
 STEPS steps, rank 0 saves a checkpoint, and every rank prints a checksum of its parameters.
 
     python tests/data/ddp_train.py [--world 2] [--steps 3] [--hook] [--port 29511] [--step-sleep S]
+                                   [--profile DIR]
 
 --hook registers a communication hook of the job's own, which counts its calls; --step-sleep
-waits S seconds after each step (time for a watcher to see the ranks move).
+waits S seconds after each step (time for a watcher to see the ranks move); --profile runs the
+steps under the PyTorch profiler and writes its (Kineto) trace to DIR/trace-RANK.json.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -19,7 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 
-def train(rank, world, steps, port, hook, checkpoint, step_sleep):
+def train(rank, world, steps, port, hook, checkpoint, step_sleep, profile_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -34,13 +37,17 @@ def train(rank, world, steps, port, hook, checkpoint, step_sleep):
         model.register_comm_hook(dist.group.WORLD, counting_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(rank)
-    for _ in range(steps):
-        inputs = torch.randn(32, 64, generator=generator)
-        loss = model(inputs).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        time.sleep(step_sleep)
+    profiling = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile_dir else None
+    with profiling or contextlib.nullcontext():
+        for _ in range(steps):
+            inputs = torch.randn(32, 64, generator=generator)
+            loss = model(inputs).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            time.sleep(step_sleep)
+    if profiling is not None:
+        profiling.export_chrome_trace(os.path.join(profile_dir, f"trace-{rank}.json"))
     dist.barrier()
     if rank == 0:
         torch.save(model.module.state_dict(), checkpoint)
@@ -62,7 +69,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=29511)
     parser.add_argument("--hook", action="store_true")
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--profile", default=None)
     parser.add_argument("--checkpoint", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ddp-checkpoint.pt"))
     args = parser.parse_args()
-    mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint, args.step_sleep),
+    mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint, args.step_sleep,
+                          args.profile),
              nprocs=args.world)

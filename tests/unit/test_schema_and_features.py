@@ -75,10 +75,11 @@ def test_counter_store_keeps_exited_instances_apart_from_a_reused_pid() -> None:
     assert (new.comm, new.counts["sockets"], new.errors) == ("new", 1, {})
 
 
-def test_headless_modules_import_neither_textual_nor_bcc() -> None:
+def test_headless_modules_import_neither_textual_nor_bcc_nor_matplotlib() -> None:
     code = ("import sys, fdtrace.cli, fdtrace.sources.live_bpf, fdtrace.sinks.jsonl, fdtrace.sinks.parquet,"
-            "fdtrace.recorder, fdtrace.feeds, fdtrace.incident, fdtrace.analysis, fdtrace.sources.replay;"
-            "print(','.join(m for m in ('textual', 'bcc') if m in sys.modules))")
+            "fdtrace.recorder, fdtrace.feeds, fdtrace.incident, fdtrace.analysis, fdtrace.sources.replay,"
+            "fdtrace.analysis.report, fdtrace.phases.files;"
+            "print(','.join(m for m in ('textual', 'bcc', 'matplotlib') if m in sys.modules))")
     leaked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert leaked == ""
 

@@ -16,6 +16,7 @@ from fdtrace.analysis.binning import rates
 from fdtrace.analysis.failures import incidents
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats
 from fdtrace.analysis.spike_finder import spikes
+from fdtrace.phases.collect import PHASE_COLOURS
 from fdtrace.recording import Recording
 from fdtrace.schema import STATS
 
@@ -148,7 +149,7 @@ def _svg_lines(series: dict[str, tuple[list[float], list[float]]], dashed: dict[
              f'<text x="{width - 80}" y="{height - 5}" font-size="11">{x1 - x0:,.0f} s</text>']
     for start, end, label in bands or []:  # phases behind the lines
         left, right = (float(p.split(",")[0]) for p in (point(start, 0), point(end, 0)))
-        fill = BAND_COLOURS.get(label, "#eee")
+        fill = PHASE_COLOURS.get(label, "#eee")
         parts.append(f'<rect x="{left:.1f}" y="20" width="{max(right - left, 1):.1f}" height="{height - 45}" '
                      f'fill="{fill}" opacity="0.35"><title>{html.escape(label)}</title></rect>')
     # Solid lines with their labels; dashed ones (limits) in the colour of the line they go with.
@@ -221,8 +222,6 @@ SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", 
 NO_PHASES = "No training phases in this recording (record with fdtrace run --record to have them)."
 BAND_PHASES = ("init_process_group", "forward", "backward", "optimizer", "checkpoint_save", "checkpoint_load",
                "barrier")
-BAND_COLOURS = {"init_process_group": "#9ecae1", "forward": "#c7e9c0", "backward": "#fdd0a2", "optimizer": "#dadaeb",
-                "checkpoint_save": "#fcbba1", "checkpoint_load": "#fcbba1", "barrier": "#d9d9d9"}
 HEADROOM_COLUMNS = ["comm", "pid", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom", "usage", "time"]
 NO_SPIKES = "No spike: no bin rose far above its recent baseline."
 NO_INCIDENTS = "No EMFILE, ENFILE, OOM kill or abnormal exit."

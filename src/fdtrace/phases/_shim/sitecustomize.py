@@ -109,8 +109,9 @@ def _end(token, end_wall):
         _live["broken"] = True
 
 
-def _write(phase, start_mono, start_wall, name=None, bucket=None, token=None):
-    """Append one phase record to this process's file (and end its live state)."""
+def _write(phase, start_mono, start_wall, name=None, bucket=None, token=None, source=None, step=None):
+    """Append one phase record to this process's file (and end its live state); ``step``: the
+    step the phase began in, when that is not the current one."""
     if _OUT_DIR is None:
         return
     end_mono, end_wall = time.monotonic_ns(), time.time_ns()
@@ -119,9 +120,10 @@ def _write(phase, start_mono, start_wall, name=None, bucket=None, token=None):
         return
     rank, local_rank, world = _rank_info()
     record = {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(),
-              "tid": threading.get_native_id(), "step": _state["step"], "phase": phase, "name": name,
+              "tid": threading.get_native_id(), "step": _state["step"] if step is None else step,
+              "phase": phase, "name": name,
               "bucket": bucket, "start_mono_ns": start_mono, "end_mono_ns": end_mono,
-              "start_wall_ns": start_wall, "end_wall_ns": end_wall}
+              "start_wall_ns": start_wall, "end_wall_ns": end_wall, "source": source or "shim"}
     try:
         with _lock:
             if _state["pid"] != os.getpid():  # first write, or a forked child
