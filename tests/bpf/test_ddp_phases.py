@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fdtrace.analysis import load
@@ -174,6 +175,25 @@ def test_kineto_trace_phases_land_inside_the_shims_on_the_recordings_clock(netns
                                                                 "user"}
     assert set(kineto[kineto["phase"] == "optimizer"]["name"]) == {"SGD"}
     assert set(kineto[kineto["phase"] == "user"]["name"]) == {"gloo:broadcast"}  # DDP's first forward
+
+
+def test_torchrun_workers_are_marked_per_rank(netns: list[str], tmp_path: Path) -> None:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    result = run_job([*netns, FDTRACE, "run", "--phases-out", str(tmp_path / "p.jsonl"), "--", *torchrun, TRAIN,
+                      "--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt.pt")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks_agree = {line.split(" checksum ")[1] for line in checksums(result.stdout)}
+    assert len(checksums(result.stdout)) == 2 and len(ranks_agree) == 1
+    phases = pd.DataFrame([json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()])
+    assert sorted(set(zip(phases["rank"], phases["local_rank"], phases["world_size"], strict=True))) == [
+        (0, 0, 2), (1, 1, 2)]  # torchrun's own agent process, which imports torch too, marks nothing
+    for rank in (0, 1):
+        mine = phases[phases["rank"] == rank]
+        for phase in ("forward", "backward", "optimizer"):
+            assert mine[mine["phase"] == phase]["step"].tolist() == list(range(STEPS)), (rank, phase)
+        assert (mine["phase"] == "init_process_group").sum() == 1 and (mine["phase"] == "allreduce").sum() >= STEPS
+        assert mine["pid"].nunique() == 1
 
 
 def test_a_failing_command_gives_its_exit_code(tmp_path: Path) -> None:

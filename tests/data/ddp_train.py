@@ -4,6 +4,9 @@ STEPS steps, rank 0 saves a checkpoint, and every rank prints a checksum of its 
     python tests/data/ddp_train.py [--world 2] [--steps 3] [--hook] [--port 29511] [--step-sleep S]
                                    [--profile DIR]
 
+Under torchrun (one process per rank, started by torchrun) it trains its own rank, from the
+environment torchrun sets, instead of spawning the ranks itself.
+
 --hook registers a communication hook of the job's own, which counts its calls; --step-sleep
 waits S seconds after each step (time for a watcher to see the ranks move); --profile runs the
 steps under the PyTorch profiler and writes its (Kineto) trace to DIR/trace-RANK.json.
@@ -72,6 +75,9 @@ if __name__ == "__main__":
     parser.add_argument("--profile", default=None)
     parser.add_argument("--checkpoint", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ddp-checkpoint.pt"))
     args = parser.parse_args()
-    mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint, args.step_sleep,
-                          args.profile),
-             nprocs=args.world)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.steps, int(os.environ["MASTER_PORT"]),
+              args.hook, args.checkpoint, args.step_sleep, args.profile)
+    else:
+        mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint, args.step_sleep,
+                              args.profile), nprocs=args.world)
