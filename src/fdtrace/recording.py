@@ -180,6 +180,8 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
         frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
         if "host" in frame.columns:
             frame["host"] = frame["host"].astype("category")
+        if len(parts) > 1 and "time" in frame.columns:  # several recordings: one wall-clock timeline
+            frame = frame.sort_values("time", kind="stable", ignore_index=True)
         frames[table] = frame
     phases_frame = frames["phases"]
     if len(phases_frame) and "source" not in phases_frame.columns:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fdtrace.analysis import headroom, load
+from fdtrace.analysis import headroom, load, rates
 from fdtrace.schema import SCHEMA_VERSION
 from tests.bpf.test_cli_trace import FDTRACE, WAIT_THEN
 from tests.conftest import python_child
@@ -44,8 +46,8 @@ os._exit(0)
 """
 
 
-def start_recorder(out: Path, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([FDTRACE, "record", "-o", str(out), *args], stderr=subprocess.PIPE, text=True)
+def start_recorder(out: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([*prefix, FDTRACE, "record", "-o", str(out), *args], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     line = proc.stderr.readline()
     while line and "recording to" not in line:
@@ -220,3 +222,43 @@ def test_thread_headroom_against_the_cgroups_pids_max(tmp_path: Path) -> None:
     assert (settled["thread_limit_kind"] == "cgroup pids.max").all() and (settled["thread_limit"] == 20).all()
     assert (settled["thread_count"] == 12).all() and (settled["thread_headroom"] == 8).all()
     assert (settled["thread_usage"] == 0.6).all()
+
+
+SOCKETS = WAIT_THEN + """
+import socket
+held = [socket.socket() for _ in range(6)]
+"""
+
+
+def test_two_hosts_side_by_side_on_one_wall_clock_timeline(tmp_path: Path) -> None:
+    here, there = tmp_path / "here", tmp_path / "there"
+    child = subprocess.Popen(python_child(SOCKETS), stdin=subprocess.PIPE, text=True)
+    recorders = [start_recorder(here, "--pid", str(child.pid)),
+                 # another host name, in a UTS namespace of its own
+                 start_recorder(there, "--pid", str(child.pid),
+                                prefix=("unshare", "--uts", "sh", "-c", 'hostname fdtrace-other && exec "$0" "$@"'))]
+    child.communicate("go\n", timeout=30)
+    time.sleep(0.5)
+    for recorder in recorders:
+        recorder.send_signal(signal.SIGINT)
+        _, err = recorder.communicate(timeout=30)
+        assert recorder.returncode == 0, err
+
+    both = load([here, there])
+    host = socket.gethostname()
+    assert sorted(both.meta) == sorted([host, "fdtrace-other"])
+    sockets = both.events[(both.events["pid"] == child.pid) & (both.events["kind"] == "socket")]
+    assert sockets.groupby("host", observed=True).size().to_dict() == {host: 6, "fdtrace-other": 6}
+    assert both.events["time"].is_monotonic_increasing
+    # The same calls, seen by both: each host's clock offsets put them at the same wall time.
+    times = [sockets[sockets["host"] == name]["time"].astype("int64").to_numpy() for name in (host, "fdtrace-other")]
+    assert (abs(times[0] - times[1]) < 1_000_000).all()
+    per_host = rates(sockets, kind="socket", by="host")
+    assert per_host.sum().to_dict() == {host: 6, "fdtrace-other": 6}
+
+    # Side by side in one folder, as a fleet's recordings are gathered: the same dataset.
+    shutil.copytree(there, here, dirs_exist_ok=True)
+    merged = load(here)
+    assert sorted(merged.meta) == sorted(both.meta) and len(merged.events) == len(both.events)
+    summary = subprocess.run([FDTRACE, "info", str(here)], capture_output=True, text=True, check=True).stdout
+    assert f"host {host}:" in summary and "host fdtrace-other:" in summary
