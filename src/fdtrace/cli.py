@@ -399,8 +399,12 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
               help="Record the whole run (as fdtrace record) and store the phases in the recording.")
 @click.option("--phases-out", type=click.Path(dir_okay=False), default=None,
               help="Also write the phases to this file (.parquet, else JSON lines).")
+@click.option("--skip", "skip", multiple=True, type=click.Choice(["forward", "backward", "allreduce"]),
+              help="Do not mark this phase. `--skip allreduce` keeps DDP's built-in all-reduce: timing each "
+                   "bucket needs a communication hook, whose averaging costs an extra pass over the gradients "
+                   "on CPU (see docs/benchmarks.md). Repeatable.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(record_dir: str | None, phases_out: str | None, command: tuple[str, ...]) -> None:
+def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run a training command unchanged, marking its PyTorch phases in every rank.
 
     A shim on PYTHONPATH (sitecustomize, standard library and torch only) marks
@@ -423,7 +427,7 @@ def run(record_dir: str | None, phases_out: str | None, command: tuple[str, ...]
     shim = str(resources.files("fdtrace.phases") / "_shim")
     # Where `fdtrace top` looks for the ranks' live state files.
     phases_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=runs_base())
-    env = dict(os.environ, FDTRACE_PHASES_DIR=phases_dir,
+    env = dict(os.environ, FDTRACE_PHASES_DIR=phases_dir, FDTRACE_PHASES_SKIP=",".join(skip),
                PYTHONPATH=os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p))
     recorder = None
     if record_dir is not None:

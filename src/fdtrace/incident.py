@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from fdtrace.phases.live import PhaseNow
 from fdtrace.sampler import ProcessSample
+from fdtrace.thread_limits import binding_limit
 
 #: Alert thresholds.
 USAGE_WARN = 0.80
@@ -36,6 +37,7 @@ class ProcessView:
     fd_hard_limit: int | None = None
     sockets: int | None = None
     threads: int | None = None
+    thread_limit: tuple[str, int, int] | None = None  # (limit, count, value) binding the threads
     totals: Counter[str] = field(default_factory=Counter)
     rates: dict[str, float] = field(default_factory=dict)
     fd_exhaustion_errors: int = 0  # EMFILE + ENFILE from any syscall
@@ -85,6 +87,9 @@ class ProcessView:
         usage = self.usage
         if usage is not None and usage > USAGE_WARN:
             found.append(f"FDs at {usage:.0%}")
+        if self.thread_limit is not None and self.thread_limit[1] > USAGE_WARN * self.thread_limit[2]:
+            kind, count, limit = self.thread_limit
+            found.append(f"threads {count}/{limit} ({kind})")
         if self.rates.get("thread_start", 0.0) >= THREAD_BURST_PER_S:
             found.append(f"threads +{self.rates['thread_start']:.0f}/s")
         return found
@@ -243,6 +248,7 @@ class IncidentState:
             view.fd_hard_limit = sample.fd_hard_limit
             view.sockets = sample.sockets
             view.threads = sample.threads
+            view.thread_limit = binding_limit(sample)
             view.history.append((time_ns, sample.open_fds))
             view.thread_history.append((time_ns, sample.threads))
             view.last_seen_ns = max(view.last_seen_ns, time_ns)

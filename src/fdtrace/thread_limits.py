@@ -7,6 +7,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+#: The limits on a process's threads: (name, the sample's limit field, the count that limit is
+#: compared with). The last is system-wide, from the system figures.
+THREAD_LIMITS = (
+    ("Go default", "go_max_threads", "threads"),
+    ("RLIMIT_NPROC", "nproc_soft_limit", "user_threads"),
+    ("cgroup pids.max", "pids_max", "pids_current"),
+    ("threads-max", "threads_max", "threads_total"),
+)
+
+
+def binding_limit(sample: Any) -> tuple[str, int, int] | None:
+    """(name, count, limit) of the limit that leaves a sample the fewest threads to spare, over
+    the fields the sample has (a ProcessSample has no system figures); None when none applies."""
+    found = None
+    for name, limit_field, count_field in THREAD_LIMITS:
+        limit, count = getattr(sample, limit_field, None), getattr(sample, count_field, None)
+        if limit is not None and count is not None and (found is None or limit - count < found[2] - found[1]):
+            found = (name, count, limit)
+    return found
 
 
 def _read(path: Path) -> str | None:

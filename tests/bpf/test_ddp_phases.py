@@ -177,6 +177,18 @@ def test_kineto_trace_phases_land_inside_the_shims_on_the_recordings_clock(netns
     assert set(kineto[kineto["phase"] == "user"]["name"]) == {"gloo:broadcast"}  # DDP's first forward
 
 
+def test_skip_allreduce_keeps_ddps_built_in_all_reduce(netns: list[str], tmp_path: Path) -> None:
+    result = run_job([*netns, FDTRACE, "run", "--skip", "allreduce", "--phases-out", str(tmp_path / "p.jsonl"), "--",
+                      sys.executable, TRAIN, "--steps", str(STEPS), "--port", str(free_port()),
+                      "--checkpoint", str(tmp_path / "ckpt.pt")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    phases = pd.DataFrame([json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()])
+    assert "allreduce" not in set(phases["phase"])
+    for rank in (0, 1):
+        mine = phases[phases["rank"] == rank]
+        assert mine[mine["phase"] == "backward"]["step"].tolist() == list(range(STEPS))
+
+
 def test_torchrun_workers_are_marked_per_rank(netns: list[str], tmp_path: Path) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port())]

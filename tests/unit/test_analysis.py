@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from fdtrace.analysis import align, failures, headroom, incidents, least_headroom, load, phase_stats, rates, spikes
-from fdtrace.analysis.report import SECTIONS, build, to_html, to_markdown
+from fdtrace.analysis.report import SECTIONS, build, recommendations, to_html, to_markdown
 from fdtrace.recording import Recording
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
@@ -105,6 +105,10 @@ def test_thread_headroom_takes_the_tightest_limit_and_its_own_growth() -> None:
                          haproxy=pd.DataFrame(), phases=pd.DataFrame())
     go = headroom(no_nproc).iloc[-1]
     assert (go["thread_limit_kind"], go["thread_headroom"]) == ("Go default", 10_000 - 150)
+    assert ("RLIMIT_NPROC of gopher [5]: peak 3500 threads of its user of 4000; set LimitNPROC=4200 in its "
+            "systemd unit (or ulimit -u 4200) for the user.") in recommendations(recording, least_headroom(recording))
+    assert recommendations(no_nproc, least_headroom(no_nproc)) == [  # 150 threads of Go's 10000
+        "No limit was approached in this recording: nothing to change."]
 
 
 def test_incidents_put_the_first_failure_before_its_symptoms() -> None:

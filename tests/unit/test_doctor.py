@@ -179,6 +179,21 @@ def test_haproxy_near_maxconn_for_30_seconds_alerts_once() -> None:
     assert len([e for e in state.log if "does not answer" in e.text]) == 1
 
 
+def test_the_live_view_alerts_on_the_thread_limit_that_binds() -> None:
+    from fdtrace.incident import IncidentState
+    from fdtrace.sampler import ProcessSample
+
+    state = IncidentState()
+    gopher = ProcessSample(pid=8, start_ns=1, comm="gopher", open_fds=10, fd_soft_limit=1024, fd_hard_limit=4096,
+                           threads=8500, sockets=0, go_max_threads=10_000, pids_current=8600, pids_max=9000)
+    state.apply_samples([gopher], 1_000_000_000)
+    view = state.processes[8]
+    assert view.thread_limit == ("cgroup pids.max", 8600, 9000)  # 400 to spare, Go's limit 1500
+    assert "threads 8600/9000 (cgroup pids.max)" in view.alerts
+    state.apply_samples([ProcessSample(**{**gopher.__dict__, "threads": 100, "pids_current": 200})], 2_000_000_000)
+    assert not any(alert.startswith("threads") for alert in state.processes[8].alerts)
+
+
 def test_systemd_unit_limit_is_read_through_systemctl(tree: tuple[Path, Path], tmp_path: Path) -> None:
     systemctl = tmp_path / "systemctl"
     systemctl.write_text("#!/bin/sh\n[ \"$1 $2 $3 $4 $5 $6\" = \"show -p LimitNOFILE -p LimitNOFILESoft app.service\" ]"

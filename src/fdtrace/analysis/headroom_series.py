@@ -8,13 +8,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-#: The limits on threads: (name, limit column, the count that limit is compared with).
-THREAD_LIMITS = (
-    ("Go default", "go_max_threads", "threads"),
-    ("RLIMIT_NPROC", "nproc_soft_limit", "user_threads"),
-    ("cgroup pids.max", "pids_max", "pids_current"),
-    ("threads-max", "threads_max", "threads_total"),
-)
+from fdtrace.thread_limits import THREAD_LIMITS
+
 COLUMNS = ["time", "host", "pid", "start_ns", "comm", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom",
            "usage", "seconds_to_exhaustion", "threads", "threads_per_s", "thread_limit_kind", "thread_limit",
            "thread_count", "thread_headroom", "thread_usage", "seconds_to_thread_limit"]

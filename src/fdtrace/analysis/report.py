@@ -118,8 +118,37 @@ def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
                 moved = int(system[column].max() - system[column].min())
                 advice.append(f"net.core.somaxconn: TcpExt {column} grew by {moved:,} during the recording (a "
                               "listen queue overflowed); raise somaxconn (65535) and the listeners' backlog.")
+    advice += _thread_advice(recording)
     if not advice:
         advice.append("No limit was approached in this recording: nothing to change.")
+    return advice
+
+
+#: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
+THREAD_FIXES = {
+    "Go default": lambda need: (f"bound the goroutines blocked in syscalls or cgo (DNS: the pure-Go resolver), "
+                                f"or raise the limit with runtime/debug.SetMaxThreads({need})"),
+    "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
+    "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
+    "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
+}
+
+
+THREADS_COUNTED = {"Go default": "threads", "RLIMIT_NPROC": "threads of its user",
+                   "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
+
+
+def _thread_advice(recording: Recording) -> list[str]:
+    """A line per process whose threads came within 20 % of the limit binding them."""
+    fullest = headroom_module.least_headroom(recording, resource="threads")
+    advice = []
+    for row in fullest.itertuples():
+        if not isinstance(row.thread_limit_kind, str) or not row.thread_usage >= 0.8:
+            continue
+        need = math.ceil(row.thread_count * MARGIN)
+        counted = THREADS_COUNTED[row.thread_limit_kind]
+        advice.append(f"{row.thread_limit_kind} of {row.comm} [{row.pid}]: peak {row.thread_count:.0f} {counted} of "
+                      f"{row.thread_limit:.0f}; {THREAD_FIXES[row.thread_limit_kind](need)}.")
     return advice
 
 

@@ -198,6 +198,12 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None) -> Text:
     text.append(f"\nheadroom {view.headroom if view.headroom is not None else '-'}  "
                 f"full in {duration(view.seconds_to_exhaustion())}  sockets {view.sockets or '-'}  "
                 f"threads {view.threads or '-'}\n")
+    if view.thread_limit is not None:
+        kind, count, limit = view.thread_limit
+        share = count / limit if limit else None
+        text.append(f"thread limit: {kind}, {count} of {limit} ", style="")
+        text.append(f"({share:.0%})" if share is not None else "", style=usage_style(share))
+        text.append("\n")
     text.append("\nper second: " + "  ".join(f"{k} {rate(v)}" for k, v in view.rates.items()) + "\n")
     text.append("totals: " + "  ".join(f"{k} {n}" for k, n in sorted(view.totals.items())) + "\n")
     if view.errors:

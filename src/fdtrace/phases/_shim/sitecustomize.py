@@ -19,9 +19,14 @@ import threading
 import time
 
 _OUT_DIR = os.environ.get("FDTRACE_PHASES_DIR")
+# Phases not to mark (comma-separated), e.g. "allreduce": DDP then keeps its built-in all-reduce.
+_SKIP = frozenset(p.strip() for p in os.environ.get("FDTRACE_PHASES_SKIP", "").split(",") if p.strip())
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
-_state = {"file": None, "pid": None, "step": 0, "broken": False, "patched": False}
+_state = {"file": None, "pid": None, "step": 0, "broken": False, "patched": False, "ranks": None}
+# Marks of these phases, several per step, are written out with the step's optimizer mark (or
+# any other): a rank killed mid-step loses at most that step's marks, and a step costs one write.
+_BUFFERED = ("forward", "backward", "allreduce")
 # The live state file that `fdtrace top` reads: the phase this process is in now. Its layout is
 # fdtrace.phases.live.STATE_FORMAT (this file cannot import fdtrace: the job's Python is not ours).
 _STATE_FORMAT = "<4sIiiiiqqqq24s40s"
@@ -31,17 +36,26 @@ _live = {"map": None, "pid": None, "sequence": 0, "open": [], "start_ticks": 0, 
 
 
 def _rank_info():
+    """(rank, local rank, world size); fixed once the default process group exists, so cached
+    from then on (until it is destroyed)."""
+    if _state.get("ranks") is not None:
+        return _state["ranks"]
     rank = os.environ.get("RANK")
     world = os.environ.get("WORLD_SIZE")
+    initialized = False
     try:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
+            initialized = True
     except Exception:
         pass
     as_int = lambda v: int(v) if v is not None and str(v).lstrip("-").isdigit() else None  # noqa: E731
-    return as_int(rank), as_int(os.environ.get("LOCAL_RANK")), as_int(world)
+    ranks = (as_int(rank), as_int(os.environ.get("LOCAL_RANK")), as_int(world))
+    if initialized:
+        _state["ranks"] = ranks
+    return ranks
 
 
 def _state_map():
@@ -127,9 +141,14 @@ def _write(phase, start_mono, start_wall, name=None, bucket=None, token=None, so
     try:
         with _lock:
             if _state["pid"] != os.getpid():  # first write, or a forked child
-                _state["file"] = open(os.path.join(_OUT_DIR, f"phases-{os.getpid()}.jsonl"), "a", buffering=1)
+                _state["file"] = open(os.path.join(_OUT_DIR, f"phases-{os.getpid()}.jsonl"), "a",
+                                      buffering=1 << 16)
                 _state["pid"] = os.getpid()
             _state["file"].write(json.dumps(record) + "\n")
+            if phase not in _BUFFERED:
+                _state["file"].flush()
+        if phase == "destroy_process_group":
+            _state["ranks"] = None  # a new process group may give other ranks
     except Exception:
         _state["broken"] = True
 
@@ -184,10 +203,10 @@ def _patch_ddp(torch):
 
     def register_comm_hook(self, state, hook):
         self._fdtrace_hooked = True
-        return original_register(self, state, _timed_comm_hook(hook))
+        return original_register(self, state, hook if "allreduce" in _SKIP else _timed_comm_hook(hook))
 
     def forward(self, *args, **kwargs):
-        if not getattr(self, "_fdtrace_hooked", False):
+        if not getattr(self, "_fdtrace_hooked", False) and "allreduce" not in _SKIP:
             # No hook of the user's: the default all-reduce, timed (the same arithmetic as DDP's
             # built-in one: average by dividing, then sum).
             self._fdtrace_hooked = True
@@ -195,6 +214,8 @@ def _patch_ddp(torch):
                 original_register(self, None, _timed_comm_hook(default_hooks.allreduce_hook))
             except Exception:
                 pass
+        if "forward" in _SKIP:
+            return original_forward(self, *args, **kwargs)
         token = _begin("forward")
         start_mono, start_wall = time.monotonic_ns(), time.time_ns()
         try:
@@ -204,7 +225,8 @@ def _patch_ddp(torch):
 
     DistributedDataParallel.register_comm_hook = register_comm_hook
     DistributedDataParallel.forward = forward
-    torch.autograd.backward = _timed("backward", torch.autograd.backward)
+    if "backward" not in _SKIP:
+        torch.autograd.backward = _timed("backward", torch.autograd.backward)
 
 
 def _patch_optimizer(torch):
@@ -293,8 +315,19 @@ def _chain_user_sitecustomize():
         spec.loader.exec_module(module)
 
 
+def _flush_at_exit():
+    try:
+        if _state["file"] is not None and _state["pid"] == os.getpid():
+            _state["file"].flush()
+    except Exception:
+        pass
+
+
 try:
     if _OUT_DIR is not None:
+        import atexit
+
+        atexit.register(_flush_at_exit)
         if "torch" in sys.modules:
             _patch(sys.modules["torch"])
         else:
