@@ -72,6 +72,23 @@ struct fdt_sys_enter_args {
     unsigned long arg0;
 };
 
+/* sys_enter_connect: features.py checks these offsets (fd 16, uservaddr 24, addrlen 32). */
+struct fdt_sys_enter_connect_args {
+    u64 common;
+    int syscall_nr;
+    int pad;
+    unsigned long fd;
+    unsigned long uservaddr;
+    unsigned long addrlen;
+};
+
+/* connect()'s destination as the caller passed it: the first 24 bytes of its sockaddr (family,
+ * port, and the IPv4 or IPv6 address), read from user memory at the entry and kept by tid until
+ * the exit, which puts them in the event's extra[0..2]. */
+struct fdt_peer {
+    u64 raw[3];
+};
+
 BPF_RINGBUF_OUTPUT(events, FDT_RING_PAGES);
 /* Never written: lets user space see struct fdt_event's layout as compiled (tests compare it). */
 BPF_ARRAY(event_layout, struct fdt_event, 1);
@@ -85,6 +102,9 @@ BPF_HASH(fatal_pending, u32, u32, FDT_MAX_PROCESSES);
 /* fd argument of a connect() or close() in flight, +1 (0: none), indexed by tid, carried from
  * the syscall's entry to its exit; FDT_TID_SLOTS covers pid_max, so live tids never share. */
 BPF_ARRAY(entry_fd, u32, FDT_TID_SLOTS);
+#ifdef FDT_CONNECT_PEER
+BPF_HASH(entry_peer, u32, struct fdt_peer, FDT_MAX_PEERS);
+#endif
 #ifdef FDT_FILTER_PIDS
 BPF_HASH(pid_filter, u32, u8, 1024);
 #endif

@@ -1,7 +1,8 @@
 /* socket(), accept(), accept4(), connect() and close(): every call, counted exactly per process,
  * and streamed as events (only the failed ones under FDT_ERRORS_ONLY). */
 
-static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32 counter)
+static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32 counter,
+                                           const struct fdt_peer *peer)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
@@ -27,6 +28,11 @@ static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32
     e->fd = fd;
     if (ret < 0)
         e->errno_ = (u16)(-ret);
+    if (peer) {
+        e->extra[0] = peer->raw[0];
+        e->extra[1] = peer->raw[1];
+        e->extra[2] = peer->raw[2];
+    }
     fdt_submit(e);
     return 0;
 }
@@ -34,19 +40,19 @@ static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32
 int fdt_exit_socket(struct fdt_sys_exit_args *args)
 {
     return fdt_socket_call(args->ret, FDT_KIND_SOCKET, FDT_SC_socket,
-                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_SOCKETS);
+                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_SOCKETS, 0);
 }
 
 int fdt_exit_accept(struct fdt_sys_exit_args *args)
 {
     return fdt_socket_call(args->ret, FDT_KIND_ACCEPT, FDT_SC_accept,
-                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_ACCEPTS);
+                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_ACCEPTS, 0);
 }
 
 int fdt_exit_accept4(struct fdt_sys_exit_args *args)
 {
     return fdt_socket_call(args->ret, FDT_KIND_ACCEPT, FDT_SC_accept4,
-                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_ACCEPTS);
+                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_ACCEPTS, 0);
 }
 
 /* connect() and close() return no fd: their entry stores the fd argument in the thread's slot
@@ -70,10 +76,47 @@ static __always_inline s32 fdt_take_fd(void)
     return fd;
 }
 
+/* connect()'s entry: its fd, and (FDT_CONNECT_PEER) the destination address. */
+int fdt_enter_connect(struct fdt_sys_enter_connect_args *args)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 slot = id & (FDT_TID_SLOTS - 1);
+    u32 fd = (u32)args->fd + 1;
+    entry_fd.update(&slot, &fd);
+#ifdef FDT_CONNECT_PEER
+    if (fdt_skip(id >> 32))
+        return 0;
+    struct fdt_peer peer = {};
+    /* 16 bytes hold an IPv4 sockaddr; an IPv6 one, 28 long, has its address within 24; a
+     * shorter one (an abstract Unix name) gives its family. Never past the caller's addrlen. */
+    if (args->addrlen >= 16) {
+        if (bpf_probe_read_user(&peer, 16, (void *)args->uservaddr) != 0)
+            return 0;
+        if ((peer.raw[0] & 0xffff) == 10 && args->addrlen >= 24)
+            bpf_probe_read_user(&peer, 24, (void *)args->uservaddr);
+    } else if (args->addrlen < 2 || bpf_probe_read_user(&peer, 2, (void *)args->uservaddr) != 0) {
+        return 0;
+    }
+    u32 tid = (u32)id;
+    if (entry_peer.update(&tid, &peer) != 0)
+        fdt_stat(FDT_STAT_PEERS_FULL);
+#endif
+    return 0;
+}
+
 int fdt_exit_connect(struct fdt_sys_exit_args *args)
 {
-    return fdt_socket_call(args->ret, FDT_KIND_CONNECT, FDT_SC_connect, fdt_take_fd(),
-                           FDT_C_CONNECTS);
+    s32 fd = fdt_take_fd();
+#ifdef FDT_CONNECT_PEER
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct fdt_peer *stored = entry_peer.lookup(&tid);
+    if (stored) {
+        struct fdt_peer peer = *stored;
+        entry_peer.delete(&tid);
+        return fdt_socket_call(args->ret, FDT_KIND_CONNECT, FDT_SC_connect, fd, FDT_C_CONNECTS, &peer);
+    }
+#endif
+    return fdt_socket_call(args->ret, FDT_KIND_CONNECT, FDT_SC_connect, fd, FDT_C_CONNECTS, 0);
 }
 
 /* FDT_CLOSE_FD: the loader attached sys_enter_close to carry the fd (not under --errors-only). */
@@ -84,5 +127,5 @@ int fdt_exit_close(struct fdt_sys_exit_args *args)
 #else
     s32 fd = -1;
 #endif
-    return fdt_socket_call(args->ret, FDT_KIND_CLOSE, FDT_SC_close, fd, FDT_C_CLOSES);
+    return fdt_socket_call(args->ret, FDT_KIND_CLOSE, FDT_SC_close, fd, FDT_C_CLOSES, 0);
 }

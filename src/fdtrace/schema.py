@@ -76,6 +76,7 @@ STATS: tuple[str, ...] = (
     "counters_full",    # calls not counted because the per-process counter table was full
     "exited_full",      # exited processes whose final counters could not be kept
     "errors_full",      # errors not counted because the error table was full
+    "peers_full",       # connect() calls whose destination could not be kept (table of calls in flight full)
 )
 
 #: Signals whose default action does not end the process (ignored or stop signals).
@@ -124,6 +125,10 @@ EVENT_FIELDS: tuple[Field, ...] = (
     Field("ret", "int64", True, "the syscall's return value: fd or -errno"),
     Field("errno", "dict_string", False, "error name such as EMFILE; empty when the call succeeded"),
     Field("fd", "int32", True, "file descriptor made (socket, accept) or used (connect, close)"),
+    Field("family", "dict_string", True,
+          "connect: the destination's address family (AF_INET, AF_INET6, AF_UNIX, ...), as the caller passed it"),
+    Field("peer_addr", "dict_string", True, "connect: the destination IPv4 or IPv6 address"),
+    Field("peer_port", "int32", True, "connect: the destination port (AF_INET, AF_INET6)"),
     Field("ppid", "int32", True, "process_start: the parent process"),
     Field("creator_tid", "int32", True, "thread_start: the thread that created it"),
     Field("old_tid", "int32", True, "process_exec: the thread that called execve before it became the leader"),

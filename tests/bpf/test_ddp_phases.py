@@ -92,15 +92,19 @@ def test_ddp_phases_per_rank_with_gloo_sockets_inside_init(netns: list[str], tmp
             assert (buckets["end_mono_ns"] <= backward.end_mono_ns).all()
         assert (mine["phase"] == "destroy_process_group").sum() == 1
         # Every connection the rank made or accepted (gloo's full mesh and the store) was made
-        # inside init_process_group; outside it, only sockets whose connect() found no such
-        # file: glibc asking for the name service cache daemon's Unix socket.
+        # inside init_process_group, to 127.0.0.1; outside it, only sockets whose connect() found
+        # no such file: glibc asking for the name service cache daemon's Unix socket.
         pid = int(mine["pid"].iloc[0])
         events = rec.events[rec.events["pid"] == pid]
         inside = events["ts_ns"].between(init.start_mono_ns, init.end_mono_ns)
         connections = events["kind"].isin(["connect", "accept"]) & events["errno"].isin(["", "EINPROGRESS"])
         assert connections.sum() >= 2 and inside[connections].all()
+        connects = events[connections & (events["kind"] == "connect")]
+        # the store over IPv4, gloo's pairs over IPv6 sockets with the IPv4-mapped loopback
+        assert set(connects["peer_addr"]) <= {"127.0.0.1", "::ffff:127.0.0.1"} and connects["peer_port"].notna().all()
         outside = events[~inside & events["kind"].isin(["socket", "connect"])]
-        assert (outside[outside["kind"] == "connect"]["errno"] == "ENOENT").all()
+        outside_connects = outside[outside["kind"] == "connect"]
+        assert (outside_connects["errno"] == "ENOENT").all() and (outside_connects["family"] == "AF_UNIX").all()
         assert set(outside[outside["kind"] == "socket"]["fd"]) <= set(outside[outside["kind"] == "connect"]["fd"])
     saves = phases[phases["phase"] == "checkpoint_save"]
     assert saves["rank"].tolist() == [0] and saves["step"].tolist() == [STEPS]

@@ -62,7 +62,7 @@ for _ in range({refused}):
         pass
     c.close()
 accepted = [listener.accept()[0] for _ in range({m})]
-print(port)
+print(port, refused_port)
 """
 
 
@@ -85,6 +85,42 @@ def test_loopback_accepts_and_connects_are_counted_exactly(live_tracer: LiveTrac
     assert counts["connects"] == 9 and counts["connect_errors"] == 3
     assert counts["sockets"] == 2 + 6 + 3
     assert run.total.errors == {("connect", "ECONNREFUSED"): 3}
+    port, refused_port = map(int, run.stdout.split())
+    ok = [e for e in connects if e["errno"] == ""]
+    assert {(e["family"], e["peer_addr"], e["peer_port"]) for e in ok} == {("AF_INET", "127.0.0.1", port)}
+    assert {(e["family"], e["peer_addr"], e["peer_port"]) for e in refused} == {
+        ("AF_INET", "127.0.0.1", refused_port)}
+
+
+PEERS = """
+import os, socket, tempfile
+v6 = socket.socket(socket.AF_INET6)
+v6.bind(("::1", 0))
+v6.listen(1)
+client6 = socket.socket(socket.AF_INET6)
+client6.connect(("::1", v6.getsockname()[1]))
+path = os.path.join(tempfile.mkdtemp(), "s")
+unix = socket.socket(socket.AF_UNIX)
+unix.bind(path)
+unix.listen(1)
+client_unix = socket.socket(socket.AF_UNIX)
+client_unix.connect(path)
+abstract = socket.socket(socket.AF_UNIX)
+abstract.bind(b"\\0fdtrace-test-%d" % os.getpid())
+abstract.listen(1)
+client_abstract = socket.socket(socket.AF_UNIX)
+client_abstract.connect(b"\\0fdtrace-test-%d" % os.getpid())
+print(v6.getsockname()[1])
+"""
+
+
+def test_connect_destinations_ipv6_and_unix(live_tracer: LiveTracer) -> None:
+    run = live_tracer.run(python_child(PEERS))
+    assert run.returncode == 0
+    port = int(run.stdout)
+    seen = sorted((e["family"], e["peer_addr"], e["peer_port"]) for e in run.of_kind("connect"))
+    # a Unix destination has a path, not an address; the abstract one's sockaddr is 3+ bytes short
+    assert seen == [("AF_INET6", "::1", port), ("AF_UNIX", None, None), ("AF_UNIX", None, None)]
 
 
 EMFILE_WORK = """

@@ -117,6 +117,7 @@ class KernelFeatures:
     lifecycle: list[str] = field(default_factory=list)
     group_dead: bool = False
     oom_details: bool = False
+    connect_peer: bool = False
     missing: list[str] = field(default_factory=list)
 
     def cflags(self) -> list[str]:
@@ -126,6 +127,8 @@ class KernelFeatures:
             flags.append("-DFDT_HAVE_GROUP_DEAD")
         if self.oom_details:
             flags.append("-DFDT_OOM_DETAILS")
+        if self.connect_peer:
+            flags.append("-DFDT_CONNECT_PEER")
         return flags
 
 
@@ -147,6 +150,8 @@ def probe_kernel() -> KernelFeatures:
             features.syscall_enters.append(name)
         else:
             features.missing.append(f"syscalls:sys_enter_{name}")
+    connect = tracepoint_fields("syscalls", "sys_enter_connect") or {}
+    features.connect_peer = (connect.get("uservaddr", (0, 0))[0], connect.get("addrlen", (0, 0))[0]) == (24, 32)
     for category, event in LIFECYCLE_TRACEPOINTS:
         fields = tracepoint_fields(category, event)
         if fields is None:

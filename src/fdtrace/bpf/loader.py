@@ -35,6 +35,7 @@ class TraceOptions:
     max_processes: int = 65536
     max_exited: int = 65536
     max_error_keys: int = 16384
+    max_peers: int = 65536  # connect() calls in flight whose destination is kept until they return
     bulk_read: bool = True  # read the ring buffer's memory directly where the CPU allows it
 
 
@@ -79,6 +80,7 @@ def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]
         f"-DFDT_MAX_EXITED={options.max_exited}",
         f"-DFDT_MAX_ERROR_KEYS={options.max_error_keys}",
         f"-DFDT_TID_SLOTS={tid_slots()}",
+        f"-DFDT_MAX_PEERS={options.max_peers}",
         f"-DFDT_SELF_PID={os.getpid()}",
         "-DFDT_FD_ALLOC_PROBES=" + " ".join(f"FDT_FD_ALLOC_PROBE({name})" for name in fd_alloc),
     ]
@@ -158,7 +160,8 @@ class BpfTracer:
         for name in self.features.syscall_enters:
             if name == "close" and not carries_close_fd(self.options):
                 continue
-            fn = "fdt_enter_exit_group" if name == "exit_group" else "fdt_enter_fd_syscall"
+            fn = {"exit_group": "fdt_enter_exit_group", "connect": "fdt_enter_connect"}.get(
+                name, "fdt_enter_fd_syscall")
             self._attach(f"syscalls:sys_enter_{name}", fn)
         for name in self.features.syscall_exits:
             self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")

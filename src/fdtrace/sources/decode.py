@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno as errno_module
 import signal as signal_module
+import socket
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +43,42 @@ def _comm_column(comms: np.ndarray) -> pa.Array:
     unique, inverse = np.unique(comms, return_inverse=True)
     names = [c.decode("utf-8", "replace") for c in unique]
     return _dictionary(inverse.reshape(-1), names)
+
+
+def _family_names() -> list[str]:
+    names = []
+    for number in range(256):
+        try:
+            names.append(socket.AddressFamily(number).name)
+        except ValueError:
+            names.append(f"AF_{number}")
+    return names
+
+
+_FAMILY_NAMES = _family_names()
+
+
+def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """connect()'s destination from the first 24 bytes of its sockaddr (extra[0..2]): family,
+    address (IPv4, IPv6) and port. Null where the entry could not read it."""
+    n = len(raw)
+    sockaddr = np.ascontiguousarray(raw["extra"][:, :3]).view(np.uint8).reshape(n, 24)
+    family = sockaddr[:, 0].astype(np.int32) | (sockaddr[:, 1].astype(np.int32) << 8)
+    known = (kinds == Kind.CONNECT) & (family != 0) & (family < 256)
+    inet = known & ((family == socket.AF_INET) | (family == socket.AF_INET6))
+    port = (sockaddr[:, 2].astype(np.int32) << 8) | sockaddr[:, 3].astype(np.int32)
+    addresses: dict[bytes, int] = {}
+    codes = np.zeros(n, dtype=np.int32)
+    for i in np.flatnonzero(inet):
+        if family[i] == socket.AF_INET:
+            text = socket.inet_ntop(socket.AF_INET, sockaddr[i, 4:8].tobytes())
+        else:
+            text = socket.inet_ntop(socket.AF_INET6, sockaddr[i, 8:24].tobytes())
+        codes[i] = addresses.setdefault(text.encode(), len(addresses))
+    values = [a.decode() for a in addresses]
+    return (_dictionary(np.where(known, family, 0), _FAMILY_NAMES, mask=~known),
+            _dictionary(codes, values, mask=~inet),
+            _masked(port, inet, pa.int32()))
 
 
 def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeResolver) -> pa.Array:
@@ -94,6 +131,7 @@ def decode(
     exit_known = is_exit & (extra[:, 0] == 1)
     signaled = exit_known & (extra[:, 2] != 0)
     ts = raw["ts_ns"].astype(np.int64)
+    family, peer_addr, peer_port = _peer_columns(raw, kinds)
     columns = {
         "ts_ns": pa.array(ts, type=pa.int64()),
         "time": pa.array(ts + offsets.realtime_offset_ns, type=pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
@@ -107,6 +145,9 @@ def decode(
         "ret": _masked(raw["ret"], is_syscall, pa.int64()),
         "errno": _dictionary(np.minimum(raw["errno"], 4095), _ERRNO_DICT),
         "fd": _masked(raw["fd"], (raw["fd"] >= 0) & is_syscall, pa.int32()),
+        "family": family,
+        "peer_addr": peer_addr,
+        "peer_port": peer_port,
         "ppid": _masked(extra[:, 0].astype(np.int32), kinds == Kind.PROCESS_START, pa.int32()),
         "creator_tid": _masked(extra[:, 0].astype(np.int32), kinds == Kind.THREAD_START, pa.int32()),
         "old_tid": _masked(extra[:, 0].astype(np.int32), kinds == Kind.PROCESS_EXEC, pa.int32()),

@@ -18,11 +18,15 @@ from fdtrace.sources.base import EventBatch
 
 
 def _with_host(events: pa.Table, host: str) -> pa.Table:
-    """Put the partition's host back as the column the event model has."""
+    """Put the partition's host back as the column the event model has. Nullable columns that
+    a recording of an older fdtrace lacks come back as nulls."""
     schema = arrow_schema()
     host_column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(events.num_rows, dtype=np.int32)),
                                                  pa.array([host], type=pa.string()))
-    columns = [host_column if field.name == "host" else events[field.name].cast(field.type)
+    present = set(events.column_names)
+    columns = [host_column if field.name == "host"
+               else events[field.name].cast(field.type) if field.name in present or not field.nullable
+               else pa.nulls(events.num_rows, type=field.type)
                for field in schema]
     return pa.Table.from_arrays(columns, schema=schema)
 
