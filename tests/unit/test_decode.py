@@ -85,3 +85,28 @@ def test_pid_reused_within_one_batch_gets_each_start() -> None:
 
 def test_empty_input_gives_an_empty_table() -> None:
     assert decode(b"", "h", OFFSETS, StartTimeResolver()).num_rows == 0
+
+
+def sockaddr(raw: bytes) -> list[int]:
+    """A sockaddr's first 24 bytes as the four extra words of the record."""
+    padded = raw[:24].ljust(32, b"\0")
+    return list(np.frombuffer(padded, dtype="<u8"))
+
+
+def test_connect_destinations_decode_from_the_sockaddr() -> None:
+    import socket
+    import struct
+
+    v4 = struct.pack("<H", socket.AF_INET) + struct.pack(">H", 8080) + socket.inet_aton("10.1.2.3")
+    v6 = (struct.pack("<H", socket.AF_INET6) + struct.pack(">H", 443) + b"\0" * 4
+          + socket.inet_pton(socket.AF_INET6, "2001:db8::7"))
+    unix = struct.pack("<H", socket.AF_UNIX) + b"/run/nscd/socket"
+    connect = {"syscall": SYSCALL_IDS["connect"], "fd": 3}
+    rows = decode_records(record(Kind.CONNECT, extra=sockaddr(v4), **connect),
+                          record(Kind.CONNECT, extra=sockaddr(v6), ret=-111, errno=111, **connect),
+                          record(Kind.CONNECT, extra=sockaddr(unix), **connect),
+                          record(Kind.CONNECT, **connect),  # the entry could not read it
+                          record(Kind.PROCESS_START, extra=sockaddr(v4)))  # not a connect: no peer
+    assert [(r["family"], r["peer_addr"], r["peer_port"]) for r in rows] == [
+        ("AF_INET", "10.1.2.3", 8080), ("AF_INET6", "2001:db8::7", 443), ("AF_UNIX", None, None),
+        (None, None, None), (None, None, None)]

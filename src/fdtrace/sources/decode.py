@@ -15,17 +15,20 @@ from fdtrace.schema import KIND_LABELS, RAW_EVENT_DTYPE, SYSCALL_NAMES, Kind, ar
 
 _KIND_DICT = [KIND_LABELS.get(i, "") for i in range(max(KIND_LABELS) + 1)]
 _ERRNO_DICT = [""] + [errno_module.errorcode.get(i, f"E{i}") for i in range(1, 4096)]
-def _signal_names() -> list[str]:
-    names = [""]
-    for number in range(1, 65):
+
+
+def _enum_names(enum: type, numbers: range, prefix: str) -> list[str]:
+    """Names of an enum's members by number (``PREFIX<n>`` for numbers it lacks)."""
+    names = []
+    for number in numbers:
         try:
-            names.append(signal_module.Signals(number).name)
+            names.append(enum(number).name)
         except ValueError:
-            names.append(f"SIG{number}")
+            names.append(f"{prefix}{number}")
     return names
 
 
-_SIGNAL_NAMES = _signal_names()
+_SIGNAL_NAMES = [""] + _enum_names(signal_module.Signals, range(1, 65), "SIG")
 _SYSCALL_KINDS = np.array([Kind.SOCKET, Kind.ACCEPT, Kind.CONNECT, Kind.CLOSE, Kind.FD_ERROR], dtype=np.uint8)
 
 
@@ -45,17 +48,7 @@ def _comm_column(comms: np.ndarray) -> pa.Array:
     return _dictionary(inverse.reshape(-1), names)
 
 
-def _family_names() -> list[str]:
-    names = []
-    for number in range(256):
-        try:
-            names.append(socket.AddressFamily(number).name)
-        except ValueError:
-            names.append(f"AF_{number}")
-    return names
-
-
-_FAMILY_NAMES = _family_names()
+_FAMILY_NAMES = _enum_names(socket.AddressFamily, range(256), "AF_")
 
 
 def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]:
