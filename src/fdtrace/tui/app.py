@@ -10,6 +10,7 @@ from typing import Any
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
 from fdtrace.feeds import Feed, FeedUpdate
@@ -145,7 +146,11 @@ class FdtraceApp(App[None]):
         rows = self.state.rows(self.sort, self.text_filter)
         if len(rows) > MAX_ROWS:
             status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
-        self.query_one("#system", Static).update(system_line(self.state.system, status, self.sort, self.frozen))
+        try:
+            header = self.query_one("#system", Static)
+        except NoMatches:  # an update that arrived while the app was closing: nothing to draw on
+            return
+        header.update(system_line(self.state.system, status, self.sort, self.frozen))
         haproxy = self.query_one("#haproxy", Static)
         haproxy.display = bool(self.state.haproxy)
         if self.state.haproxy:
