@@ -106,7 +106,8 @@ BPF_ARRAY(entry_fd, u32, FDT_TID_SLOTS);
 BPF_HASH(entry_peer, u32, struct fdt_peer, FDT_MAX_PEERS);
 #endif
 #ifdef FDT_FILTER_PIDS
-BPF_HASH(pid_filter, u32, u8, 1024);
+/* The processes traced under --pid; with FDT_FOLLOW_CHILDREN also those they start, and theirs. */
+BPF_HASH(pid_filter, u32, u8, FDT_MAX_FILTERED);
 #endif
 
 static __always_inline void fdt_stat(u32 slot)

@@ -23,6 +23,14 @@ TRACEPOINT_PROBE(task, task_newtask)
         fdt_submit(e);
         return 0;
     }
+#ifdef FDT_FOLLOW_CHILDREN
+    if (pid_filter.lookup(&tgid)) {
+        u32 started = args->pid;
+        u8 traced = 1;
+        if (pid_filter.update(&started, &traced) != 0)
+            fdt_stat(FDT_STAT_FOLLOWED_FULL);
+    }
+#endif
 #ifdef FDT_ERRORS_ONLY
     return 0;
 #else
@@ -163,6 +171,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
             fdt_stat(FDT_STAT_EXITED_FULL);
         counters.delete(&tgid);
     }
+#ifdef FDT_FOLLOW_CHILDREN
+    pid_filter.delete(&tgid); /* its pid, once reused, is another process's */
+#endif
 
 #ifdef FDT_ERRORS_ONLY
     if (known && code == 0 && signal == 0)

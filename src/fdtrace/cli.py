@@ -55,6 +55,8 @@ def _start_source(options: Any, keep_exited: int = 100_000, echo_notes: bool = T
 
     if options.ring_pages < 1 or options.ring_pages & (options.ring_pages - 1):
         _fail(FdtraceError("--ring-pages must be a power of two"))
+    if options.follow and not options.pids:
+        _fail(FdtraceError("--follow follows the processes of --pid: give at least one"))
     source = LiveBpfSource(options, keep_exited=keep_exited)
     try:
         source.start()
@@ -81,6 +83,8 @@ def main() -> None:
 
 @main.command()
 @click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("-f", "--follow", is_flag=True,
+              help="With --pid: also the processes they start from now on, and theirs (a job's workers).")
 @click.option("--comm", "comms", multiple=True, help="Only tasks with this name (repeatable).")
 @click.option("--errors-only", is_flag=True,
               help="Only failures: failed calls (not EAGAIN/EINPROGRESS), EMFILE/ENFILE, OOM kills, "
@@ -92,6 +96,7 @@ def main() -> None:
               help="Ring buffer size in pages (a power of two).")
 def trace(
     pids: tuple[int, ...],
+    follow: bool,
     comms: tuple[str, ...],
     errors_only: bool,
     duration: float | None,
@@ -107,7 +112,7 @@ def trace(
     from fdtrace.sources.base import keep_comms
 
     stop = _StopFlag()
-    source = _start_source(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages),
+    source = _start_source(TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
                            keep_exited=100_000 if totals_path else 0)
     click.echo(f"fdtrace: tracing ({len(source.probes)} probes attached); Ctrl-C to stop", err=True)
     next_counters = time.monotonic() + 1.0
@@ -156,6 +161,8 @@ def trace(
               help="Recording directory (created; several hosts may share one).")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("-f", "--follow", is_flag=True,
+              help="With --pid: also the processes they start from now on, and theirs (a job's workers).")
 @click.option("--comm", "comms", multiple=True, help="Only events of tasks with this name (repeatable).")
 @click.option("--errors-only", is_flag=True, help="Record only failure events (counters stay complete).")
 @click.option("--interval", type=float, default=1.0, show_default=True,
@@ -174,7 +181,8 @@ def trace(
               help="Sample HAProxy's `show info` from this stats socket every interval (repeatable).")
 @click.option("--ring-pages", type=int, default=4096, show_default=True,
               help="Ring buffer size in pages (a power of two).")
-def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tuple[str, ...], errors_only: bool,
+def record(output: str, duration: float | None, pids: tuple[int, ...], follow: bool, comms: tuple[str, ...],
+           errors_only: bool,
            interval: float, top_processes: int, cmdline: bool, shared: bool, rotate: float | None,
            max_size: str | None, listen: str | None, haproxy_sockets: tuple[str, ...], ring_pages: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
@@ -197,7 +205,7 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], comms: tu
         except ValueError as exc:
             _fail(FdtraceError(f"--max-size: {exc}"))
     stop = _StopFlag()
-    source = _start_source(TraceOptions(pids=pids, errors_only=errors_only, ring_pages=ring_pages))
+    source = _start_source(TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages))
     try:
         writer = RecordingWriter(Path(output), source.host, run_metadata(source, sys.argv), shared=shared,
                                  max_size=max_bytes)
@@ -251,6 +259,8 @@ def info(directories: tuple[str, ...]) -> None:
 
 @main.command()
 @click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("-f", "--follow", is_flag=True,
+              help="With --pid: also the processes they start from now on, and theirs (a job's workers).")
 @click.option("--top", "top_processes", type=int, default=30, show_default=True,
               help="Sample this many processes with the most open FDs (besides those with events).")
 @click.option("--record-dir", type=click.Path(file_okay=False), default=None,
@@ -259,15 +269,16 @@ def info(directories: tuple[str, ...]) -> None:
               help="Show HAProxy's `show info` from this stats socket every second (repeatable).")
 @click.option("--ring-pages", type=int, default=4096, show_default=True,
               help="Ring buffer size in pages (a power of two).")
-def top(pids: tuple[int, ...], top_processes: int, record_dir: str | None, haproxy_sockets: tuple[str, ...],
-        ring_pages: int) -> None:
+def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str | None,
+        haproxy_sockets: tuple[str, ...], ring_pages: int) -> None:
     """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
     from pathlib import Path
 
     from fdtrace.bpf.loader import TraceOptions
     from fdtrace.feeds import LiveFeed
 
-    source = _start_source(TraceOptions(pids=pids, ring_pages=ring_pages), keep_exited=0, echo_notes=False)
+    source = _start_source(TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages), keep_exited=0,
+                           echo_notes=False)
     from fdtrace.tui.app import make_app
 
     feed = LiveFeed(source, top=top_processes, haproxy_sockets=haproxy_sockets)
@@ -330,10 +341,12 @@ def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, 
 @click.option("--listen", default="127.0.0.1:9877", show_default=True,
               help="ADDRESS:PORT to serve /metrics on (loopback by default).")
 @click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+@click.option("-f", "--follow", is_flag=True,
+              help="With --pid: also the processes they start from now on, and theirs (a job's workers).")
 @click.option("--top", "top_processes", type=int, default=50, show_default=True,
               help="Processes with series: the ones with the most open FDs (bounds the label sets).")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
-def export(listen: str, pids: tuple[int, ...], top_processes: int, duration: float | None) -> None:
+def export(listen: str, pids: tuple[int, ...], follow: bool, top_processes: int, duration: float | None) -> None:
     """Serve Prometheus metrics: process_open_fds / process_max_fds per process, exact counters of
     sockets, accepts, connects, closes, FD errors and threads, OOM kills, file-nr and losses."""
     from fdtrace.bpf.loader import TraceOptions
@@ -341,7 +354,7 @@ def export(listen: str, pids: tuple[int, ...], top_processes: int, duration: flo
     from fdtrace.sinks.prometheus import MetricsExporter
 
     stop = _StopFlag()
-    source = _start_source(TraceOptions(pids=pids, errors_only=True), keep_exited=0)
+    source = _start_source(TraceOptions(pids=pids, follow=follow, errors_only=True), keep_exited=0)
     try:
         exporter = MetricsExporter(listen, max_processes=top_processes)
     except FdtraceError as error:

@@ -77,6 +77,7 @@ STATS: tuple[str, ...] = (
     "exited_full",      # exited processes whose final counters could not be kept
     "errors_full",      # errors not counted because the error table was full
     "peers_full",       # connect() calls whose destination could not be kept (table of calls in flight full)
+    "followed_full",    # processes started by traced ones (--follow) not traced: the pid table was full
 )
 
 #: Signals whose default action does not end the process (ignored or stop signals).

@@ -75,6 +75,38 @@ def test_pid_filter_errors_only_and_summary() -> None:
     assert match.group(1) == "3" and match.group(2) == "fd_error 1, socket 2" and match.group(3) == "0"
 
 
+GRANDCHILD = "import socket\nheld = [socket.socket() for _ in range(3)]\nprint(__import__('os').getpid())\n"
+SPAWNER = WAIT_THEN + f"""
+import socket, subprocess, sys
+held = [socket.socket() for _ in range(2)]
+child = subprocess.run([sys.executable, "-S", "-c", {GRANDCHILD!r}], capture_output=True, text=True)
+print(child.stdout.strip(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_follow_traces_the_processes_a_traced_one_starts(follow: bool) -> None:
+    parent = subprocess.Popen(python_child(SPAWNER), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tracer = start_tracer("--pid", str(parent.pid), *(["--follow"] if follow else []))
+    out, _ = parent.communicate("go\n", timeout=30)
+    time.sleep(0.3)
+    events, _ = stop_tracer(tracer)
+    grandchild = int(out)
+    sockets = [e["pid"] for e in events if e["kind"] == "socket" and e["errno"] == ""]
+    assert sockets.count(parent.pid) == 2
+    assert sockets.count(grandchild) == (3 if follow else 0)
+    started = [e for e in events if e["kind"] == "process_start"]
+    assert [e["pid"] for e in started] == [grandchild] and started[0]["ppid"] == parent.pid  # either way
+    exits = {e["pid"] for e in events if e["kind"] == "process_exit"}
+    assert exits == ({grandchild, parent.pid} if follow else {parent.pid})
+
+
+def test_follow_needs_a_pid() -> None:
+    result = subprocess.run([FDTRACE, "trace", "--follow", "--duration", "1"], capture_output=True, text=True)
+    assert result.returncode != 0 and result.stderr.strip() == (
+        "fdtrace: error: --follow follows the processes of --pid: give at least one")
+
+
 def test_ring_buffer_overflow_is_counted_and_counters_stay_exact(tmp_path: Path) -> None:
     totals_path = tmp_path / "totals.json"
     n = 20000

@@ -30,6 +30,7 @@ class TraceOptions:
     """What to trace and how much memory the kernel side may use."""
 
     pids: tuple[int, ...] = ()
+    follow: bool = False  # with pids: also the processes they start, and theirs
     errors_only: bool = False
     ring_pages: int = 4096  # 16 MiB of ring buffer with 4 KiB pages
     max_processes: int = 65536
@@ -90,6 +91,9 @@ def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]
         flags.append("-DFDT_CLOSE_FD")
     if options.pids:
         flags.append("-DFDT_FILTER_PIDS")
+        flags.append(f"-DFDT_MAX_FILTERED={options.max_processes if options.follow else 1024}")
+        if options.follow:
+            flags.append("-DFDT_FOLLOW_CHILDREN")
     return flags
 
 
