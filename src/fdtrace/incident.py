@@ -44,6 +44,8 @@ class ProcessView:
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
     history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     thread_history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    # connect() calls by destination ("10.0.0.5:8080", "[::1]:443"): (calls, failed)
+    destinations: dict[str, list[int]] = field(default_factory=dict)
     oom_killed: bool = False
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     last_seen_ns: int = 0
@@ -105,6 +107,9 @@ class LogEntry:
     text: str
     severity: str  # "error", "warning"
 
+
+#: Destinations kept per process (the first seen); a process connecting to more is rare.
+MAX_DESTINATIONS = 256
 
 HAPROXY_BUSY = 0.90  # CurrConns / maxconn
 HAPROXY_BUSY_FOR_NS = 30_000_000_000
@@ -217,10 +222,31 @@ class IncidentState:
                 if errno in FD_EXHAUSTION:
                     view.fd_exhaustion_errors += count
                     self._window_errors[(pid, syscall, errno)] += count
+        if "peer_port" in events.column_names:
+            self._destinations(events)
         rare = pc.is_in(events["kind"].cast(pa.string()), value_set=pa.array(["oom_kill", "process_exit"]))
         if pc.any(rare).as_py():
             for row in events.filter(rare).to_pylist():
                 self._lifecycle(row)
+
+    def _destinations(self, events: pa.Table) -> None:
+        """Count each process's connect() calls by destination (at most MAX_DESTINATIONS each)."""
+        connects = events.filter(pc.and_(pc.equal(events["kind"].cast(pa.string()), "connect"),
+                                         pc.is_valid(events["peer_port"])))
+        if not connects.num_rows:
+            return
+        addresses = _strings(connects["peer_addr"])
+        rows = zip(connects["pid"].to_pylist(), addresses, connects["peer_port"].to_pylist(),
+                   _strings(connects["errno"]), strict=True)
+        for (pid, address, port, errno), count in Counter(rows).items():
+            known = self.processes[pid].destinations
+            where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+            if where not in known and len(known) >= MAX_DESTINATIONS:
+                continue
+            tally = known.setdefault(where, [0, 0])
+            tally[0] += count
+            if errno not in ("", "EINPROGRESS"):
+                tally[1] += count
 
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]

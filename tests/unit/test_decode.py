@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from fdtrace.clock import ClockOffsets
 from fdtrace.procfs import TICK_NS, ProcFS, StartTimeResolver
@@ -22,12 +23,16 @@ def record(kind: Kind, pid: int = 100, ts: int = 1_000, **fields: object) -> np.
     return rec
 
 
-def decode_records(*records: np.ndarray, procfs_root: Path | None = None) -> list[dict]:
+def decode_table(*records: np.ndarray, procfs_root: Path | None = None) -> pa.Table:
     raw = np.concatenate(records).tobytes()
     resolver = StartTimeResolver(ProcFS(procfs_root or "/nonexistent"))
     table = decode(raw, "host-a", OFFSETS, resolver)
     assert table.schema.equals(arrow_schema())
-    return table.to_pylist()
+    return table
+
+
+def decode_records(*records: np.ndarray, procfs_root: Path | None = None) -> list[dict]:
+    return decode_table(*records, procfs_root=procfs_root).to_pylist()
 
 
 def test_failed_socket_call_has_errno_name_and_no_fd() -> None:

@@ -163,37 +163,6 @@ def test_report_table_json_and_exit_status(tree: tuple[Path, Path]) -> None:
     assert report.select_pids(checker, (), ("full",)) == [11]
 
 
-def test_haproxy_near_maxconn_for_30_seconds_alerts_once() -> None:
-    from fdtrace.incident import IncidentState
-
-    state = IncidentState()
-    row = {"socket": "/run/haproxy.sock", "error": None, "haproxy_pid": 7, "curr_conns": 950, "maxconn": 1000}
-    for second in range(0, 40):
-        state.apply_haproxy([dict(row)], second * 1_000_000_000)
-    alerts = [e for e in state.log if "for 30 s" in e.text]
-    assert len(alerts) == 1 and alerts[0].time_ns == 30_000_000_000 and alerts[0].pid == 7
-    assert state.haproxy["/run/haproxy.sock"].busy_for_s(39_000_000_000) == 39
-    state.apply_haproxy([{**row, "curr_conns": 100}], 41_000_000_000)
-    assert state.haproxy["/run/haproxy.sock"].busy_since_ns is None
-    state.apply_haproxy([{"socket": "/gone.sock", "error": "No such file or directory"}] * 2, 42_000_000_000)
-    assert len([e for e in state.log if "does not answer" in e.text]) == 1
-
-
-def test_the_live_view_alerts_on_the_thread_limit_that_binds() -> None:
-    from fdtrace.incident import IncidentState
-    from fdtrace.sampler import ProcessSample
-
-    state = IncidentState()
-    gopher = ProcessSample(pid=8, start_ns=1, comm="gopher", open_fds=10, fd_soft_limit=1024, fd_hard_limit=4096,
-                           threads=8500, sockets=0, go_max_threads=10_000, pids_current=8600, pids_max=9000)
-    state.apply_samples([gopher], 1_000_000_000)
-    view = state.processes[8]
-    assert view.thread_limit == ("cgroup pids.max", 8600, 9000)  # 400 to spare, Go's limit 1500
-    assert "threads 8600/9000 (cgroup pids.max)" in view.alerts
-    state.apply_samples([ProcessSample(**{**gopher.__dict__, "threads": 100, "pids_current": 200})], 2_000_000_000)
-    assert not any(alert.startswith("threads") for alert in state.processes[8].alerts)
-
-
 def test_systemd_unit_limit_is_read_through_systemctl(tree: tuple[Path, Path], tmp_path: Path) -> None:
     systemctl = tmp_path / "systemctl"
     systemctl.write_text("#!/bin/sh\n[ \"$1 $2 $3 $4 $5 $6\" = \"show -p LimitNOFILE -p LimitNOFILESoft app.service\" ]"

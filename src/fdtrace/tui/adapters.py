@@ -204,6 +204,15 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None) -> Text:
         text.append(f"thread limit: {kind}, {count} of {limit} ", style="")
         text.append(f"({share:.0%})" if share is not None else "", style=usage_style(share))
         text.append("\n")
+    if view.destinations:
+        busiest = sorted(view.destinations.items(), key=lambda item: (-item[1][0], item[0]))[:5]
+        text.append("connect() destinations: ")
+        for i, (where, (calls, failed)) in enumerate(busiest):
+            text.append(", " if i else "")
+            text.append(f"{where} ×{calls}")
+            if failed:
+                text.append(f" ({failed} failed)", style="bold red")
+        text.append("\n")
     text.append("\nper second: " + "  ".join(f"{k} {rate(v)}" for k, v in view.rates.items()) + "\n")
     text.append("totals: " + "  ".join(f"{k} {n}" for k, n in sorted(view.totals.items())) + "\n")
     if view.errors:

@@ -1,0 +1,58 @@
+"""The incident state the live view draws: alerts, HAProxy's maxconn, thread limits and the
+destinations of each process's connect() calls (from events decoded as the live source does)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import numpy as np
+
+from fdtrace.incident import IncidentState
+from fdtrace.sampler import ProcessSample
+from fdtrace.schema import SYSCALL_IDS, Kind
+from fdtrace.tui.adapters import process_detail
+from tests.unit.test_decode import decode_table, record, sockaddr
+
+
+def test_haproxy_near_maxconn_for_30_seconds_alerts_once() -> None:
+    state = IncidentState()
+    row = {"socket": "/run/haproxy.sock", "error": None, "haproxy_pid": 7, "curr_conns": 950, "maxconn": 1000}
+    for second in range(0, 40):
+        state.apply_haproxy([dict(row)], second * 1_000_000_000)
+    alerts = [e for e in state.log if "for 30 s" in e.text]
+    assert len(alerts) == 1 and alerts[0].time_ns == 30_000_000_000 and alerts[0].pid == 7
+    assert state.haproxy["/run/haproxy.sock"].busy_for_s(39_000_000_000) == 39
+    state.apply_haproxy([{**row, "curr_conns": 100}], 41_000_000_000)
+    assert state.haproxy["/run/haproxy.sock"].busy_since_ns is None
+    state.apply_haproxy([{"socket": "/gone.sock", "error": "No such file or directory"}] * 2, 42_000_000_000)
+    assert len([e for e in state.log if "does not answer" in e.text]) == 1
+
+
+def test_the_live_view_alerts_on_the_thread_limit_that_binds() -> None:
+    state = IncidentState()
+    gopher = ProcessSample(pid=8, start_ns=1, comm="gopher", open_fds=10, fd_soft_limit=1024, fd_hard_limit=4096,
+                           threads=8500, sockets=0, go_max_threads=10_000, pids_current=8600, pids_max=9000)
+    state.apply_samples([gopher], 1_000_000_000)
+    view = state.processes[8]
+    assert view.thread_limit == ("cgroup pids.max", 8600, 9000)  # 400 to spare, Go's limit 1500
+    assert "threads 8600/9000 (cgroup pids.max)" in view.alerts
+    state.apply_samples([ProcessSample(**{**gopher.__dict__, "threads": 100, "pids_current": 200})], 2_000_000_000)
+    assert not any(alert.startswith("threads") for alert in state.processes[8].alerts)
+
+
+def test_connect_destinations_are_counted_per_process_with_their_failures() -> None:
+    def connect(address: str, port: int, errno: int = 0) -> np.ndarray:
+        raw = struct.pack("<H", socket.AF_INET) + struct.pack(">H", port) + socket.inet_aton(address)
+        return record(Kind.CONNECT, pid=42, syscall=SYSCALL_IDS["connect"], fd=5, ret=-errno, errno=errno,
+                      extra=sockaddr(raw))
+
+    rows = [connect("10.0.0.5", 8080) for _ in range(4)] + [connect("10.0.0.5", 8080, errno=111)]
+    rows += [connect("10.0.0.6", 8080, errno=115), connect("10.0.0.6", 8080)]  # EINPROGRESS is no failure
+    state = IncidentState()
+    state.apply_events(decode_table(*rows))
+    view = state.processes[42]
+    assert view.destinations == {"10.0.0.5:8080": [5, 1], "10.0.0.6:8080": [2, 0]}
+    text = str(process_detail(view))
+    assert "connect() destinations: 10.0.0.5:8080 ×5 (1 failed), 10.0.0.6:8080 ×2" in text
+
