@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fdtrace.analysis import headroom, load, rates
+from fdtrace.analysis import destinations, headroom, load, rates
 from fdtrace.schema import SCHEMA_VERSION
 from tests.bpf.test_cli_trace import FDTRACE, WAIT_THEN
 from tests.conftest import python_child
@@ -262,3 +262,46 @@ def test_two_hosts_side_by_side_on_one_wall_clock_timeline(tmp_path: Path) -> No
     assert sorted(merged.meta) == sorted(both.meta) and len(merged.events) == len(both.events)
     summary = subprocess.run([FDTRACE, "info", str(here)], capture_output=True, text=True, check=True).stdout
     assert f"host {host}:" in summary and "host fdtrace-other:" in summary
+
+
+CONNECTS = WAIT_THEN + """
+import socket
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(8)
+spare = socket.socket()
+spare.bind(("127.0.0.1", 0))
+refused = spare.getsockname()[1]
+spare.close()
+held = []
+for _ in range(3):
+    held.append(socket.create_connection(listener.getsockname()))
+for _ in range(2):
+    try:
+        socket.create_connection(("127.0.0.1", refused))
+    except ConnectionRefusedError:
+        pass
+print(listener.getsockname()[1], refused)
+"""
+
+
+def test_connect_destinations_in_the_recording_and_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    child = subprocess.Popen(python_child(CONNECTS), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    recorder = start_recorder(out, "--pid", str(child.pid))
+    printed, _ = child.communicate("go\n", timeout=30)
+    time.sleep(0.5)
+    recorder.send_signal(signal.SIGINT)
+    _, err = recorder.communicate(timeout=30)
+    assert recorder.returncode == 0, err
+    port, refused = map(int, printed.split())
+    found = destinations(load(out))
+    rows = {(r.peer_addr, r.peer_port): r for r in found.itertuples()}
+    assert set(rows) == {("127.0.0.1", port), ("127.0.0.1", refused)}
+    assert (rows[("127.0.0.1", port)].calls, rows[("127.0.0.1", port)].failed) == (3, 0)
+    assert (rows[("127.0.0.1", refused)].calls, rows[("127.0.0.1", refused)].failed) == (2, 2)
+    assert rows[("127.0.0.1", refused)].errors == {"ECONNREFUSED": 2}
+    assert found.iloc[0]["peer_port"] == refused  # most failures first
+    report = tmp_path / "report.md"
+    subprocess.run([FDTRACE, "report", str(out), "-o", str(report)], check=True, capture_output=True)
+    assert f"| 127.0.0.1 | {refused} | 2 | 2 |" in report.read_text().replace("  ", " ")

@@ -8,14 +8,15 @@ from typing import Any
 import pandas as pd
 
 from fdtrace.analysis import binning as _rates
+from fdtrace.analysis import destinations as _destinations
 from fdtrace.analysis import failures as _incidents
 from fdtrace.analysis import headroom_series as _headroom
 from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
 from fdtrace.recording import Recording, load
 
-__all__ = ["Recording", "align", "failures", "headroom", "incidents", "least_headroom", "load", "phase_stats",
-           "rates", "spikes"]
+__all__ = ["Recording", "align", "destinations", "failures", "headroom", "incidents", "least_headroom", "load",
+           "phase_stats", "rates", "spikes"]
 
 
 def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
@@ -83,6 +84,18 @@ def least_headroom(recording: Recording, resource: str = "fds") -> pd.DataFrame:
     ``thread_usage`` with ``resource="threads"``), fullest processes first: who came closest
     to its limit, and when."""
     return _headroom.least_headroom(recording, resource=resource)
+
+
+def destinations(recording: Any) -> pd.DataFrame:
+    """Where processes connected to: one row per (process, destination) of connect() calls.
+
+    Returns:
+        ``host``, ``comm``, ``pid``, ``peer_addr``, ``peer_port``, ``calls``, ``failed`` (calls
+        that failed: not EINPROGRESS or EAGAIN, the answers of non-blocking sockets), ``errors``
+        ({errno: count} of the failures), ``first`` and ``last`` call; most failures first.
+        Empty for recordings made before connect() carried its destination.
+    """
+    return _destinations.destinations(recording)
 
 
 def failures(recording: Any) -> pd.DataFrame:

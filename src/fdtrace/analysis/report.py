@@ -13,6 +13,7 @@ import pandas as pd
 
 from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.binning import rates
+from fdtrace.analysis.destinations import destinations
 from fdtrace.analysis.failures import incidents
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats
 from fdtrace.analysis.spike_finder import spikes
@@ -23,7 +24,7 @@ from fdtrace.schema import STATS
 MARGIN = 1.2
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
-                 "anon_rss_kb", "file_rss_kb", "oom_score_adj")
+                 "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
 
 
@@ -42,6 +43,7 @@ class Report:
     losses: pd.DataFrame
     recommendations: list[str] = field(default_factory=list)
     phase_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
+    destinations: pd.DataFrame = field(default_factory=pd.DataFrame)
     bands: list[tuple[pd.Timestamp, pd.Timestamp, str]] = field(default_factory=list)  # phases of one rank
 
 
@@ -86,6 +88,7 @@ def build(recording: Recording, top: int = 3) -> Report:
         summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
         spikes=spike_table, headroom=least, incidents=incidents(recording), losses=loss_rows,
         recommendations=recommendations(recording, least), phase_stats=stats, bands=bands,
+        destinations=destinations(recording),
     )
 
 
@@ -247,7 +250,9 @@ def _frame_md(frame: pd.DataFrame, empty: str) -> str:
 
 
 SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", "FD headroom",
-            "Incidents: first failure and symptoms", "Losses during the recording", "What to change")
+            "Incidents: first failure and symptoms", "Connect destinations", "Losses during the recording",
+            "What to change")
+NO_DESTINATIONS = "No connect() with a destination in this recording."
 NO_PHASES = "No training phases in this recording (record with fdtrace run --record to have them)."
 BAND_PHASES = ("init_process_group", "forward", "backward", "optimizer", "checkpoint_save", "checkpoint_load",
                "barrier")
@@ -272,8 +277,9 @@ def to_html(report: Report) -> str:
               f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
               f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
               f"<h2>{SECTIONS[5]}</h2>", _frame_html(report.incidents, NO_INCIDENTS),
-              f"<h2>{SECTIONS[6]}</h2>", _frame_html(report.losses, NO_LOSSES),
-              f"<h2>{SECTIONS[7]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
+              f"<h2>{SECTIONS[6]}</h2>", _frame_html(report.destinations.head(20), NO_DESTINATIONS),
+              f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES),
+              f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
               "</ul></body></html>"]
     return "".join(parts)
 
@@ -288,8 +294,9 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[3]}", "", _frame_md(report.phase_stats, NO_PHASES),
               "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
               "", f"## {SECTIONS[5]}", "", _frame_md(report.incidents, NO_INCIDENTS),
-              "", f"## {SECTIONS[6]}", "", _frame_md(report.losses, NO_LOSSES),
-              "", f"## {SECTIONS[7]}", ""]
+              "", f"## {SECTIONS[6]}", "", _frame_md(report.destinations.head(20), NO_DESTINATIONS),
+              "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES),
+              "", f"## {SECTIONS[8]}", ""]
     parts += [f"- {r}" for r in report.recommendations]
     return "\n".join(parts) + "\n"
 
