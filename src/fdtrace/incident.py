@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from fdtrace.phases.live import PhaseNow
 from fdtrace.sampler import ProcessSample
+from fdtrace.schema import NOT_FAILURES
 from fdtrace.thread_limits import binding_limit
 
 #: Alert thresholds.
@@ -37,7 +38,7 @@ class ProcessView:
     fd_hard_limit: int | None = None
     sockets: int | None = None
     threads: int | None = None
-    thread_limit: tuple[str, int, int] | None = None  # (limit, count, value) binding the threads
+    thread_limit: tuple[str, int, int] | None = None  # (name, count, limit) of the limit binding the threads
     totals: Counter[str] = field(default_factory=Counter)
     rates: dict[str, float] = field(default_factory=dict)
     fd_exhaustion_errors: int = 0  # EMFILE + ENFILE from any syscall
@@ -245,7 +246,7 @@ class IncidentState:
                 continue
             tally = known.setdefault(where, [0, 0])
             tally[0] += count
-            if errno not in ("", "EINPROGRESS"):
+            if errno not in NOT_FAILURES:
                 tally[1] += count
 
     def _lifecycle(self, row: dict[str, Any]) -> None:

@@ -59,6 +59,10 @@ FD_ALLOC_SYSCALLS: tuple[str, ...] = (
 SYSCALL_NAMES: tuple[str, ...] = ("",) + SOCKET_SYSCALLS + FD_ALLOC_SYSCALLS
 SYSCALL_IDS: dict[str, int] = {name: i for i, name in enumerate(SYSCALL_NAMES) if name}
 
+#: errno values of a call that did not fail: success, and the normal answers of non-blocking
+#: sockets (the BPF programs count failures the same way).
+NOT_FAILURES: tuple[str, ...] = ("", "EAGAIN", "EINPROGRESS")
+
 #: Exact in-kernel counters kept per process. ``*_errors`` count failed calls: a negative
 #: return other than EAGAIN and EINPROGRESS, the normal answers of non-blocking sockets.
 COUNTERS: tuple[str, ...] = (

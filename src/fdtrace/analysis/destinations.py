@@ -6,9 +6,9 @@ from typing import Any
 
 import pandas as pd
 
+from fdtrace.schema import NOT_FAILURES
+
 COLUMNS = ["host", "comm", "pid", "peer_addr", "peer_port", "calls", "failed", "errors", "first", "last"]
-#: Answers of a non-blocking connect() that are no failure.
-NOT_FAILURES = ("", "EINPROGRESS", "EAGAIN")
 
 
 def destinations(recording: Any) -> pd.DataFrame:

@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fdtrace.schema import NOT_FAILURES
+
 OUTSIDE = "outside any phase"
 
 
@@ -81,7 +83,7 @@ def phase_stats(events: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
         "rank": labelled["rank"].astype(int), "phase": labelled["phase"].astype(str),
         "sockets": (kinds == "socket") & (labelled["errno"] == ""), "closes": kinds == "close",
         "connects": kinds == "connect", "accepts": kinds == "accept",
-        "errors": ~labelled["errno"].isin(["", "EINPROGRESS", "EAGAIN"]), "threads_started": kinds == "thread_start",
+        "errors": ~labelled["errno"].isin(NOT_FAILURES), "threads_started": kinds == "thread_start",
     }).groupby(["rank", "phase"]).sum()
     stats = totals.join(counted, how="outer").fillna(0).reset_index()
     for column in columns[4:] + ["instances"]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fdtrace.procfs import TICK_NS, ProcFS
+
 #: The layout of a state file; the shim writes the same one (see tests/unit/test_live_phases.py).
 STATE_MAGIC = b"FDTP"
 STATE_FORMAT = "<4sIiiiiqqqq24s40s"
@@ -93,7 +95,7 @@ class LivePhases:
 
     def __init__(self, base: str | Path | None = None, procfs: str | Path = "/proc") -> None:
         self.base = Path(base) if base is not None else runs_base()
-        self.procfs = Path(procfs)
+        self.procfs = ProcFS(procfs)
 
     def state_files(self) -> list[Path]:
         """The state files of every run under the base folder."""
@@ -117,16 +119,9 @@ class LivePhases:
             if read is None:
                 continue
             now, start_ticks = read
-            if self._start_ticks(now.pid) == start_ticks:
+            if self.procfs.start_ns(now.pid) == start_ticks * TICK_NS:
                 found[now.pid] = now
         return found
-
-    def _start_ticks(self, pid: int) -> int | None:
-        try:
-            stat = (self.procfs / str(pid) / "stat").read_text()
-        except OSError:
-            return None
-        return int(stat[stat.rfind(")") + 2:].split()[19])
 
 
 def phases_at(phases: Any, wall_ns: int, pids: Iterable[int] | None = None) -> dict[int, PhaseNow]:
