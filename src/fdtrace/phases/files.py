@@ -31,11 +31,11 @@ def _is_kineto(path: Path) -> bool:
 
 def _is_json_lines(path: Path) -> bool:
     opener: Any = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", errors="replace") as text:
-        first = text.readline()
     try:
+        with opener(path, "rt", errors="replace") as text:
+            first = text.readline()
         record = json.loads(first)
-    except ValueError:
+    except (OSError, EOFError, ValueError):  # not gzip after all, or not JSON: not phase lines
         return False
     return isinstance(record, dict) and "phase" in record
 
