@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from fdtrace.analysis.destinations import destinations
+from fdtrace.analysis.headroom_series import least_headroom
 from fdtrace.recording import Recording
 from fdtrace.schema import STATS
-
-
-def headroom(recording: Recording) -> Any:
-    """Per process, its fullest moment: the sample with the highest open FDs / soft limit,
-    processes sorted by it (fullest first)."""
-    samples = recording.samples
-    if samples.empty or "open_fds" not in samples.columns:
-        return samples
-    frame = samples.assign(headroom=samples["fd_soft_limit"] - samples["open_fds"],
-                           usage=samples["open_fds"] / samples["fd_soft_limit"])
-    fullest = frame.sort_values("usage", ascending=False).groupby(["host", "pid", "start_ns"], observed=True).head(1)
-    columns = ["host", "pid", "comm", "open_fds", "fd_soft_limit", "headroom", "usage", "time"]
-    return fullest[columns].reset_index(drop=True)
 
 
 def summary(recording: Recording) -> str:
@@ -44,12 +31,26 @@ def summary(recording: Recording) -> str:
     losses = recording.losses
     lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
     lines.append(f"losses: {sum(lost.values())}" + "".join(f", {k} {v}" for k, v in lost.items() if v))
-    least = headroom(recording)
+    least = least_headroom(recording)
     if len(least):
         lines.append("least FD headroom:")
         for row in least.head(10).itertuples():
-            lines.append(f"  pid {row.pid} {row.comm}: {row.open_fds} open of {row.fd_soft_limit} "
-                         f"({row.usage:.0%}, headroom {row.headroom}) at {row.time}")
+            lines.append(f"  pid {row.pid} {row.comm}: {row.open_fds} open of {row.fd_soft_limit:.0f} "
+                         f"({row.usage:.0%}, headroom {row.headroom:.0f}) at {row.time}")
+        threads = least_headroom(recording, resource="threads").dropna(subset=["thread_usage"])
+        if len(threads):
+            lines.append("least thread headroom:")
+            for row in threads.head(5).itertuples():
+                lines.append(f"  pid {row.pid} {row.comm}: {row.thread_count:.0f} of {row.thread_limit:.0f} "
+                             f"({row.thread_limit_kind}, {row.thread_usage:.0%}) at {row.time}")
+    failing = destinations(recording)
+    failing = failing[failing["failed"] > 0]
+    if len(failing):
+        lines.append("failed connect() destinations:")
+        for row in failing.head(5).itertuples():
+            errors = ", ".join(f"{errno} {count}" for errno, count in row.errors.items())
+            lines.append(f"  pid {row.pid} {row.comm} -> {row.peer_addr}:{row.peer_port}: "
+                         f"{row.failed} of {row.calls} failed ({errors})")
     if len(events):
         ooms = events[events["kind"] == "oom_kill"]
         for row in ooms.itertuples():

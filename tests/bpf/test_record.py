@@ -222,6 +222,9 @@ def test_thread_headroom_against_the_cgroups_pids_max(tmp_path: Path) -> None:
     assert (settled["thread_limit_kind"] == "cgroup pids.max").all() and (settled["thread_limit"] == 20).all()
     assert (settled["thread_count"] == 12).all() and (settled["thread_headroom"] == 8).all()
     assert (settled["thread_usage"] == 0.6).all()
+    summary = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, check=True).stdout
+    assert any(line.strip().startswith(f"pid {child.pid} ") and "12 of 20 (cgroup pids.max, 60%)" in line
+               for line in summary.split("least thread headroom:")[1].splitlines())
 
 
 SOCKETS = WAIT_THEN + """
@@ -305,3 +308,5 @@ def test_connect_destinations_in_the_recording_and_the_report(tmp_path: Path) ->
     report = tmp_path / "report.md"
     subprocess.run([FDTRACE, "report", str(out), "-o", str(report)], check=True, capture_output=True)
     assert f"| 127.0.0.1 | {refused} | 2 | 2 |" in report.read_text().replace("  ", " ")
+    summary = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, check=True).stdout
+    assert f"-> 127.0.0.1:{refused}: 2 of 2 failed (ECONNREFUSED 2)" in summary
