@@ -82,6 +82,22 @@ struct fdt_sys_enter_connect_args {
     unsigned long addrlen;
 };
 
+/* sys_enter_accept and sys_enter_accept4: features.py checks these offsets. */
+struct fdt_sys_enter_accept_args {
+    u64 common;
+    int syscall_nr;
+    int pad;
+    unsigned long fd;
+    unsigned long upeer_sockaddr;
+    unsigned long upeer_addrlen;
+};
+
+/* Where an accept() in flight asked the kernel to write its client's address. */
+struct fdt_accept_entry {
+    u64 sockaddr;
+    u64 addrlen;
+};
+
 /* connect()'s destination as the caller passed it: the first 24 bytes of its sockaddr (family,
  * port, and the IPv4 or IPv6 address), read from user memory at the entry and kept by tid until
  * the exit, which puts them in the event's extra[0..2]. */
@@ -104,6 +120,9 @@ BPF_HASH(fatal_pending, u32, u32, FDT_MAX_PROCESSES);
 BPF_ARRAY(entry_fd, u32, FDT_TID_SLOTS);
 #ifdef FDT_CONNECT_PEER
 BPF_HASH(entry_peer, u32, struct fdt_peer, FDT_MAX_PEERS);
+#endif
+#ifdef FDT_ACCEPT_PEER
+BPF_HASH(entry_accept, u32, struct fdt_accept_entry, FDT_MAX_PEERS);
 #endif
 #ifdef FDT_FILTER_PIDS
 /* The processes traced under --pid; with FDT_FOLLOW_CHILDREN also those they start, and theirs. */

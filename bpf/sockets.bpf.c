@@ -43,16 +43,58 @@ int fdt_exit_socket(struct fdt_sys_exit_args *args)
                            args->ret >= 0 ? (s32)args->ret : -1, FDT_C_SOCKETS, 0);
 }
 
+/* FDT_ACCEPT_PEER (not under --errors-only): accept()'s entry keeps where the caller wants the
+ * client's address; the exit reads what the kernel wrote there. */
+int fdt_enter_accept(struct fdt_sys_enter_accept_args *args)
+{
+#ifdef FDT_ACCEPT_PEER
+    u64 id = bpf_get_current_pid_tgid();
+    if (fdt_skip(id >> 32) || !args->upeer_sockaddr || !args->upeer_addrlen)
+        return 0;
+    struct fdt_accept_entry entry = {.sockaddr = args->upeer_sockaddr, .addrlen = args->upeer_addrlen};
+    u32 tid = (u32)id;
+    if (entry_accept.update(&tid, &entry) != 0)
+        fdt_stat(FDT_STAT_PEERS_FULL);
+#endif
+    return 0;
+}
+
+static __always_inline int fdt_accept_exit(long ret, u8 sc)
+{
+    s32 fd = ret >= 0 ? (s32)ret : -1;
+#ifdef FDT_ACCEPT_PEER
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct fdt_accept_entry *entry = entry_accept.lookup(&tid);
+    if (entry) {
+        struct fdt_accept_entry where = *entry;
+        entry_accept.delete(&tid);
+        struct fdt_peer peer = {};
+        int len = 0;
+        int read = -1;
+        if (ret >= 0 && bpf_probe_read_user(&len, sizeof(len), (void *)where.addrlen) == 0) {
+            /* the address's own length, as the kernel wrote it back; the first 24 bytes at most */
+            if (len >= 24)
+                read = bpf_probe_read_user(&peer, 24, (void *)where.sockaddr);
+            else if (len >= 16)
+                read = bpf_probe_read_user(&peer, 16, (void *)where.sockaddr);
+            else if (len >= 2)
+                read = bpf_probe_read_user(&peer, 2, (void *)where.sockaddr);
+        }
+        if (read == 0)
+            return fdt_socket_call(ret, FDT_KIND_ACCEPT, sc, fd, FDT_C_ACCEPTS, &peer);
+    }
+#endif
+    return fdt_socket_call(ret, FDT_KIND_ACCEPT, sc, fd, FDT_C_ACCEPTS, 0);
+}
+
 int fdt_exit_accept(struct fdt_sys_exit_args *args)
 {
-    return fdt_socket_call(args->ret, FDT_KIND_ACCEPT, FDT_SC_accept,
-                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_ACCEPTS, 0);
+    return fdt_accept_exit(args->ret, FDT_SC_accept);
 }
 
 int fdt_exit_accept4(struct fdt_sys_exit_args *args)
 {
-    return fdt_socket_call(args->ret, FDT_KIND_ACCEPT, FDT_SC_accept4,
-                           args->ret >= 0 ? (s32)args->ret : -1, FDT_C_ACCEPTS, 0);
+    return fdt_accept_exit(args->ret, FDT_SC_accept4);
 }
 
 /* connect() and close() return no fd: their entry stores the fd argument in the thread's slot

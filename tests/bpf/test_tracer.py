@@ -62,7 +62,7 @@ for _ in range({refused}):
         pass
     c.close()
 accepted = [listener.accept()[0] for _ in range({m})]
-print(port, refused_port)
+print(port, refused_port, *(c.getsockname()[1] for c in clients))
 """
 
 
@@ -85,7 +85,10 @@ def test_loopback_accepts_and_connects_are_counted_exactly(live_tracer: LiveTrac
     assert counts["connects"] == 9 and counts["connect_errors"] == 3
     assert counts["sockets"] == 2 + 6 + 3
     assert run.total.errors == {("connect", "ECONNREFUSED"): 3}
-    port, refused_port = map(int, run.stdout.split())
+    port, refused_port, *client_ports = map(int, run.stdout.split())
+    # each accepted connection carries its client: the address and port the clients bound
+    assert sorted((e["family"], e["peer_addr"], e["peer_port"]) for e in accepts) == sorted(
+        ("AF_INET", "127.0.0.1", p) for p in client_ports)
     ok = [e for e in connects if e["errno"] == ""]
     assert {(e["family"], e["peer_addr"], e["peer_port"]) for e in ok} == {("AF_INET", "127.0.0.1", port)}
     assert {(e["family"], e["peer_addr"], e["peer_port"]) for e in refused} == {

@@ -118,6 +118,7 @@ class KernelFeatures:
     group_dead: bool = False
     oom_details: bool = False
     connect_peer: bool = False
+    accept_peer: bool = False  # sys_enter_accept{,4} have the address arguments where expected
     missing: list[str] = field(default_factory=list)
 
     def cflags(self) -> list[str]:
@@ -152,6 +153,9 @@ def probe_kernel() -> KernelFeatures:
             features.missing.append(f"syscalls:sys_enter_{name}")
     connect = tracepoint_fields("syscalls", "sys_enter_connect") or {}
     features.connect_peer = (connect.get("uservaddr", (0, 0))[0], connect.get("addrlen", (0, 0))[0]) == (24, 32)
+    accepts = [tracepoint_fields("syscalls", f"sys_enter_{name}") or {} for name in ("accept", "accept4")]
+    features.accept_peer = all((a.get("upeer_sockaddr", (0, 0))[0], a.get("upeer_addrlen", (0, 0))[0]) == (24, 32)
+                               for a in accepts)
     for category, event in LIFECYCLE_TRACEPOINTS:
         fields = tracepoint_fields(category, event)
         if fields is None:

@@ -89,12 +89,20 @@ def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]
         flags.append("-DFDT_ERRORS_ONLY")
     if carries_close_fd(options):
         flags.append("-DFDT_CLOSE_FD")
+    if carries_accept_peer(options, features):
+        flags.append("-DFDT_ACCEPT_PEER")
     if options.pids:
         flags.append("-DFDT_FILTER_PIDS")
         flags.append(f"-DFDT_MAX_FILTERED={options.max_processes if options.follow else 1024}")
         if options.follow:
             flags.append("-DFDT_FOLLOW_CHILDREN")
     return flags
+
+
+def carries_accept_peer(options: TraceOptions, features: KernelFeatures) -> bool:
+    """Whether accept events carry the client's address, which takes a probe on every accept()
+    entry: left out under --errors-only (a failed accept has no client)."""
+    return features.accept_peer and not options.errors_only
 
 
 def carries_close_fd(options: TraceOptions) -> bool:
@@ -167,6 +175,10 @@ class BpfTracer:
             fn = {"exit_group": "fdt_enter_exit_group", "connect": "fdt_enter_connect"}.get(
                 name, "fdt_enter_fd_syscall")
             self._attach(f"syscalls:sys_enter_{name}", fn)
+        if carries_accept_peer(self.options, self.features):
+            for name in ("accept", "accept4"):
+                if name in self.features.syscall_exits:
+                    self._attach(f"syscalls:sys_enter_{name}", "fdt_enter_accept")
         for name in self.features.syscall_exits:
             self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
 

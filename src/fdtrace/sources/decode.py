@@ -52,12 +52,12 @@ _FAMILY_NAMES = _enum_names(socket.AddressFamily, range(256), "AF_")
 
 
 def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """connect()'s destination from the first 24 bytes of its sockaddr (extra[0..2]): family,
-    address (IPv4, IPv6) and port. Null where the entry could not read it."""
+    """The peer from the first 24 bytes of a sockaddr (extra[0..2]): connect()'s destination or
+    accept()'s client: family, address (IPv4, IPv6) and port. Null where it could not be read."""
     n = len(raw)
     sockaddr = np.ascontiguousarray(raw["extra"][:, :3]).view(np.uint8).reshape(n, 24)
     family = sockaddr[:, 0].astype(np.int32) | (sockaddr[:, 1].astype(np.int32) << 8)
-    known = (kinds == Kind.CONNECT) & (family != 0) & (family < 256)
+    known = ((kinds == Kind.CONNECT) | (kinds == Kind.ACCEPT)) & (family != 0) & (family < 256)
     inet = known & ((family == socket.AF_INET) | (family == socket.AF_INET6))
     port = (sockaddr[:, 2].astype(np.int32) << 8) | sockaddr[:, 3].astype(np.int32)
     addresses: dict[bytes, int] = {}
