@@ -236,10 +236,12 @@ class IncidentState:
                                          pc.is_valid(events["peer_port"])))
         if not connects.num_rows:
             return
-        addresses = _strings(connects["peer_addr"])
-        rows = zip(connects["pid"].to_pylist(), addresses, connects["peer_port"].to_pylist(),
-                   _strings(connects["errno"]), strict=True)
-        for (pid, address, port, errno), count in Counter(rows).items():
+        # Counted per (process, destination, errno) in Arrow: Python sees each group once.
+        keys = pa.table({"pid": connects["pid"], "address": connects["peer_addr"].cast(pa.string()),
+                         "port": connects["peer_port"], "errno": connects["errno"].cast(pa.string())})
+        groups = keys.group_by(["pid", "address", "port", "errno"]).aggregate([([], "count_all")])
+        for pid, address, port, errno, count in zip(*(groups[c].to_pylist() for c in
+                                                      ("pid", "address", "port", "errno", "count_all")), strict=True):
             known = self.processes[pid].destinations
             where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
             if where not in known and len(known) >= MAX_DESTINATIONS:

@@ -70,6 +70,7 @@ class ProcSampler:
         self.cmdline = cmdline
         self.fd_count_by_size = self._size_is_count()
         self._go: dict[tuple[int, int], bool] = {}  # (pid, start_ns) -> is a Go program
+        self._cgroups: dict[Path, tuple[int, int] | None] | None = None  # during a round: folder -> pids
 
     def _size_is_count(self) -> bool:
         """Whether st_size of /proc/PID/fd is the number of open FDs (Linux >= 6.2): O(1) instead
@@ -125,7 +126,7 @@ class ProcSampler:
         if self.cmdline:
             raw = _read(base / "cmdline")
             cmdline = raw.replace("\0", " ").strip() if raw else None
-        pids = cgroup_pids(self.root, self.cgroupfs, pid)
+        pids = cgroup_pids(self.root, self.cgroupfs, pid, self._cgroups)
         return ProcessSample(pid, start_ns, comm, open_fds, soft, hard, threads, sockets, cmdline,
                              uid=uid, nproc_soft_limit=nproc if uid != 0 else None,
                              pids_current=pids[0] if pids else None, pids_max=pids[1] if pids else None,
@@ -181,7 +182,11 @@ class ProcSampler:
     def processes(self, pids: Iterable[int]) -> list[ProcessSample]:
         """Samples of these processes, skipping the ones that are gone. Where RLIMIT_NPROC
         applies, the threads of the process's user are counted over every process."""
-        samples = [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
+        self._cgroups = {}
+        try:
+            samples = [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
+        finally:
+            self._cgroups = None
         limited = {s.uid for s in samples if s.nproc_soft_limit is not None and s.uid is not None}
         if not limited:
             return samples

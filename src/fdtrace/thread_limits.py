@@ -37,10 +37,24 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def cgroup_pids(procfs: Path, cgroupfs: Path, pid: int) -> tuple[int, int] | None:
+def _folder_pids(folder: Path, cache: dict[Path, tuple[int, int] | None] | None) -> tuple[int, int] | None:
+    """(pids.current, pids.max) of one cgroup folder, None where it sets no limit."""
+    if cache is not None and folder in cache:
+        return cache[folder]
+    limit_text = (_read(folder / "pids.max") or "").strip()
+    current_text = (_read(folder / "pids.current") or "").strip()
+    found = (int(current_text), int(limit_text)) if limit_text.isdigit() and current_text.isdigit() else None
+    if cache is not None:
+        cache[folder] = found
+    return found
+
+
+def cgroup_pids(procfs: Path, cgroupfs: Path, pid: int,
+                cache: dict[Path, tuple[int, int] | None] | None = None) -> tuple[int, int] | None:
     """(pids.current, pids.max) of the tightest pids limit on the process: its own cgroup's or an
     ancestor's, whichever leaves the fewest tasks to spare. None when no cgroup limits its tasks
-    (or the process is gone). Works on cgroup v2 and on the v1 pids controller."""
+    (or the process is gone). Works on cgroup v2 and on the v1 pids controller. ``cache`` keeps
+    each folder's figures for processes sampled at the same moment (most share their cgroups)."""
     tightest: tuple[int, int] | None = None
     for line in (_read(procfs / str(pid) / "cgroup") or "").splitlines():
         hierarchy, controllers, path = line.split(":", 2)
@@ -52,12 +66,9 @@ def cgroup_pids(procfs: Path, cgroupfs: Path, pid: int) -> tuple[int, int] | Non
             continue
         folder = base / path.strip("/")
         while True:
-            limit_text = (_read(folder / "pids.max") or "").strip()
-            current_text = (_read(folder / "pids.current") or "").strip()
-            if limit_text.isdigit() and current_text.isdigit():
-                candidate = (int(current_text), int(limit_text))
-                if tightest is None or candidate[1] - candidate[0] < tightest[1] - tightest[0]:
-                    tightest = candidate
+            candidate = _folder_pids(folder, cache)
+            if candidate is not None and (tightest is None or candidate[1] - candidate[0] < tightest[1] - tightest[0]):
+                tightest = candidate
             if folder == base or base not in folder.parents:
                 break
             folder = folder.parent

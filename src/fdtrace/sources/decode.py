@@ -60,15 +60,17 @@ def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Arra
     known = ((kinds == Kind.CONNECT) | (kinds == Kind.ACCEPT)) & (family != 0) & (family < 256)
     inet = known & ((family == socket.AF_INET) | (family == socket.AF_INET6))
     port = (sockaddr[:, 2].astype(np.int32) << 8) | sockaddr[:, 3].astype(np.int32)
-    addresses: dict[bytes, int] = {}
+    # The text of each distinct address is made once, however many calls share it.
     codes = np.zeros(n, dtype=np.int32)
-    for i in np.flatnonzero(inet):
-        if family[i] == socket.AF_INET:
-            text = socket.inet_ntop(socket.AF_INET, sockaddr[i, 4:8].tobytes())
-        else:
-            text = socket.inet_ntop(socket.AF_INET6, sockaddr[i, 8:24].tobytes())
-        codes[i] = addresses.setdefault(text.encode(), len(addresses))
-    values = [a.decode() for a in addresses]
+    values: list[str] = []
+    for af, start, width, key_type in ((socket.AF_INET, 4, 4, "<u4"), (socket.AF_INET6, 8, 16, "V16")):
+        rows = np.flatnonzero(inet & (family == af))
+        if not len(rows):
+            continue
+        keys = np.ascontiguousarray(sockaddr[rows, start:start + width]).view(key_type).reshape(-1)
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        codes[rows] = len(values) + inverse.reshape(-1)
+        values += [socket.inet_ntop(af, key.tobytes()) for key in distinct]
     return (_dictionary(np.where(known, family, 0), _FAMILY_NAMES, mask=~known),
             _dictionary(codes, values, mask=~inet),
             _masked(port, inet, pa.int32()))
