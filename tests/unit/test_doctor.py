@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,49 +12,23 @@ from fdtrace.doctor import report
 from fdtrace.doctor.checks import Doctor, Status
 from fdtrace.golang import BUILDINFO_MAGIC
 from fdtrace.haproxy import fds_needed, parse_config
+from tests import fakeproc
+from tests.fakeproc import write_files
 
-LIMITS = ("Limit                     Soft Limit           Hard Limit           Units     \n"
-          "Max processes             {nproc:<21}{nproc:<21}processes \n"
-          "Max open files            {soft:<21}{hard:<21}files     \n"
-          "Max nice priority         0                    0                    \n")
-
-
-def fake_process(root: Path, pid: int, comm: str, open_fds: int, soft: str, hard: str, threads: int = 1,
-                 uid: int = 1000, nproc: str = "4096", cmdline: str = "", cgroup: str = "0::/app.slice/app.service",
-                 exe: bytes = b"\x7fELF plain") -> None:
-    base = root / str(pid)
-    (base / "fd").mkdir(parents=True)
-    for fd in range(open_fds):
-        (base / "fd" / str(fd)).symlink_to("/dev/null")
-    stat = ["S"] + ["0"] * 18 + ["100"] + ["0"] * 10
-    (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat) + "\n")
-    (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard, nproc=nproc))
-    (base / "status").write_text(f"Name:\t{comm}\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nThreads:\t{threads}\n")
-    (base / "cmdline").write_text(cmdline.replace(" ", "\0"))
-    (base / "cgroup").write_text(cgroup + "\n")
-    (base / "exe.bin").write_bytes(exe)
-    (base / "exe").symlink_to(base / "exe.bin")
+# Processes of the doctor's tests live in a systemd unit's cgroup and run a plain executable.
+fake_process = partial(fakeproc.fake_process, cgroup="0::/app.slice/app.service", exe=b"\x7fELF plain")
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> tuple[Path, Path]:
     proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
-    (proc / "sys/fs").mkdir(parents=True)
-    (proc / "sys/fs/file-nr").write_text("900\t0\t1000\n")
-    (proc / "sys/fs/nr_open").write_text("1048576\n")
-    (proc / "sys/kernel").mkdir(parents=True)
-    (proc / "sys/kernel/threads-max").write_text("100000\n")
-    (proc / "sys/kernel/pid_max").write_text("32768\n")
-    (proc / "sys/net/core").mkdir(parents=True)
-    (proc / "sys/net/core/somaxconn").write_text("128\n")
-    (proc / "sys/net/ipv4").mkdir(parents=True)
-    (proc / "sys/net/ipv4/tcp_max_syn_backlog").write_text("8192\n")
-    (proc / "sys/net/ipv4/tcp_tw_reuse").write_text("0\n")
-    (proc / "net").mkdir()
-    (proc / "net/netstat").write_text("TcpExt: ListenOverflows ListenDrops\nTcpExt: 5 7\n")
-    (cgroups / "app.slice/app.service").mkdir(parents=True)
-    (cgroups / "app.slice/app.service/pids.current").write_text("97\n")
-    (cgroups / "app.slice/app.service/pids.max").write_text("100\n")
+    write_files(proc, {
+        "sys/fs/file-nr": "900\t0\t1000\n", "sys/fs/nr_open": "1048576\n", "sys/kernel/threads-max": "100000\n",
+        "sys/kernel/pid_max": "32768\n", "sys/net/core/somaxconn": "128\n",
+        "sys/net/ipv4/tcp_max_syn_backlog": "8192\n", "sys/net/ipv4/tcp_tw_reuse": "0\n",
+        "net/netstat": "TcpExt: ListenOverflows ListenDrops\nTcpExt: 5 7\n",
+    })
+    write_files(cgroups, {"app.slice/app.service/pids.current": "97\n", "app.slice/app.service/pids.max": "100\n"})
     return proc, cgroups
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -10,27 +11,12 @@ import pytest
 from fdtrace.golang import BUILDINFO_MAGIC, GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs import TICK_NS
 from fdtrace.sampler import ProcSampler
+from tests import fakeproc
+from tests.fakeproc import write_files
 
-LIMITS = """Limit                     Soft Limit           Hard Limit           Units
-Max processes             {nproc}                63936                processes
-Max open files            {soft}                 {hard}                 files
-"""
-
-
-def fake_process(root: Path, pid: int, comm: str, fds: dict[int, str], soft: str = "64", hard: str = "4096",
-                 fd_table: int = 64, uid: int = 1000, threads: int = 7, nproc: str = "63936",
-                 cgroup: str = "0::/\n") -> None:
-    base = root / str(pid)
-    (base / "fd").mkdir(parents=True)
-    stat_fields = ["S"] + ["0"] * 18 + ["1234"] + ["0"] * 10
-    (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat_fields) + "\n")
-    (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard, nproc=nproc))
-    (base / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nFDSize:\t{fd_table}\n"
-                                 f"Threads:\t{threads}\n")
-    (base / "cgroup").write_text(cgroup)
-    (base / "cmdline").write_text("server\0--port\x008080\0")
-    for fd, target in fds.items():
-        os.symlink(target, base / "fd" / str(fd))
+# Processes of the sampler's tests: a server with 7 threads, started at tick 1234.
+fake_process = partial(fakeproc.fake_process, threads=7, nproc="63936", cmdline="server --port 8080",
+                       start_ticks=1234)
 
 
 @pytest.fixture
@@ -39,19 +25,13 @@ def proc_root(tmp_path: Path) -> Path:
     fake_process(tmp_path, 11, "idle", {0: "/dev/null"}, soft="unlimited", hard="unlimited", fd_table=256)
     fake_process(tmp_path, 13, "small", {0: "/dev/null"}, fd_table=32)
     (tmp_path / "12").mkdir()  # a kernel thread: no fds
-    (tmp_path / "sys/fs").mkdir(parents=True)
-    (tmp_path / "sys/fs/file-nr").write_text("2048\t0\t9223372036854775807\n")
-    (tmp_path / "sys/fs/nr_open").write_text("1048576\n")
-    (tmp_path / "sys/kernel").mkdir(parents=True)
-    (tmp_path / "sys/kernel/threads-max").write_text("95000\n")
-    (tmp_path / "sys/kernel/pid_max").write_text("32768\n")
-    (tmp_path / "sys/net/core").mkdir(parents=True)
-    (tmp_path / "sys/net/core/somaxconn").write_text("4096\n")
-    (tmp_path / "loadavg").write_text("0.52 0.58 0.59 3/1187 4242\n")
-    (tmp_path / "net").mkdir()
-    (tmp_path / "net/netstat").write_text(
-        "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 17 19\n"
-        "IpExt: InNoRoutes\nIpExt: 0\n")
+    write_files(tmp_path, {
+        "sys/fs/file-nr": "2048\t0\t9223372036854775807\n", "sys/fs/nr_open": "1048576\n",
+        "sys/kernel/threads-max": "95000\n", "sys/kernel/pid_max": "32768\n", "sys/net/core/somaxconn": "4096\n",
+        "loadavg": "0.52 0.58 0.59 3/1187 4242\n",
+        "net/netstat": ("TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 17 19\n"
+                        "IpExt: InNoRoutes\nIpExt: 0\n"),
+    })
     return tmp_path
 
 
