@@ -26,7 +26,7 @@ struct fdt_event {
     u8 syscall;         /* FDT_SC_*, 0 for events that are not syscalls */
     u16 errno_;         /* positive errno, 0 on success */
     char comm[16];
-    u64 extra[4];       /* kind-specific, see schema.py */
+    u64 extra[4];       /* kind-specific: fdtrace.schema.EXTRA_SLOTS, as FDT_X_<KIND>_<NAME> */
 };
 
 /* Exact per-process counters, keyed by tgid while the process lives. */

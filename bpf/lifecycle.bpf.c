@@ -19,7 +19,7 @@ TRACEPOINT_PROBE(task, task_newtask)
         struct fdt_event *e = fdt_reserve(FDT_KIND_THREAD_START, 0, tgid, args->pid);
         if (!e)
             return 0;
-        e->extra[0] = (u32)id; /* the creating thread */
+        e->extra[FDT_X_THREAD_START_CREATOR_TID] = (u32)id; /* the creating thread */
         fdt_submit(e);
         return 0;
     }
@@ -40,7 +40,7 @@ TRACEPOINT_PROBE(task, task_newtask)
     struct fdt_event *e = fdt_reserve(FDT_KIND_PROCESS_START, 0, child, child);
     if (!e)
         return 0;
-    e->extra[0] = tgid; /* parent process */
+    e->extra[FDT_X_PROCESS_START_PPID] = tgid; /* parent process */
     fdt_submit(e);
     return 0;
 #endif
@@ -60,7 +60,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     struct fdt_event *e = fdt_reserve(FDT_KIND_PROCESS_EXEC, 0, tgid, tgid);
     if (!e)
         return 0;
-    e->extra[0] = args->old_pid;
+    e->extra[FDT_X_PROCESS_EXEC_OLD_TID] = args->old_pid;
     fdt_submit(e);
 #endif
     return 0;
@@ -182,9 +182,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     struct fdt_event *e = fdt_reserve(FDT_KIND_PROCESS_EXIT, 0, tgid, tid);
     if (!e)
         return 0;
-    e->extra[0] = known;
-    e->extra[1] = code;
-    e->extra[2] = signal;
+    e->extra[FDT_X_PROCESS_EXIT_EXIT_KNOWN] = known;
+    e->extra[FDT_X_PROCESS_EXIT_EXIT_CODE] = code;
+    e->extra[FDT_X_PROCESS_EXIT_SIGNAL] = signal;
     fdt_submit(e);
     return 0;
 }
@@ -201,10 +201,10 @@ TRACEPOINT_PROBE(oom, mark_victim)
         return 0;
 #ifdef FDT_OOM_DETAILS
     TP_DATA_LOC_READ_CONST(&e->comm, comm, sizeof(e->comm));
-    e->extra[0] = args->total_vm;
-    e->extra[1] = args->anon_rss;
-    e->extra[2] = args->file_rss;
-    e->extra[3] = args->shmem_rss;
+    e->extra[FDT_X_OOM_KILL_TOTAL_VM_KB] = args->total_vm;
+    e->extra[FDT_X_OOM_KILL_ANON_RSS_KB] = args->anon_rss;
+    e->extra[FDT_X_OOM_KILL_FILE_RSS_KB] = args->file_rss;
+    e->extra[FDT_X_OOM_KILL_SHMEM_RSS_KB] = args->shmem_rss;
     e->ret = args->oom_score_adj;
 #else
     __builtin_memset(&e->comm, 0, sizeof(e->comm));

@@ -29,9 +29,9 @@ static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32
     if (ret < 0)
         e->errno_ = (u16)(-ret);
     if (peer) {
-        e->extra[0] = peer->raw[0];
-        e->extra[1] = peer->raw[1];
-        e->extra[2] = peer->raw[2];
+        e->extra[FDT_X_CONNECT_SOCKADDR0] = peer->raw[0];
+        e->extra[FDT_X_CONNECT_SOCKADDR1] = peer->raw[1];
+        e->extra[FDT_X_CONNECT_SOCKADDR2] = peer->raw[2];
     }
     fdt_submit(e);
     return 0;

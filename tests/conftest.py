@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fdtrace.counters import ProcessTotals
+from fdtrace.kernel.counters import ProcessTotals
 
 
 def needs_root() -> pytest.MarkDecorator:
@@ -41,7 +41,7 @@ class ChildRun:
 
 @dataclass
 class LiveTracer:
-    """A LiveBpfSource polled by a background thread that keeps every event."""
+    """A KernelSession polled by a background thread that keeps every event."""
 
     source: Any
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -84,9 +84,9 @@ class LiveTracer:
 def live_tracer() -> Iterator[LiveTracer]:
     if os.geteuid() != 0:
         pytest.skip("attaching BPF programs needs root")
-    from fdtrace.sources.live_bpf import LiveBpfSource
+    from fdtrace.kernel.session import KernelSession
 
-    source = LiveBpfSource()
+    source = KernelSession()
     source.start()
     tracer = LiveTracer(source)
     thread = threading.Thread(target=tracer.loop, daemon=True)

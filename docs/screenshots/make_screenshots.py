@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fdtrace.feeds import ReplayFeed
+from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.app import make_app
 
 HERE = Path(__file__).parent
@@ -17,10 +17,10 @@ RECORDING = HERE.parents[1] / "tests" / "data" / "emfile"
 
 async def main() -> None:
     clock = {"ns": 0}
-    feed = ReplayFeed(RECORDING, clock=lambda: clock["ns"])
+    feed = ReplaySource(RECORDING, clock=lambda: clock["ns"])
     app = make_app(feed)
     async with app.run_test(size=(170, 34)) as pilot:
-        while not feed.replay.finished:
+        while not feed.player.finished:
             clock["ns"] += 250_000_000
             await pilot.pause(0.05)
         clock["ns"] += 2_000_000_000

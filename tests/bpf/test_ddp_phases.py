@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from fdtrace.analysis import load
-from fdtrace.phases.live import LivePhases
+from fdtrace.integrations.phases.live import LivePhases
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.bpf
@@ -219,7 +219,7 @@ def test_a_failing_command_gives_its_exit_code(tmp_path: Path) -> None:
 
 
 def test_user_phases_from_the_explicit_api(tmp_path: Path) -> None:
-    code = ("import time\nfrom fdtrace.phases import phase\n"
+    code = ("import time\nfrom fdtrace.integrations.phases import phase\n"
             "with phase('eval'):\n    time.sleep(0.05)\nwith phase('eval'):\n    pass\n")
     out = tmp_path / "p.jsonl"
     result = subprocess.run([FDTRACE, "run", "--phases-out", str(out), "--", sys.executable, "-c", code],

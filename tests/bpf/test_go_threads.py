@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fdtrace.analysis import headroom, load
-from fdtrace.golang import GO_DEFAULT_MAX_THREADS
+from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
 FDTRACE = str(Path(sys.executable).with_name("fdtrace"))

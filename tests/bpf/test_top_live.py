@@ -12,9 +12,8 @@ import pytest
 from textual.widgets import DataTable, RichLog
 
 from fdtrace.analysis import load
-from fdtrace.bpf.loader import TraceOptions
-from fdtrace.feeds import LiveFeed
-from fdtrace.sources.live_bpf import LiveBpfSource
+from fdtrace.kernel.loader import TraceOptions
+from fdtrace.sources.live import LiveOptions, LiveSource
 from fdtrace.tui.app import make_app
 from tests.conftest import python_child
 
@@ -35,9 +34,9 @@ time.sleep(4)
 
 
 def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) -> None:
-    source = LiveBpfSource(TraceOptions(), keep_exited=0)
+    source = LiveSource(LiveOptions(trace=TraceOptions(), top_processes=5, live_phases=True, keep_exited=0))
     source.start()
-    app = make_app(LiveFeed(source, top=5), record_dir=tmp_path / "rec")
+    app = make_app(source, record_dir=tmp_path / "rec")
 
     child_pid: list[int] = []
 
@@ -45,7 +44,7 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
         async with app.run_test(size=(180, 40)) as pilot:
             await pilot.press("R")  # start recording
             await pilot.pause(0.3)
-            assert "recording to" in app.feed.status()
+            assert "recording to" in app.status()
             child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
             child_pid.append(child.pid)
             try:
@@ -68,7 +67,7 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
                 assert any(f"top-emfile[{child.pid}] openat failed with EMFILE" in line for line in lines)
                 await pilot.press("R")  # stop recording
                 await pilot.pause(0.3)
-                assert app.feed.status() == "live"
+                assert app.status() == "live"
             finally:
                 child.kill()
                 child.wait()

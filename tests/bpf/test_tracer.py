@@ -257,12 +257,12 @@ def test_oom_kill_in_a_memory_cgroup(live_tracer: LiveTracer) -> None:
 
 def test_per_record_callback_path_gives_the_same_events() -> None:
     """The bcc callback path, used where the ring cannot be read in bulk (not x86-64)."""
-    from fdtrace.bpf.loader import TraceOptions
-    from fdtrace.sources.live_bpf import LiveBpfSource
+    from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.kernel.session import KernelSession
 
     code = "import sys\nsys.stdin.readline()\n" + SOCKETS_THEN_CLOSES.format(n=11)
     child = subprocess.Popen(python_child(code), stdin=subprocess.PIPE, text=True)
-    source = LiveBpfSource(TraceOptions(pids=(child.pid,), bulk_read=False))
+    source = KernelSession(TraceOptions(pids=(child.pid,), bulk_read=False))
     source.start()
     try:
         assert source.tracer._ring is None

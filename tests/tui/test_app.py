@@ -11,7 +11,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, RichLog, Static
 
 from fdtrace.analysis import load
-from fdtrace.feeds import ReplayFeed
+from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.app import FdtraceApp, make_app
 from fdtrace.tui.screens import ProcessScreen
 
@@ -29,9 +29,9 @@ class FakeClock:
         return self.ns
 
 
-def run(scenario: Callable[[FdtraceApp, Pilot[None], FakeClock, ReplayFeed], Awaitable[None]]) -> None:
+def run(scenario: Callable[[FdtraceApp, Pilot[None], FakeClock, ReplaySource], Awaitable[None]]) -> None:
     clock = FakeClock()
-    feed = ReplayFeed(EMFILE, clock=clock)
+    feed = ReplaySource(EMFILE, clock=clock)
     app = make_app(feed)
 
     async def main() -> None:
@@ -41,9 +41,9 @@ def run(scenario: Callable[[FdtraceApp, Pilot[None], FakeClock, ReplayFeed], Awa
     asyncio.run(main())
 
 
-async def play_to_end(pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+async def play_to_end(pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
     for _ in range(200):
-        if feed.replay.finished:
+        if feed.player.finished:
             break
         clock.ns += 250_000_000
         await pilot.pause(0.05)
@@ -61,7 +61,7 @@ def cell(app: FdtraceApp, pid: int, column: str) -> str:
 
 
 def test_processes_sorted_by_headroom_with_alerts_on_the_right_rows() -> None:
-    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await play_to_end(pilot, clock, feed)
         pids = table_pids(app)
         assert pids[:3] == [PIDS["emfile-child"], PIDS["busy-85"], PIDS["quiet-10"]]
@@ -78,7 +78,7 @@ def test_processes_sorted_by_headroom_with_alerts_on_the_right_rows() -> None:
 
 
 def test_sort_by_clicking_a_header_and_by_key() -> None:
-    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await play_to_end(pilot, clock, feed)
         table = app.query_one("#processes", DataTable)
         table.post_message(DataTable.HeaderSelected(table, table.columns["fds"].key, 2, table.columns["fds"].label))
@@ -96,7 +96,7 @@ def test_sort_by_clicking_a_header_and_by_key() -> None:
 
 
 def test_filter_keeps_matching_rows() -> None:
-    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await play_to_end(pilot, clock, feed)
         await pilot.press("slash", *"busy")
         await pilot.pause(0.2)
@@ -109,7 +109,7 @@ def test_filter_keeps_matching_rows() -> None:
 
 
 def test_enter_opens_the_selected_process() -> None:
-    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await play_to_end(pilot, clock, feed)
         await pilot.press("down", "enter")
         await pilot.pause(0.3)
@@ -126,33 +126,33 @@ def test_enter_opens_the_selected_process() -> None:
 
 
 def test_replay_controls_move_time() -> None:
-    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
-        start = feed.replay.start_ns
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
+        start = feed.player.start_ns
         await pilot.press("space")
         clock.ns += 5_000_000_000
         await pilot.pause(0.2)
-        assert feed.replay.paused and feed.replay.now_ns == start
+        assert feed.player.paused and feed.player.now_ns == start
         assert "paused" in str(app.query_one("#system", Static).render())
         await pilot.press("space", "plus", "plus")
-        assert feed.replay.speed == 4.0
+        assert feed.player.speed == 4.0
         await pilot.press("minus")
-        assert feed.replay.speed == 2.0
+        assert feed.player.speed == 2.0
         await pilot.press("n")
         fd_error = RECORDING.events[RECORDING.events["kind"] == "fd_error"]["time"].iloc[0].value
-        assert abs(feed.replay.now_ns - fd_error) < 1_000
+        assert abs(feed.player.now_ns - fd_error) < 1_000
         clock.ns += 1_500_000_000
         await pilot.pause(0.3)
         log = app.query_one("#log", RichLog)
         assert any("pipe2 failed with EMFILE" in line.text for line in log.lines)
         await pilot.press("left_curly_bracket")  # a minute back: to the start, state rebuilt from there
         await pilot.pause(0.3)
-        assert feed.replay.now_ns == start
+        assert feed.player.now_ns == start
 
     run(scenario)
 
 
 def test_help_screen_and_freeze() -> None:
-    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await pilot.press("question_mark")
         await pilot.pause(0.1)
         assert type(app.screen).__name__ == "HelpScreen"
@@ -169,11 +169,11 @@ def test_help_screen_and_freeze() -> None:
 
 
 def test_thousands_of_processes_draw_the_worst_rows_and_say_so() -> None:
-    from fdtrace.incident import IncidentState
-    from fdtrace.sampler import ProcessSample
+    from fdtrace.procfs.sampler import ProcessSample
     from fdtrace.tui.app import MAX_ROWS
+    from fdtrace.tui.state import IncidentState
 
-    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplayFeed) -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await pilot.press("space")  # the replay stands still; this test sets the state itself
         state = IncidentState()
         state.apply_samples([ProcessSample(pid=i, start_ns=i, comm="lonely" if i == 7 else f"proc-{i}", open_fds=i,
@@ -198,7 +198,7 @@ def test_training_ranks_show_their_step_and_phase() -> None:
     rank1 = phases[phases["rank"] == 1]
     optimizer = int(rank1[(rank1["phase"] == "optimizer") & (rank1["step"] == 0)]["start_wall_ns"].iloc[0])
     clock = FakeClock()
-    feed = ReplayFeed(ddp, clock=clock)
+    feed = ReplaySource(ddp, clock=clock)
     app = make_app(feed)
 
     async def main() -> None:

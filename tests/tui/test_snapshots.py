@@ -9,7 +9,7 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from fdtrace.feeds import ReplayFeed
+from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.app import make_app
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
@@ -18,16 +18,16 @@ SIZE = (170, 34)
 
 def replayed_app() -> tuple[Any, Any]:
     clock = {"ns": 0}
-    feed = ReplayFeed(EMFILE, clock=lambda: clock["ns"])
+    feed = ReplaySource(EMFILE, clock=lambda: clock["ns"])
     app = make_app(feed)
 
     async def play(pilot: Pilot[None]) -> None:
-        while not feed.replay.finished:
+        while not feed.player.finished:
             clock["ns"] += 250_000_000
             await pilot.pause(0.05)
         for _ in range(2):  # two more rate windows: the last one empty, so every rate shown is 0
             clock["ns"] += 2_000_000_000
-            target = feed.replay.now_ns
+            target = feed.player.now_ns
             for _ in range(100):
                 await pilot.pause(0.05)
                 if app.state.now_ns >= target:

@@ -22,3 +22,11 @@ def test_ruff_is_clean() -> None:
 def test_mypy_is_clean() -> None:
     result = run_tool("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_import_contracts_are_kept() -> None:
+    """The layers and the bcc/Textual boundaries of pyproject.toml's [tool.importlinter]."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "0 broken" in result.stdout

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from fdtrace.clock import ClockOffsets
+from fdtrace.kernel.clock import ClockOffsets
+from fdtrace.kernel.decode import decode
 from fdtrace.procfs import TICK_NS, ProcFS, StartTimeResolver
 from fdtrace.schema import EVENT_COLUMNS, RAW_EVENT_DTYPE, SYSCALL_IDS, Kind, arrow_schema
-from fdtrace.sources.decode import decode
 
 OFFSETS = ClockOffsets(mono_ns=0, realtime_offset_ns=1_700_000_000_000_000_000, boottime_offset_ns=5_000_000_000)
 

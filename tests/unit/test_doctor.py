@@ -10,8 +10,8 @@ import pytest
 
 from fdtrace.doctor import report
 from fdtrace.doctor.checks import Doctor, Status
-from fdtrace.golang import BUILDINFO_MAGIC
-from fdtrace.haproxy import fds_needed, parse_config
+from fdtrace.integrations.haproxy import fds_needed, parse_config
+from fdtrace.procfs.golang import BUILDINFO_MAGIC
 from tests import fakeproc
 from tests.fakeproc import write_files
 

@@ -18,7 +18,7 @@ STEPS = 3
 LIGHTNING = """
 import torch, lightning as L
 from torch.utils.data import DataLoader, TensorDataset
-from fdtrace.phases.lightning import FdtracePhases
+from fdtrace.integrations.phases.lightning import FdtracePhases
 
 class Model(L.LightningModule):
     def __init__(self):
@@ -45,7 +45,7 @@ HUGGINGFACE = """
 import sys, torch
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
-from fdtrace.phases.huggingface import FdtracePhasesCallback
+from fdtrace.integrations.phases.huggingface import FdtracePhasesCallback
 
 class Data(Dataset):
     def __init__(self):
@@ -127,7 +127,7 @@ def test_huggingface_callback_marks_train_steps_and_optimizer_steps(tmp_path: Pa
 
 def test_without_fdtrace_run_the_callbacks_do_nothing() -> None:
     pytest.importorskip("lightning")
-    from fdtrace.phases.lightning import FdtracePhases
+    from fdtrace.integrations.phases.lightning import FdtracePhases
 
     callback = FdtracePhases()
     callback.on_train_batch_start(None, None, None, 0)

@@ -12,12 +12,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from fdtrace.phases.live import RUN_DIR_PREFIX, STATE_FORMAT, STATE_MAGIC, LivePhases, phases_at, read_state
+from fdtrace.integrations.phases.live import (
+    RUN_DIR_PREFIX,
+    STATE_FORMAT,
+    STATE_MAGIC,
+    LivePhases,
+    phases_at,
+    read_state,
+)
 
-SHIM = resources.files("fdtrace.phases") / "_shim"
+SHIM = resources.files("fdtrace.integrations.phases") / "_shim"
 NESTED = """
 import sys
-from fdtrace.phases import phase
+from fdtrace.integrations.phases import phase
 step = lambda: (print("ready", flush=True), sys.stdin.readline())
 with phase("eval"):
     with phase("inner"):

@@ -16,7 +16,7 @@ import pytest
 
 from fdtrace.analysis import load
 from fdtrace.errors import FdtraceError
-from fdtrace.phases.kineto import kineto_phases, to_monotonic
+from fdtrace.integrations.phases.kineto import kineto_phases, to_monotonic
 
 DDP = Path(__file__).parents[1] / "data" / "ddp"
 FDTRACE = str(Path(sys.executable).with_name("fdtrace"))

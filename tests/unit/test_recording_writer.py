@@ -9,19 +9,20 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from fdtrace.cli import parse_size
+from fdtrace.cli.common import parse_size
 from fdtrace.errors import FdtraceError
 from fdtrace.recording import host_dir, load, part_files
+from fdtrace.recording.writer import RecordingWriter
 from fdtrace.schema import SCHEMA_VERSION
-from fdtrace.sinks.parquet import RecordingWriter
 
 META = {"schema_version": SCHEMA_VERSION, "host": "h1"}
 
 
 def write_intervals(writer: RecordingWriter, count: int, rows: int = 50, start: int = 0) -> None:
     for i in range(start, start + count):
-        writer.add("system", pa.table({"ts_ns": list(range(i * rows, (i + 1) * rows)),
-                                       "file_nr": [i] * rows}))
+        ts = list(range(i * rows, (i + 1) * rows))
+        writer.add("system", pa.table({"ts_ns": ts, "file_nr": [i] * rows, "file_max": [1 << 20] * rows,
+                                       "time": pa.array(ts, pa.timestamp("ns", tz="UTC"))}))
         writer.flush()
 
 

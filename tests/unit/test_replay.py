@@ -10,7 +10,7 @@ import pytest
 from fdtrace.analysis import load
 from fdtrace.errors import FdtraceError
 from fdtrace.schema import arrow_schema
-from fdtrace.sources.replay import ReplaySource
+from fdtrace.sources.replay import EventPlayer
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 
@@ -23,9 +23,9 @@ class FakeClock:
         return self.ns
 
 
-def replay(speed: float = 1.0) -> tuple[ReplaySource, FakeClock]:
+def replay(speed: float = 1.0) -> tuple[EventPlayer, FakeClock]:
     clock = FakeClock()
-    return ReplaySource(EMFILE, speed=speed, clock=clock), clock
+    return EventPlayer(EMFILE, speed=speed, clock=clock), clock
 
 
 def test_replay_yields_every_event_once_in_time_order_with_the_live_schema() -> None:
@@ -89,7 +89,7 @@ def test_losses_come_with_each_batch() -> None:
 
 def test_directory_that_is_not_a_recording_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FdtraceError, match="not an fdtrace recording"):
-        ReplaySource(tmp_path)
+        EventPlayer(tmp_path)
 
 
 def test_recording_reads_without_fdtrace_as_a_hive_partitioned_dataset() -> None:

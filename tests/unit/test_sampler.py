@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fdtrace.golang import BUILDINFO_MAGIC, GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs import TICK_NS
-from fdtrace.sampler import ProcSampler
+from fdtrace.procfs.golang import BUILDINFO_MAGIC, GO_DEFAULT_MAX_THREADS
+from fdtrace.procfs.sampler import ProcSampler
 from tests import fakeproc
 from tests.fakeproc import write_files
 

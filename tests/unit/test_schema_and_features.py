@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fdtrace.bpf import features
-from fdtrace.counters import CounterStore
 from fdtrace.errors import FdtraceError
+from fdtrace.kernel import features
+from fdtrace.kernel.counters import CounterStore
 from fdtrace.schema import COUNTERS, EVENT_FIELDS, SYSCALL_NAMES, bpf_cflags
 
 EXIT_FORMAT = """name: sys_exit_{name}
@@ -76,9 +76,10 @@ def test_counter_store_keeps_exited_instances_apart_from_a_reused_pid() -> None:
 
 
 def test_headless_modules_import_neither_textual_nor_bcc_nor_matplotlib() -> None:
-    code = ("import sys, fdtrace.cli, fdtrace.sources.live_bpf, fdtrace.sinks.jsonl, fdtrace.sinks.parquet,"
-            "fdtrace.recorder, fdtrace.feeds, fdtrace.incident, fdtrace.analysis, fdtrace.sources.replay,"
-            "fdtrace.analysis.report, fdtrace.phases.files;"
+    code = ("import sys, fdtrace.cli, fdtrace.kernel.session, fdtrace.sinks.jsonl, fdtrace.recording.writer,"
+            "fdtrace.sinks.parquet, fdtrace.sources.live, fdtrace.pipeline, fdtrace.tui.state, fdtrace.analysis,"
+            "fdtrace.sources.replay,"
+            "fdtrace.analysis.report, fdtrace.integrations.phases.files;"
             "print(','.join(m for m in ('textual', 'bcc', 'matplotlib') if m in sys.modules))")
     leaked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert leaked == ""

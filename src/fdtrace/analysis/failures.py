@@ -7,14 +7,14 @@ from typing import Any
 
 import pandas as pd
 
-FD_EXHAUSTION = ("EMFILE", "ENFILE")
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 
 
 def failures(recording_or_events: Any) -> pd.DataFrame:
     """Every failure that ends or cripples a process: EMFILE/ENFILE from any syscall, OOM kills,
     kills by a signal and non-zero exits, with what it was."""
     events = getattr(recording_or_events, "events", recording_or_events)
-    fd = events["errno"].isin(FD_EXHAUSTION)
+    fd = events["errno"].isin(FD_EXHAUSTION_ERRNOS)
     oom = events["kind"] == "oom_kill"
     exits = events["kind"] == "process_exit"
     killed = exits & events["signal"].notna() & (events["signal"].astype(object) != "")

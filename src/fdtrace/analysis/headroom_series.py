@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fdtrace.thread_limits import THREAD_LIMITS
+from fdtrace.procfs.thread_limits import THREAD_LIMITS
 
 COLUMNS = ["time", "host", "pid", "start_ns", "comm", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom",
            "usage", "seconds_to_exhaustion", "threads", "threads_per_s", "thread_limit_kind", "thread_limit",

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.phases.collect import PHASE_COLOURS
+from fdtrace.integrations.phases.collect import PHASE_COLOURS
 
 
 def _axes(ax: Any) -> Any:

@@ -17,11 +17,11 @@ from fdtrace.analysis.destinations import destinations
 from fdtrace.analysis.failures import incidents
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats
 from fdtrace.analysis.spike_finder import spikes
-from fdtrace.phases.collect import PHASE_COLOURS
+from fdtrace.integrations.phases.collect import PHASE_COLOURS
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
 from fdtrace.recording import Recording
 from fdtrace.schema import STATS
 
-MARGIN = 1.2
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
                  "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port")
@@ -51,7 +51,7 @@ def build(recording: Recording, top: int = 3) -> Report:
     """Compute every section from a loaded recording."""
     events = recording.events
     socket_rate = rates(recording, kind=SOCKET_KINDS, by="kind")
-    error_rate = rates(recording, errno=["EMFILE", "ENFILE"], by=None)
+    error_rate = rates(recording, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
     least = headroom_module.least_headroom(recording)
     series = headroom_module.headroom(recording)
     fd_series = {}
@@ -98,13 +98,13 @@ def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
     failed = set()
     events = recording.events
     if len(events):
-        fd_errors = events[events["errno"].astype(str).isin(["EMFILE", "ENFILE"])]
+        fd_errors = events[events["errno"].astype(str).isin(FD_EXHAUSTION_ERRNOS)]
         failed = set(zip(fd_errors["pid"], fd_errors["start_ns"], strict=True))
     for row in least.itertuples():
         hit = (row.pid, row.start_ns) in failed
-        if row.usage < 0.8 and not hit:
+        if row.usage < USAGE_WARN and not hit:
             continue
-        need = math.ceil(row.open_fds * MARGIN)
+        need = with_margin(row.open_fds)
         text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]: peak {row.open_fds} open of a soft limit of "
                 f"{row.fd_soft_limit}; set it to at least {need} (LimitNOFILE= in its systemd unit, or ulimit -n).")
         if hit:
@@ -129,8 +129,7 @@ def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
 
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
 THREAD_FIXES = {
-    "Go default": lambda need: (f"bound the goroutines blocked in syscalls or cgo (DNS: the pure-Go resolver), "
-                                f"or raise the limit with runtime/debug.SetMaxThreads({need})"),
+    "Go default": lambda need: f"{GO_THREADS_ADVICE}({need})",
     "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
     "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
     "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
@@ -146,9 +145,9 @@ def _thread_advice(recording: Recording) -> list[str]:
     fullest = headroom_module.least_headroom(recording, resource="threads")
     advice = []
     for row in fullest.itertuples():
-        if not isinstance(row.thread_limit_kind, str) or not row.thread_usage >= 0.8:
+        if not isinstance(row.thread_limit_kind, str) or not row.thread_usage >= USAGE_WARN:
             continue
-        need = math.ceil(row.thread_count * MARGIN)
+        need = with_margin(row.thread_count)
         counted = THREADS_COUNTED[row.thread_limit_kind]
         advice.append(f"{row.thread_limit_kind} of {row.comm} [{row.pid}]: peak {row.thread_count:.0f} {counted} of "
                       f"{row.thread_limit:.0f}; {THREAD_FIXES[row.thread_limit_kind](need)}.")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import math
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -11,13 +10,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.haproxy import config_paths, fds_needed, parse_config, show_info
-from fdtrace.sampler import ProcessSample, ProcSampler
-from fdtrace.thread_limits import threads_by_uid
-
-WARN_AT = 0.80
-FAIL_AT = 0.95
-MARGIN = 1.2  # recommended limits: the peak seen plus 20 %
+from fdtrace.integrations.haproxy import config_paths, fds_needed, parse_config, show_info
+from fdtrace.policy import GO_THREADS_ADVICE, USAGE_CRITICAL, USAGE_WARN, with_margin
+from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.sampler import ProcessSample, ProcSampler
+from fdtrace.procfs.thread_limits import threads_by_uid
 
 
 class Status(enum.IntEnum):
@@ -51,7 +48,7 @@ def by_usage(used: float, limit: float | None) -> Status:
     if not limit:
         return Status.OK
     share = used / limit
-    return Status.FAIL if share >= FAIL_AT else Status.WARN if share >= WARN_AT else Status.OK
+    return Status.FAIL if share >= USAGE_CRITICAL else Status.WARN if share >= USAGE_WARN else Status.OK
 
 
 def _soft_hard(soft: int, hard: int | None) -> str:
@@ -59,11 +56,6 @@ def _soft_hard(soft: int, hard: int | None) -> str:
     if hard is None:
         return f"{soft}:infinity"
     return str(soft) if soft == hard else f"{soft}:{hard}"
-
-
-def with_margin(value: int) -> int:
-    """The value plus the margin, rounded up."""
-    return math.ceil(value * MARGIN)
 
 
 class Doctor:
@@ -77,51 +69,37 @@ class Doctor:
 
     def __init__(self, procfs: str | Path = "/proc", peaks: dict[int, int] | None = None,
                  systemctl: str | None = shutil.which("systemctl"), cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
-        self.proc = Path(procfs)
+        self.procfs = ProcFS(procfs)
         self.cgroupfs = Path(cgroupfs)
-        self.sampler = ProcSampler(self.proc, cgroupfs=self.cgroupfs)
+        self.sampler = ProcSampler(procfs, cgroupfs=self.cgroupfs)
         self.peaks = peaks or {}
         self.thread_growth: dict[int, float] = {}  # threads per second seen in a recording
         self.systemctl = systemctl
 
-    # Reading
-
-    def _read(self, relative: str) -> str | None:
-        try:
-            return (self.proc / relative).read_text()
-        except OSError:
-            return None
+    # Reading: a process that is gone or unreadable reads as empty.
 
     def _number(self, relative: str) -> int | None:
-        text = self._read(relative)
-        try:
-            return int(text.split()[0]) if text else None
-        except ValueError:
-            return None
-
-    def _limits(self, pid: int) -> dict[str, tuple[int | None, int | None]]:
-        """/proc/PID/limits as {name: (soft, hard)}; the file is in fixed-width columns."""
-        limits = {}
-        for line in (self._read(f"{pid}/limits") or "").splitlines()[1:]:
-            name, soft, hard = line[:26].strip(), line[26:47].strip(), line[47:68].strip()
-            try:
-                limits[name] = (None if soft == "unlimited" else int(soft), None if hard == "unlimited" else int(hard))
-            except ValueError:
-                continue
-        return limits
+        return self.procfs.system_number(relative)
 
     def _status_field(self, pid: int, field: str) -> str | None:
-        for line in (self._read(f"{pid}/status") or "").splitlines():
-            if line.startswith(field + ":"):
-                return line.split(":", 1)[1].strip()
-        return None
+        try:
+            return self.procfs.status(pid).get(field)
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return None
 
     def _cmdline(self, pid: int) -> list[str]:
-        return [part for part in (self._read(f"{pid}/cmdline") or "").split("\0") if part]
+        try:
+            return self.procfs.cmdline(pid)
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return []
 
     def _systemd_unit(self, pid: int) -> str | None:
-        for line in (self._read(f"{pid}/cgroup") or "").splitlines():
-            for part in line.split(":", 2)[-1].split("/"):
+        try:
+            lines = self.procfs.cgroups(pid)
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return None
+        for _, _, path in lines:
+            for part in path.split("/"):
                 if part.endswith(".service"):
                     return part
         return None
@@ -193,7 +171,7 @@ class Doctor:
         checks = []
         threads, uid = sample.threads, sample.uid
         if sample.nproc_soft_limit is not None and uid is not None:
-            user_threads = threads_by_uid(self.proc, self.sampler.pids(), {uid})[uid]
+            user_threads = threads_by_uid(self.procfs, self.sampler.pids(), {uid})[uid]
             status = by_usage(user_threads, sample.nproc_soft_limit)
             checks.append(Check(scope, f"RLIMIT_NPROC (threads of uid {uid})", status,
                                 f"{user_threads} of {sample.nproc_soft_limit}",
@@ -216,8 +194,7 @@ class Doctor:
                     status = max(status, Status.WARN)
             checks.append(Check(scope, "Go thread limit", status, current,
                                 "fewer threads blocked in syscalls" if status else "",
-                                "bound the goroutines blocked in syscalls or cgo (e.g. DNS: the pure-Go resolver, "
-                                "netgo), or raise the limit with runtime/debug.SetMaxThreads" if status else ""))
+                                GO_THREADS_ADVICE if status else ""))
         return checks
 
     def _haproxy_checks(self, pid: int, scope: str, soft: int | None) -> list[Check]:

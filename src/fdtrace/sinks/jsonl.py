@@ -1,10 +1,13 @@
-"""Events as JSON lines, one object per event."""
+"""Events as JSON lines, one object per event, and the per-process totals file of `trace`."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import datetime
 from typing import IO, Any
+
+from fdtrace.pipeline.update import SourceInfo, Update
 
 
 def _plain(value: Any) -> Any:
@@ -13,17 +16,79 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def count_kinds(events: Any) -> dict[str, int]:
+    """Rows of an events table by kind."""
+    import pyarrow.compute as pc
+
+    return {str(item["values"]): int(item["counts"]) for item in pc.value_counts(events["kind"]).to_pylist()}
+
+
 class JsonLinesSink:
-    """Writes each event of an events table as one JSON object per line."""
+    """Writes each event as one JSON object per line, and counts them by kind.
+
+    Attributes:
+        kinds: events written, by kind.
+        losses: the source's cumulative losses at the last update.
+    """
+
+    name = "JSON lines"
+    required = True
 
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
-        self.written = 0
+        self.kinds: Counter[str] = Counter()
+        self.losses: dict[str, int] = {}
 
-    def write(self, events: Any) -> None:
-        """Write the rows of an events table (``pyarrow.Table`` of ``schema.arrow_schema()``)."""
-        for row in events.to_pylist():
+    def open(self, info: SourceInfo) -> None:
+        """Nothing to prepare."""
+
+    def write(self, update: Update) -> None:
+        self.losses = update.losses
+        events = update.events
+        if not events.num_rows:
+            return
+        self.kinds.update(count_kinds(events))
+        for row in events.to_pylist():  # type: ignore[attr-defined]
             self.stream.write(json.dumps({k: _plain(v) for k, v in row.items()}, separators=(",", ":")))
             self.stream.write("\n")
-        self.written += events.num_rows
         self.stream.flush()
+
+    def close(self, failed: bool = False) -> None:
+        """The stream belongs to the caller."""
+
+    def summary(self) -> str:
+        """The last line of `trace`: events by kind and losses."""
+        counted = ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items())) or "none"
+        lost = sum(self.losses.values())
+        detail = ", ".join(f"{k} {v}" for k, v in self.losses.items() if v)
+        return f"{sum(self.kinds.values())} events ({counted}); lost {lost}" + (f" ({detail})" if detail else "")
+
+
+class TotalsSink:
+    """At the end, writes the exact per-process counts of the final update as JSON.
+
+    Args:
+        path: the file written.
+        comms: only processes with these names (all when empty).
+    """
+
+    name = "totals"
+    required = True
+
+    def __init__(self, path: str, comms: tuple[str, ...] = ()) -> None:
+        self.path = path
+        self.comms = comms
+        self._totals: list[dict[str, Any]] | None = None
+
+    def open(self, info: SourceInfo) -> None:
+        """Nothing to prepare: the file is written at the end."""
+
+    def write(self, update: Update) -> None:
+        if update.final and update.counters is not None:
+            self._totals = [t.as_dict() for t in update.counters.all() if not self.comms or t.comm in self.comms]
+
+    def close(self, failed: bool = False) -> None:
+        if self._totals is None:
+            return
+        with open(self.path, "w") as out:
+            json.dump(self._totals, out)

@@ -1,237 +1,189 @@
-"""Writes a recording: buffered tables flushed as whole Parquet part files (see recording.py)."""
+"""The recording sink: every update of a source into a Parquet recording directory (events as
+they come; samples, system figures, HAProxy, clock, counters and losses once per round), one
+flush to disk per round."""
 
 from __future__ import annotations
 
-import errno
-import json
-import os
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+import platform
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from fdtrace import __version__
 from fdtrace.errors import FdtraceError
-from fdtrace.recording import TABLES, host_dir, meta_path, part_name
-
-#: Flushes that may wait for the writer thread before the caller is held back.
-MAX_PENDING_WRITES = 3
-
-
-@dataclass
-class _Part:
-    first: int
-    last: int
-    path: Path
-    rows: int
-    size: int
+from fdtrace.kernel.counters import CounterStore, ProcessTotals
+from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.recording.writer import RecordingWriter
+from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, TABLES, arrow_type
 
 
-class RecordingWriter:
-    """One host's side of a recording directory.
+def boot_id() -> str:
+    """This boot's id: monotonic stamps are comparable only within one boot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
-    ``add()`` buffers rows in memory; ``flush()`` writes each buffered table as a new part file
-    (temporary name, fsync, rename), so a recorder killed at any moment leaves only complete
-    files and loses at most what it buffered since the last flush. Parts are numbered by flush,
-    alike in every table, so a number stands for the same interval everywhere.
 
-    ``compact()`` merges the parts written since the last compaction into one file per table
-    (``--rotate``); ``max_size`` keeps the recording under that many bytes by deleting its oldest
-    parts, counted in the metadata as ``rotated_out`` (``--max-size``).
+def run_metadata(info: SourceInfo, argv: list[str]) -> dict[str, Any]:
+    """What a reader needs to know about the run, written to meta/host=NAME.json."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "fdtrace_version": __version__,
+        "host": info.host,
+        "kernel": platform.release(),
+        "boot_id": boot_id(),
+        "probes_attached": list(info.probes_attached),
+        "probes_skipped": list(info.probes_skipped),
+        "options": dict(info.options),
+        "argv": argv,
+        "started": time.time(),
+    }
+
+
+def _wall(ts: list[int], realtime_offset: int) -> pa.Array:
+    return pa.array([t + realtime_offset for t in ts], type=pa.int64()).cast(arrow_type("timestamp_utc"))
+
+
+_SAMPLE_FIELDS = tuple(c for c in TABLES["samples"].columns if c not in ("ts_ns", "time", "cmdline"))
+
+
+class ParquetSink:
+    """Writes a recording directory from the updates of a live source.
+
+    Args:
+        directory: the recording (created; several hosts may share one).
+        argv: the command line, kept in the metadata.
+        shared: files readable by everyone (default: owner only).
+        max_size: bytes the recording may hold (oldest parts deleted and counted).
+        rotate_s: merge the parts of each this many seconds into one file.
+        required: whether a failure stops the pipeline (`record`) or only the recording (the
+            live view's R key).
     """
 
-    def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False,
-                 max_size: int | None = None) -> None:
-        self.root = Path(root)
-        self.host = host
-        self.meta = dict(meta)
+    def __init__(self, directory: Path, argv: list[str], shared: bool = False, max_size: int | None = None,
+                 rotate_s: float | None = None, required: bool = True) -> None:
+        self.directory = Path(directory)
+        self.name = f"recording to {self.directory}"
+        self.required = required
+        self.argv = argv
+        self.shared = shared
         self.max_size = max_size
-        self.file_mode = 0o644 if shared else 0o600
-        self.dir_mode = 0o755 if shared else 0o700
-        self.bytes_written = 0
-        self.rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
-        self.rotated_out: dict[str, Any] = {"files": 0, "bytes": 0, "rows": dict.fromkeys(TABLES, 0)}
-        self._buffers: dict[str, list[pa.Table]] = {t: [] for t in TABLES}
-        self._parts: dict[str, list[_Part]] = {t: [] for t in TABLES}
-        self._unmerged: dict[str, int] = dict.fromkeys(TABLES, 0)  # parts since the last compaction
-        self._flush_number = 1
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
-        self._pending: list[Future[None]] = []
-        if meta_path(self.root, host).exists():
-            raise FdtraceError(f"{self.root} already holds a recording of host {host}: choose another -o")
-        self._guard(self._make_dirs)
-        self.write_meta(complete=False)
-
-    def _make_dirs(self) -> None:
-        folders = [self.root, self.root / "meta"]
-        for table in TABLES:
-            folders += [self.root / table, host_dir(self.root, table, self.host)]
-        for folder in folders:
-            folder.mkdir(mode=self.dir_mode, exist_ok=True)
+        self.rotate_s = rotate_s
+        self.events = 0
+        self.losses: dict[str, int] = dict.fromkeys(STATS, 0)
+        self._writer: RecordingWriter | None = None
+        self._bytes_at_close = 0
+        self._cmdline = False
+        self._last_counters: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self._next_compaction = 0.0
 
     @property
-    def size(self) -> int:
-        """Bytes of the part files the recording holds now."""
-        return sum(part.size for parts in self._parts.values() for part in parts)
+    def writer(self) -> RecordingWriter:
+        """The writer (after ``open()``)."""
+        if self._writer is None:
+            raise RuntimeError("ParquetSink.open() was not called")
+        return self._writer
 
-    def add(self, table: str, rows: pa.Table) -> None:
-        """Buffer rows for ``table`` until the next flush."""
-        if rows.num_rows:
-            self._buffers[table].append(rows)
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of part files written so far."""
+        return self._writer.bytes_written if self._writer is not None else self._bytes_at_close
 
-    # Disk work runs on one writer thread, in order, so the caller can go on draining the ring
-    # buffer while a second's worth of events is compressed and written (pyarrow and file I/O
-    # release the GIL). Errors surface at the caller's next call, or at wait().
+    def open(self, info: SourceInfo) -> None:
+        if not info.live:
+            raise FdtraceError("a replay cannot be recorded again: copy the recording instead")
+        self._cmdline = info.cmdline
+        self._writer = RecordingWriter(self.directory, info.host, run_metadata(info, self.argv),
+                                       shared=self.shared, max_size=self.max_size)
+        self._next_compaction = time.monotonic() + (self.rotate_s or 0)
 
-    def _submit(self, work: Callable[..., None], *args: Any, wait: bool) -> None:
-        for future in [f for f in self._pending if f.done()]:
-            self._pending.remove(future)
-            future.result()
-        while len(self._pending) >= MAX_PENDING_WRITES:  # behind: hold the caller back
-            self._pending.pop(0).result()
-        self._pending.append(self._executor.submit(work, *args))
-        if wait:
-            self.wait()
+    def write(self, update: Update) -> None:
+        writer = self.writer
+        if update.events.num_rows:
+            writer.add("events", update.events.drop_columns(["host"]))  # type: ignore[attr-defined]
+            self.events += update.events.num_rows
+        for sample_round in update.rounds:
+            self._round(sample_round, update)
+        if update.rounds:
+            writer.flush(wait=False)
+        if self.rotate_s is not None and (update.final or time.monotonic() >= self._next_compaction):
+            writer.compact(wait=False)
+            writer.write_meta(complete=False, wait=False)
+            self._next_compaction = time.monotonic() + self.rotate_s
 
-    def wait(self) -> None:
-        """Wait until everything submitted is on disk; raises the first error of the writes."""
-        while self._pending:
-            self._pending.pop(0).result()
-
-    def close(self) -> None:
-        """Wait for the writes and stop the writer thread."""
+    def close(self, failed: bool = False) -> None:
+        if self._writer is None:
+            return
+        writer, self._writer = self._writer, None
         try:
-            self.wait()
-        finally:
-            self._executor.shutdown(wait=True)
-
-    def abandon(self) -> None:
-        """After a failed write: let the writes still queued finish or fail, quietly, and stop."""
-        for future in self._pending:
-            future.exception()
-        self._pending.clear()
-        self._executor.shutdown(wait=True)
-
-    def flush(self, wait: bool = True) -> None:
-        """Write every buffered table as a complete part file (in the background if not ``wait``)."""
-        number = self._flush_number
-        self._flush_number += 1
-        pending = {table: buffered for table, buffered in self._buffers.items() if buffered}
-        self._buffers = {t: [] for t in TABLES}
-        self._submit(self._write_flush, number, pending, wait=wait)
-
-    def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
-        for table, buffered in pending.items():
-            data = pa.concat_tables(buffered, promote_options="default")
-            path = host_dir(self.root, table, self.host) / part_name(number, number)
-            self._guard(lambda d=data, p=path: self._write_part(d, p))
-            self._parts[table].append(_Part(number, number, path, data.num_rows, path.stat().st_size))
-            self._unmerged[table] += 1
-            self.rows_written[table] += data.num_rows
-            self.bytes_written += self._parts[table][-1].size
-        if self.max_size is not None:
-            self._rotate_out()
-
-    def compact(self, wait: bool = True) -> None:
-        """Merge each table's parts since the last compaction into one file (see ``_compact``)."""
-        self._submit(self._compact, wait=wait)
-
-    def _compact(self) -> None:
-        """Merge each table's parts since the last compaction into one file.
-
-        The merged file is complete under its final name before the parts go; a reader that
-        finds both (a crash in between) reads the merged file and skips the parts it covers.
-        """
-        for table, parts in self._parts.items():
-            count = self._unmerged[table]
-            self._unmerged[table] = 0
-            if count < 2:
-                continue
-            merging = parts[-count:]
-            data = pa.concat_tables([pq.read_table(p.path) for p in merging], promote_options="default")
-            path = host_dir(self.root, table, self.host) / part_name(merging[0].first, merging[-1].last)
-            self._guard(lambda d=data, p=path: self._write_part(d, p))
-            for part in merging:
-                part.path.unlink()
-            parts[-count:] = [_Part(merging[0].first, merging[-1].last, path, data.num_rows, path.stat().st_size)]
-
-    def _rotate_out(self) -> None:
-        """Delete the oldest parts until the recording fits ``max_size`` (keeping the newest)."""
-        assert self.max_size is not None
-        while self.size > self.max_size:
-            candidates = [(parts[0].first, table) for table, parts in self._parts.items() if len(parts) > 1]
-            if not candidates:
+            if failed:
+                writer.abandon()
                 return
-            _, table = min(candidates)
-            part = self._parts[table].pop(0)
-            self._unmerged[table] = min(self._unmerged[table], len(self._parts[table]))
-            part.path.unlink()
-            self.rotated_out["files"] += 1
-            self.rotated_out["bytes"] += part.size
-            self.rotated_out["rows"][table] += part.rows
+            try:
+                writer.write_meta(complete=True, ended=time.time())
+                writer.close()
+            except FdtraceError:
+                writer.abandon()
+                raise
+        finally:
+            self._bytes_at_close = writer.bytes_written
 
-    def _write_part(self, data: pa.Table, final: Path) -> None:
-        temporary = final.with_suffix(".parquet.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                pq.write_table(data, out, compression="zstd")
-                out.flush()
-                os.fsync(out.fileno())
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-        os.replace(temporary, final)
+    def _round(self, sample_round: SampleRound, update: Update) -> None:
+        writer = self.writer
+        now = sample_round.mono_ns
+        offset = sample_round.time_ns - now
+        if sample_round.clock is not None:
+            writer.add("clock", pa.table({"ts_ns": [now], "realtime_offset_ns": [sample_round.clock.realtime_offset_ns],
+                                          "boottime_offset_ns": [sample_round.clock.boottime_offset_ns]}))
+        samples = sample_round.samples
+        if samples:
+            columns: dict[str, list[Any]] = {"ts_ns": [now] * len(samples)}
+            for name in _SAMPLE_FIELDS:
+                columns[name] = [getattr(s, name) for s in samples]
+            if self._cmdline:
+                columns["cmdline"] = [s.cmdline for s in samples]
+            writer.add("samples", pa.table(columns).append_column("time", _wall(columns["ts_ns"], offset)))
+        if sample_round.system is not None:
+            system = pa.table({"ts_ns": [now], **{k: [v] for k, v in sample_round.system.items()}})
+            writer.add("system", system.append_column("time", _wall([now], offset)))
+        if sample_round.haproxy:
+            rows = [{"ts_ns": now, **row} for row in sample_round.haproxy]
+            table = pa.Table.from_pylist(rows, schema=TABLES["haproxy"].arrow_schema().remove(
+                TABLES["haproxy"].columns.index("time")))
+            writer.add("haproxy", table.append_column("time", _wall([now] * len(rows), offset)))
+        if update.counters is not None:
+            self._counters(now, update.counters)
+        row: dict[str, list[Any]] = {"ts_ns": [now]}
+        for name in STATS:
+            row[name] = [update.losses.get(name, 0) - self.losses.get(name, 0)]
+            row[f"{name}_total"] = [update.losses.get(name, 0)]
+        self.losses = dict(update.losses)
+        writer.add("losses", pa.table(row).append_column("time", _wall([now], offset)))
 
-    def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
-        """Write the metadata file (atomically); ``complete`` marks a clean end."""
-        self._submit(self._write_meta, complete, updates, wait=wait)
-
-    def _write_meta(self, complete: bool, updates: dict[str, Any]) -> None:
-        self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
-                         rotated_out=self.rotated_out)
-        path = meta_path(self.root, self.host)
-        temporary = path.with_suffix(".json.tmp")
-
-        def write() -> None:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-            with os.fdopen(fd, "w") as out:
-                json.dump(self.meta, out, indent=1, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-
-        self._guard(write)
-
-    def _guard(self, action: Any) -> None:
-        try:
-            action()
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise FdtraceError(
-                    f"{self.root}: disk full: recording stopped; the {sum(self.rows_written.values())} rows "
-                    "already written are complete", exit_code=1,
-                ) from None
-            raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
-
-
-def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
-    """Add rows to a finished recording as a new part of ``table`` (e.g. the phases that
-    `fdtrace run` collects after its recorder has stopped). Returns the file written."""
-    from fdtrace.recording import part_files
-
-    folder = host_dir(Path(root), table, host)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    last = max((int(p.name.split("-")[-1].split(".")[0]) for p in part_files(folder)), default=0)
-    final = folder / part_name(last + 1, last + 1)
-    temporary = final.with_suffix(".parquet.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        pq.write_table(rows, out, compression="zstd")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, final)
-    return final
+    def _counters(self, now: int, store: CounterStore) -> None:
+        rows: list[ProcessTotals] = list(store.newly_exited)  # final values, written once
+        for totals in rows:
+            self._last_counters.pop((totals.pid, totals.first_ts), None)
+        for key, totals in store.live.items():
+            values = (*(totals.counts[c] for c in COUNTERS), tuple(sorted(totals.errors.items())))
+            if self._last_counters.get(key) != values:
+                self._last_counters[key] = values
+                rows.append(totals)
+        if not rows:
+            return
+        columns: dict[str, list[Any]] = {
+            "ts_ns": [now] * len(rows),
+            "pid": [t.pid for t in rows],
+            "first_ts": [t.first_ts for t in rows],
+            "exit_ts": [t.exit_ts for t in rows],
+            "comm": [t.comm for t in rows],
+        }
+        for name in COUNTERS:
+            columns[name] = [t.counts[name] for t in rows]
+        errors = [[{"syscall": sc, "errno": err, "count": n} for (sc, err), n in sorted(t.errors.items())]
+                  for t in rows]
+        table = pa.table(columns).append_column("errors", pa.array(errors, type=arrow_type("errors_list")))
+        self.writer.add("counters", table)

@@ -12,9 +12,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from fdtrace.counters import CounterStore
 from fdtrace.errors import FdtraceError
-from fdtrace.sampler import ProcessSample
+from fdtrace.kernel.counters import CounterStore, ProcessTotals
+from fdtrace.pipeline.update import SourceInfo, SystemFigures, Update
+from fdtrace.procfs.sampler import ProcessSample
 
 #: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).
 COUNTER_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -37,14 +38,17 @@ def parse_listen(text: str) -> tuple[str, int]:
 @dataclass
 class _Snapshot:
     processes: list[ProcessSample] = field(default_factory=list)
-    counters: list[Any] = field(default_factory=list)
-    system: dict[str, Any] = field(default_factory=dict)
+    counters: list[ProcessTotals] = field(default_factory=list)
+    system: SystemFigures = field(default_factory=dict)
     losses: dict[str, int] = field(default_factory=dict)
     oom_kills: int = 0
 
 
-class MetricsExporter:
-    """Serves /metrics from the latest snapshot; ``observe`` and ``update`` feed it.
+class PrometheusSink:
+    """Serves /metrics from the latest update's figures.
+
+    The server starts when the sink is made (so a busy port is an error before anything else
+    starts); ``write`` takes each update, ``close`` stops serving.
 
     Args:
         listen: ADDRESS:PORT (loopback by default).
@@ -52,18 +56,30 @@ class MetricsExporter:
             counters, the most calls): keeps the label sets bounded.
     """
 
+    required = True
+
     def __init__(self, listen: str = "127.0.0.1:9877", max_processes: int = 50) -> None:
         self.address, self.port = parse_listen(listen)
+        self.name = f"metrics on {listen}"
         self.max_processes = max_processes
         self._lock = threading.Lock()
         self._snapshot = _Snapshot()
         self._oom_kills = 0
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)  # type: ignore[arg-type]
+        self.registry.register(self)
         try:
             self._server, self._thread = start_http_server(self.port, self.address, registry=self.registry)
         except OSError as exc:
             raise FdtraceError(f"cannot serve metrics on {listen}: {exc.strerror}") from None
+
+    def open(self, info: SourceInfo) -> None:
+        """Already serving."""
+
+    def write(self, update: Update) -> None:
+        self.observe(update.events)
+        for sample_round in update.rounds:
+            if update.counters is not None:
+                self.update(sample_round.samples, sample_round.system or {}, update.counters, update.losses)
 
     def observe(self, events: Any) -> None:
         """Count what only the event stream tells (OOM kills)."""
@@ -72,7 +88,7 @@ class MetricsExporter:
 
             self._oom_kills += int(pc.sum(pc.equal(events["kind"].cast("string"), "oom_kill")).as_py() or 0)
 
-    def update(self, samples: list[ProcessSample], system: dict[str, Any], counters: CounterStore,
+    def update(self, samples: list[ProcessSample], system: SystemFigures, counters: CounterStore,
                losses: dict[str, int]) -> None:
         """Take the latest sampling round and counter reading."""
         top = sorted(samples, key=lambda s: s.open_fds, reverse=True)[: self.max_processes]
@@ -119,7 +135,7 @@ class MetricsExporter:
             lost.add_metric([reason], count)
         yield lost
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Stop serving."""
         self._server.shutdown()
         self._server.server_close()

@@ -1,1 +1,1 @@
-"""Sources of event batches: live BPF tracing (and, later, replay of recordings)."""
+"""Sources of the pipeline: the live kernel (with /proc sampling) and replayed recordings."""

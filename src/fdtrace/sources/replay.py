@@ -1,20 +1,25 @@
-"""Replay of a recording as a source: the same event batches the live source yields, in time
-order, at real speed, faster, slower or paused, with seeking."""
+"""Replay of recordings as a pipeline source: the same updates the live source yields (events,
+sampling rounds, losses, phases), in time order, at real speed, faster, slower or paused, with
+seeking."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from fdtrace.errors import FdtraceError
+from fdtrace.integrations.phases.live import phases_at
+from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.recording import read_meta, read_parts
-from fdtrace.schema import STATS, arrow_schema
-from fdtrace.sources.base import EventBatch
+from fdtrace.schema import STATS, TABLES, arrow_schema
 
 
 def _with_host(events: pa.Table, host: str) -> pa.Table:
@@ -31,7 +36,20 @@ def _with_host(events: pa.Table, host: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-class ReplaySource:
+@dataclass
+class EventBatch:
+    """The events a poll of the player hands out, at ``mono_ns`` (the virtual wall clock), with
+    the recording's cumulative losses then."""
+
+    events: pa.Table
+    mono_ns: int
+    losses: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.events.num_rows)
+
+
+class EventPlayer:
     """Plays a recording's events back on a virtual clock of wall time.
 
     ``poll()`` returns the events whose ``time`` the virtual clock has passed since the last poll,
@@ -43,10 +61,10 @@ class ReplaySource:
         clock: the real clock, in ns (tests pass a fake one).
     """
 
-    def __init__(self, paths: str | Path | list[str | Path], speed: float = 1.0,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
-        roots = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
-        self.skipped: list[str] = []
+    def __init__(self, paths: str | Path | list[str | Path] | list[Path], speed: float = 1.0,
+                 clock: Callable[[], int] = time.monotonic_ns, skipped: list[str] | None = None) -> None:
+        roots = _roots(paths)
+        self.skipped: list[str] = skipped if skipped is not None else []
         events, losses = [], []
         for root in roots:
             for host in read_meta(root):
@@ -78,7 +96,9 @@ class ReplaySource:
         table = pa.concat_tables(losses, promote_options="default")
         table = table.take(pc.sort_indices(table, [("time", "ascending")]))
         times = table["time"].cast(pa.int64()).to_numpy()
-        totals = {name: np.cumsum(table[name].to_numpy()) for name in STATS if name in table.column_names}
+        # A counter the recording never had (an older fdtrace) is unknown, not zero: left out.
+        totals = {name: np.cumsum(table[name].fill_null(0).to_numpy()) for name in STATS
+                  if name in table.column_names and table[name].null_count < table.num_rows}
         return times, totals
 
     # The virtual clock
@@ -166,3 +186,170 @@ class ReplaySource:
         """The recording's cumulative losses at a wall time."""
         index = int(np.searchsorted(self._loss_times, wall_ns, side="right")) - 1
         return {name: int(totals[index]) if index >= 0 else 0 for name, totals in self._loss_totals.items()}
+
+
+def _roots(paths: str | Path | list[str | Path] | list[Path]) -> list[Path]:
+    return [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
+
+
+#: Kinds whose failures ``next_problem`` jumps to.
+PROBLEM_KINDS = {"fd_error", "oom_kill"}
+
+
+class ReplaySource:
+    """Recordings played back as a pipeline source, with the controls of the live view's replay
+    (pause, speed, seek, next problem).
+
+    Args:
+        paths: one recording directory or several (several hosts, merged on wall time).
+        speed: virtual seconds per real second.
+        clock: the real clock, in ns (tests pass a fake one).
+    """
+
+    def __init__(self, paths: str | Path | list[str | Path], speed: float = 1.0,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        roots = _roots(paths)
+        self.skipped: list[str] = []
+        self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped)
+        tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock")}
+        hosts: list[str] = []
+        for root in roots:
+            for host in read_meta(root):
+                hosts.append(host)
+                for name, bucket in tables.items():
+                    part = read_parts(root, name, host, self.skipped)
+                    if part is not None:
+                        bucket.append(part)
+        self._host = ",".join(dict.fromkeys(hosts))
+        self._samples = _by_time(tables["samples"])
+        self._system = _by_time(tables["system"])
+        self._haproxy = _by_time(tables["haproxy"])
+        self._sample_times = _times(self._samples)
+        self._system_times = _times(self._system)
+        self._haproxy_times = _times(self._haproxy)
+        recorded_phases = _by_time(tables["phases"])
+        self._phases = recorded_phases.to_pandas() if recorded_phases is not None else None
+        first = next((c.slice(0, 1).to_pylist()[0] for c in tables["clock"] if c.num_rows), None)
+        self._boot_wall_ns = None if first is None else first["realtime_offset_ns"] - first["boottime_offset_ns"]
+        self._shown_until = self.player.start_ns - 1
+        self._reset = False
+
+    @property
+    def info(self) -> SourceInfo:
+        return SourceInfo(host=self._host, live=False)
+
+    def start(self) -> None:
+        """Nothing to start: the recordings were read when it was made."""
+
+    def stop(self) -> None:
+        """Nothing to release."""
+
+    def poll(self) -> Update:
+        batch = self.player.poll()
+        now = batch.mono_ns
+        update = Update(now_ns=now, events=batch.events, losses=batch.losses, reset=self._reset,
+                        boot_wall_ns=self._boot_wall_ns)
+        self._reset = False
+        if now > self._shown_until:
+            update.rounds = self._rounds_between(self._shown_until, now)
+            self._shown_until = now
+        if self._phases is not None:
+            update.phases = phases_at(self._phases, now)
+        return update
+
+    def finish(self) -> Update:
+        """What the clock has passed (a replay stops where it is)."""
+        return self.poll()
+
+    def _rounds_between(self, start_ns: int, end_ns: int) -> list[SampleRound]:
+        """The recorded sampling rounds in (start_ns, end_ns], grouped by the time they were taken."""
+        rounds: dict[int, SampleRound] = {}
+
+        def at(row: dict[str, Any]) -> SampleRound:
+            when = row.pop("time_ns")
+            mono = row.pop("ts_ns")
+            return rounds.setdefault(when, SampleRound(mono, when, [], None))
+
+        for row in _rows_between(self._system, self._system_times, start_ns, end_ns):
+            at(row).system = row
+        for row in _rows_between(self._samples, self._sample_times, start_ns, end_ns):
+            at(row).samples.append(_sample(row))
+        for row in _rows_between(self._haproxy, self._haproxy_times, start_ns, end_ns):
+            at(row).haproxy.append(row)
+        return [rounds[t] for t in sorted(rounds)]
+
+    # Controls
+
+    def status(self) -> str:
+        """One line: speed or paused, and where the replay is."""
+        state = "paused" if self.player.paused else f"{self.player.speed:g}x"
+        if self.player.finished:
+            state += ", at the end"
+        when = time.strftime("%H:%M:%S", time.gmtime(self.player.now_ns / 1e9))
+        return f"replay {state}, {when} UTC"
+
+    def toggle_pause(self) -> None:
+        """Pause, or go on."""
+        if self.player.paused:
+            self.player.resume()
+        else:
+            self.player.pause()
+
+    def faster(self) -> None:
+        """Twice as fast (up to 64x)."""
+        self.player.set_speed(min(self.player.speed * 2, 64.0))
+
+    def slower(self) -> None:
+        """Half as fast (down to 1/8)."""
+        self.player.set_speed(max(self.player.speed / 2, 0.125))
+
+    def seek_by(self, seconds: float) -> None:
+        """Jump forward or back; a jump back replays from the start up to there."""
+        self.seek(self.player.now_ns + int(seconds * 1e9))
+
+    def seek(self, wall_ns: int) -> None:
+        """Jump to a wall time. The next update carries everything from the start up to it,
+        with ``reset`` set, so the view rebuilds exactly what it showed at that moment."""
+        self.player.replay_until(wall_ns)
+        self._shown_until = self.player.start_ns - 1
+        self._reset = True
+
+    def next_problem(self) -> bool:
+        """Jump to the next FD error or OOM kill; False when there is none."""
+        target = self.player.seek_next(PROBLEM_KINDS)
+        if target is None:
+            return False
+        self.seek(target)
+        return True
+
+
+def _sample(row: dict[str, Any]) -> ProcessSample:
+    # Columns a recording lacks (older fdtrace) come back as None.
+    values: dict[str, Any] = {name: row.get(name) for name in SAMPLE_FIELDS}
+    return ProcessSample(**values)
+
+
+SAMPLE_FIELDS = tuple(name for name in TABLES["samples"].columns if name not in ("ts_ns", "time"))
+
+
+def _by_time(parts: list[pa.Table]) -> pa.Table | None:
+    if not parts:
+        return None
+    table = pa.concat_tables(parts, promote_options="default")
+    return table.take(pc.sort_indices(table, [("time", "ascending")]))
+
+
+def _times(table: pa.Table | None) -> np.ndarray:
+    if table is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.asarray(table["time"].cast(pa.int64()).to_numpy())
+
+
+def _rows_between(table: pa.Table | None, times: np.ndarray, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
+    """Rows with ``time`` in (start_ns, end_ns], their time as ``time_ns``."""
+    if table is None:
+        return []
+    lo, hi = np.searchsorted(times, [start_ns, end_ns], side="right")
+    rows = table.slice(int(lo), int(hi - lo))
+    rows = rows.drop_columns(["time"]).append_column("time_ns", pa.array(times[lo:hi]))
+    return list(rows.to_pylist())

@@ -6,8 +6,9 @@ import time
 
 from rich.text import Text
 
-from fdtrace.incident import USAGE_CRITICAL, USAGE_WARN, HaproxyView, LogEntry, ProcessView, SystemView
-from fdtrace.phases.live import PhaseNow
+from fdtrace.integrations.phases.live import PhaseNow
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN
+from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView
 
 #: (key, label, width) of the process table's columns, in order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -218,7 +219,7 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None) -> Text:
     if view.errors:
         text.append("\nerrors by syscall:\n", style="bold")
         for (syscall, errno), count in view.errors.most_common(12):
-            style = "bold red" if errno in ("EMFILE", "ENFILE") else ""
+            style = "bold red" if errno in FD_EXHAUSTION_ERRNOS else ""
             text.append(f"  {syscall:<14} {errno:<14} {count}\n", style=style)
     if view.alerts:
         text.append("\nalerts: " + ", ".join(view.alerts) + "\n", style="bold red")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,13 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
-from fdtrace.feeds import Feed, FeedUpdate
-from fdtrace.incident import SORT_KEYS, IncidentState, ProcessView
+from fdtrace.pipeline import Pipeline, Source, SourceInfo, Update
+from fdtrace.sinks.parquet import ParquetSink
+from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.adapters import COLUMNS, haproxy_line, log_line, phases_line, process_cells, system_line
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
+from fdtrace.tui.state import SORT_KEYS, IncidentState, ProcessView
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
@@ -26,8 +27,27 @@ MAX_ROWS = 300
 SORTS = tuple(SORT_KEYS)
 
 
+class ViewSink:
+    """The live view as a sink of the pipeline: each update goes to the app as a message."""
+
+    name = "the live view"
+    required = True
+
+    def __init__(self, app: App[None]) -> None:
+        self.app = app
+
+    def open(self, info: SourceInfo) -> None:
+        """Nothing to prepare."""
+
+    def write(self, update: Update) -> None:
+        self.app.post_message(FeedUpdated(update))
+
+    def close(self, failed: bool = False) -> None:
+        """The app closes itself."""
+
+
 class FdtraceApp(App[None]):
-    """Process table, system header and event log, fed by a Feed on a worker thread."""
+    """Process table, system header and event log, fed by a pipeline polled on a worker thread."""
 
     CSS_PATH = "app.tcss"
     TITLE = "fdtrace"
@@ -48,15 +68,17 @@ class FdtraceApp(App[None]):
         Binding("right_curly_bracket", "seek(60)", "+60s", show=False),
     ]
 
-    def __init__(self, feed: Feed, record_dir: Path | None = None) -> None:
+    def __init__(self, source: Source, record_dir: Path | None = None) -> None:
         super().__init__()
-        self.feed = feed
+        self.source = source
+        self.live = source.info.live
+        self.pipeline = Pipeline(source, source_started=True)
+        self.recording: ParquetSink | None = None
         self.record_dir = record_dir
         self.state = IncidentState()
         self.sort = "headroom"
         self.text_filter = ""
         self.frozen = False
-        self._feed_lock = threading.Lock()
         self._shown_keys: list[str] = []
         self._shown_cells: dict[str, dict[str, Any]] = {}
         self._log_shown = 0
@@ -76,40 +98,40 @@ class FdtraceApp(App[None]):
         table = self.query_one("#processes", DataTable)
         for key, label, width in COLUMNS:
             table.add_column(label, key=key, width=width)
-        if not self.feed.live:
+        if not self.live:
             self.sub_title = "replay: space play/pause, +/- speed, n next error, [ ] seek"
+        self.pipeline.attach(ViewSink(self))
         self.poll_feed()
 
     def on_unmount(self) -> None:
-        with self._feed_lock:
+        with self.pipeline.lock:
             self._closed = True
-            self.feed.close()
+            self.pipeline.close()
 
-    # The feed, on a thread; updates come back as messages.
+    # The pipeline, on a thread; updates come back as messages.
 
     @work(thread=True, exclusive=True, group="feed")
     def poll_feed(self) -> None:
-        """Poll the feed every 100 ms and post what it gives."""
+        """Poll the pipeline every 100 ms; the view's sink posts what it gives."""
         from textual.worker import get_current_worker
 
         worker = get_current_worker()
         while not worker.is_cancelled:
             started = time.monotonic()
             try:
-                with self._feed_lock:
+                with self.pipeline.lock:
                     if self._closed:
                         return
-                    update = self.feed.poll()
-            except Exception as exc:  # the feed died: say so in the UI rather than vanish
+                    self.pipeline.step()
+            except Exception as exc:  # the source died: say so in the UI rather than vanish
                 self.post_message(FeedFailed(" ".join(str(exc).split()) or type(exc).__name__))
                 return
-            self.post_message(FeedUpdated(update))
             time.sleep(max(0.0, POLL_INTERVAL_S - (time.monotonic() - started)))
 
     @on(FeedUpdated)
     def apply_update(self, message: FeedUpdated) -> None:
         """Fold an update into the state and redraw (unless frozen)."""
-        update: FeedUpdate = message.update
+        update: Update = message.update
         if update.reset:
             self.state = IncidentState()
             self._last_roll_ns = None
@@ -141,8 +163,7 @@ class FdtraceApp(App[None]):
 
     def redraw(self) -> None:
         """Header, table (rows updated by key) and new log lines."""
-        with self._feed_lock:
-            status = self.feed.status()
+        status = self.status()
         rows = self.state.rows(self.sort, self.text_filter)
         if len(rows) > MAX_ROWS:
             status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
@@ -164,6 +185,16 @@ class FdtraceApp(App[None]):
         for entry in self.state.new_log_entries(self._log_shown):
             log.write(log_line(entry))
         self._log_shown = self.state.logged
+
+    def status(self) -> str:
+        """One line saying what the view shows: live (and recording), or where the replay is."""
+        with self.pipeline.lock:
+            if isinstance(self.source, ReplaySource):
+                return self.source.status()
+            if self.recording is not None and self.recording in self.pipeline.sinks:
+                return f"live, recording to {self.recording.directory} ({self.recording.events} events)"
+            failed = [f.error for f in self.pipeline.failures if isinstance(f.sink, ParquetSink)]
+            return f"live, recording stopped: {failed[-1]}" if failed else "live"
 
     def _redraw_table(self, rows: list[ProcessView]) -> None:
         table = self.query_one("#processes", DataTable)
@@ -242,28 +273,31 @@ class FdtraceApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_record(self) -> None:
-        if not self.feed.live:
+        """R: start recording what the view shows to a new directory, or stop."""
+        if not self.live:
             self.notify("recording is for live views")
             return
-        feed: Any = self.feed
-        with self._feed_lock:
-            if feed.recorder is None:
+        with self.pipeline.lock:
+            if self.recording is None or self.recording not in self.pipeline.sinks:
                 directory = self.record_dir or Path(time.strftime("fdtrace-%Y%m%d-%H%M%S"))
+                sink = ParquetSink(directory, ["fdtrace", "top"], required=False)
                 try:
-                    feed.start_recording(directory)
+                    self.pipeline.attach(sink)
                 except Exception as exc:
                     self.notify(f"cannot record: {exc}", severity="error")
                     return
+                self.recording = sink
                 self.notify(f"recording to {directory}")
             else:
-                done = feed.stop_recording()
-                self.notify(f"recording saved in {done}")
+                done, self.recording = self.recording, None
+                self.pipeline.detach(done)
+                self.notify(f"recording saved in {done.directory}")
 
     def _replay(self, action: str, *args: Any) -> None:
-        if self.feed.live:
+        if not isinstance(self.source, ReplaySource):
             return
-        with self._feed_lock:
-            result = getattr(self.feed, action)(*args)
+        with self.pipeline.lock:
+            result = getattr(self.source, action)(*args)
         if action == "next_problem" and result is False:
             self.notify("no EMFILE, ENFILE or OOM kill after this point")
 
@@ -283,6 +317,6 @@ class FdtraceApp(App[None]):
         self._replay("seek_by", seconds)
 
 
-def make_app(feed: Feed, record_dir: Path | None = None) -> FdtraceApp:
-    """The app over a feed (tests pass a ReplayFeed over a fixture recording)."""
-    return FdtraceApp(feed, record_dir)
+def make_app(source: Source, record_dir: Path | None = None) -> FdtraceApp:
+    """The app over a started source (tests pass a ReplaySource over a fixture recording)."""
+    return FdtraceApp(source, record_dir)

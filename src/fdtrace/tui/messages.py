@@ -1,4 +1,4 @@
-"""Messages from the feed thread to the interface."""
+"""Messages from the pipeline's thread to the interface."""
 
 from __future__ import annotations
 
@@ -6,18 +6,18 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from fdtrace.feeds import FeedUpdate
+from fdtrace.pipeline import Update
 
 
 @dataclass
 class FeedUpdated(Message):
-    """The feed was polled; the update carries what happened since the previous one."""
+    """The pipeline was polled; the update carries what happened since the previous one."""
 
-    update: FeedUpdate
+    update: Update
 
 
 @dataclass
 class FeedFailed(Message):
-    """The feed stopped with an error."""
+    """The source stopped with an error."""
 
     error: str

@@ -1,0 +1,25 @@
+"""The ``fdtrace`` command line: one module per command, each attaching its sinks to a source."""
+
+from __future__ import annotations
+
+import click
+
+from fdtrace import __version__
+from fdtrace.cli.doctor import doctor
+from fdtrace.cli.export import export
+from fdtrace.cli.info import info
+from fdtrace.cli.record import record
+from fdtrace.cli.report import report
+from fdtrace.cli.run import run
+from fdtrace.cli.top import replay, top
+from fdtrace.cli.trace import trace
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fdtrace")
+def main() -> None:
+    """Trace sockets, FD exhaustion (EMFILE/ENFILE), threads and OOM kills with eBPF."""
+
+
+for command in (trace, record, info, top, replay, doctor, export, report, run):
+    main.add_command(command)

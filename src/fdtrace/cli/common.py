@@ -1,0 +1,76 @@
+"""What the commands share: one-line errors, option checks, and starting a live pipeline."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import click
+
+from fdtrace.errors import FdtraceError
+from fdtrace.pipeline import Pipeline, Stop, Update
+
+
+def fail(error: FdtraceError) -> NoReturn:
+    """Print an error as one line and exit with its code."""
+    click.echo(f"fdtrace: error: {error}", err=True)
+    sys.exit(error.exit_code)
+
+
+def note(text: str) -> None:
+    """One line for the user on stderr."""
+    click.echo(f"fdtrace: {text}", err=True)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as 4096, 500K, 500M or 2G (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.strip().upper().rstrip("IB"), ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 500M or 2G)") from None
+    if value <= 0:
+        raise ValueError(f"not a positive size: {text!r}")
+    return int(value * units[unit])
+
+
+def check_trace_options(pids: tuple[int, ...], follow: bool, ring_pages: int) -> None:
+    """The options every tracing command shares, checked before anything is compiled."""
+    if ring_pages < 1 or ring_pages & (ring_pages - 1):
+        fail(FdtraceError("--ring-pages must be a power of two"))
+    if follow and not pids:
+        fail(FdtraceError("--follow follows the processes of --pid: give at least one"))
+
+
+def start(pipeline: Pipeline, echo_notes: bool = True) -> None:
+    """Start a pipeline over the live source; any problem is one line and an exit."""
+    from fdtrace.sources.live import LiveSource
+
+    try:
+        pipeline.start()
+    except FdtraceError as error:
+        fail(error)
+    if echo_notes and isinstance(pipeline.source, LiveSource):
+        for text in pipeline.source.notes:
+            note(text)
+
+
+def run(pipeline: Pipeline, stop: Stop) -> Update:
+    """Run a started pipeline to its end; a failing sink is one line and an exit."""
+    try:
+        return pipeline.run(stop)
+    except FdtraceError as error:
+        fail(error)
+
+
+#: Options of every command that traces: (decorators, in order).
+pid_option = click.option("--pid", "pids", type=int, multiple=True, help="Only these processes (repeatable).")
+follow_option = click.option(
+    "-f", "--follow", is_flag=True,
+    help="With --pid: also the processes they start from now on, and theirs (a job's workers).")
+ring_pages_option = click.option("--ring-pages", type=int, default=4096, show_default=True,
+                                 help="Ring buffer size in pages (a power of two).")
+duration_option = click.option("--duration", type=float, default=None, help="Stop after this many seconds.")

@@ -1,0 +1,44 @@
+"""`fdtrace doctor`: limits checked, and what to change."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fdtrace.cli.common import fail
+from fdtrace.errors import FdtraceError
+
+
+@click.command()
+@click.option("--pid", "pids", type=int, multiple=True, help="Check this process (repeatable).")
+@click.option("--comm", "comms", multiple=True, help="Check the processes of this name (repeatable).")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False), default=None,
+              help="A recording: recommend limits from the peaks it saw.")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
+def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, as_json: bool) -> None:
+    """Check FD, listen-queue and thread limits and say exactly what to change.
+
+    Exit code 0 when every check is OK, 1 with warnings, 2 with failures.
+    """
+    from pathlib import Path
+
+    from fdtrace.doctor import report
+    from fdtrace.doctor.checks import Doctor
+
+    checker = Doctor()
+    selected = report.select_pids(checker, pids, comms)
+    missing = [pid for pid in pids if checker.sampler.sample(pid) is None]
+    if missing:
+        fail(FdtraceError(f"no such process: {', '.join(map(str, missing))}"))
+    listen_moved = None
+    if from_dir is not None:
+        try:
+            listen_moved = report.apply_recording(Path(from_dir), checker, selected)
+        except FdtraceError as error:
+            fail(error)
+    checks = report.run_checks(checker, selected, listen_moved)
+    click.echo(report.as_json(checks) if as_json else report.as_table(checks))
+    sys.exit(int(report.worst(checks)))
+
+

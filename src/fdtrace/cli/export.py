@@ -1,0 +1,47 @@
+"""`fdtrace export`: Prometheus metrics."""
+
+from __future__ import annotations
+
+import click
+
+from fdtrace.cli.common import (
+    check_trace_options,
+    duration_option,
+    fail,
+    follow_option,
+    note,
+    pid_option,
+    run,
+    start,
+)
+from fdtrace.errors import FdtraceError
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:9877", show_default=True,
+              help="ADDRESS:PORT to serve /metrics on (loopback by default).")
+@pid_option
+@follow_option
+@click.option("--top", "top_processes", type=int, default=50, show_default=True,
+              help="Processes with series: the ones with the most open FDs (bounds the label sets).")
+@duration_option
+def export(listen: str, pids: tuple[int, ...], follow: bool, top_processes: int, duration: float | None) -> None:
+    """Serve Prometheus metrics: process_open_fds / process_max_fds per process, exact counters of
+    sockets, accepts, connects, closes, FD errors and threads, OOM kills, file-nr and losses."""
+    from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.pipeline import Pipeline, Stop
+    from fdtrace.sinks.prometheus import PrometheusSink
+    from fdtrace.sources.live import LiveOptions, LiveSource
+
+    check_trace_options(pids, follow, 4096)
+    stop = Stop(duration)
+    try:
+        exporter = PrometheusSink(listen, max_processes=top_processes)
+    except FdtraceError as error:
+        fail(error)
+    source = LiveSource(LiveOptions(trace=TraceOptions(pids=pids, follow=follow, errors_only=True),
+                                    top_processes=top_processes, keep_exited=0))
+    pipeline = Pipeline(source, [exporter], poll_interval_s=0.1)
+    start(pipeline)
+    note(f"serving metrics on http://{exporter.address}:{exporter.port}/metrics")
+    run(pipeline, stop)

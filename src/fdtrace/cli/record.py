@@ -1,0 +1,88 @@
+"""`fdtrace record`: a Parquet recording, headless."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from fdtrace.cli.common import (
+    check_trace_options,
+    duration_option,
+    fail,
+    follow_option,
+    note,
+    parse_size,
+    pid_option,
+    ring_pages_option,
+    run,
+    start,
+)
+from fdtrace.errors import FdtraceError
+
+
+@click.command()
+@click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False),
+              help="Recording directory (created; several hosts may share one).")
+@duration_option
+@pid_option
+@follow_option
+@click.option("--comm", "comms", multiple=True, help="Only events of tasks with this name (repeatable).")
+@click.option("--errors-only", is_flag=True, help="Record only failure events (counters stay complete).")
+@click.option("--interval", type=float, default=1.0, show_default=True,
+              help="Seconds between samples and flushes to disk (what a crash can lose).")
+@click.option("--top", "top_processes", type=int, default=20, show_default=True,
+              help="Also sample this many processes with the most open FDs.")
+@click.option("--cmdline", is_flag=True, help="Record command lines in samples (they can hold secrets).")
+@click.option("--shared", is_flag=True, help="Make the files readable by everyone (default: owner only).")
+@click.option("--rotate", type=float, default=None,
+              help="Every this many seconds, merge the per-interval files into one (fewer files).")
+@click.option("--max-size", "max_size", default=None,
+              help="Keep the recording under this size (e.g. 500M, 2G) by deleting its oldest files; "
+                   "what is deleted is counted in the metadata.")
+@click.option("--listen", default=None, help="Also serve Prometheus /metrics on ADDRESS:PORT.")
+@click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
+              help="Sample HAProxy's `show info` from this stats socket every interval (repeatable).")
+@ring_pages_option
+def record(output: str, duration: float | None, pids: tuple[int, ...], follow: bool, comms: tuple[str, ...],
+           errors_only: bool, interval: float, top_processes: int, cmdline: bool, shared: bool,
+           rotate: float | None, max_size: str | None, listen: str | None, haproxy_sockets: tuple[str, ...],
+           ring_pages: int) -> None:
+    """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
+
+    Runs until --duration, SIGINT or SIGTERM; every file on disk is complete at any moment.
+    """
+    from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.pipeline import Pipeline, Sink, Stop
+    from fdtrace.sinks.parquet import ParquetSink
+    from fdtrace.sources.live import LiveOptions, LiveSource
+
+    check_trace_options(pids, follow, ring_pages)
+    if rotate is not None and rotate < interval:
+        fail(FdtraceError("--rotate must be at least --interval"))
+    max_bytes = None
+    if max_size is not None:
+        try:
+            max_bytes = parse_size(max_size)
+        except ValueError as exc:
+            fail(FdtraceError(f"--max-size: {exc}"))
+    stop = Stop(duration)
+    recording = ParquetSink(Path(output), sys.argv, shared=shared, max_size=max_bytes, rotate_s=rotate)
+    sinks: list[Sink] = [recording]
+    if listen is not None:
+        from fdtrace.sinks.prometheus import PrometheusSink
+
+        try:
+            sinks.append(PrometheusSink(listen))
+        except FdtraceError as error:
+            fail(error)
+    source = LiveSource(LiveOptions(
+        trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
+        comms=comms, interval_s=interval, top_processes=top_processes, cmdline=cmdline,
+        haproxy_sockets=haproxy_sockets))
+    pipeline = Pipeline(source, sinks)
+    start(pipeline)
+    note(f"recording to {output} ({len(source.kernel.probes)} probes attached); Ctrl-C to stop")
+    final = run(pipeline, stop)
+    note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}")

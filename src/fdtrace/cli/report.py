@@ -1,0 +1,42 @@
+"""`fdtrace report`: the postmortem page of recordings."""
+
+from __future__ import annotations
+
+import click
+
+from fdtrace.cli.common import fail
+from fdtrace.errors import FdtraceError
+
+
+@click.command()
+@click.argument("directories", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+              help="The report file.")
+@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default=None,
+              help="html (self-contained) or md; by default from the output's extension.")
+@click.option("--phases", "phase_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Training phases to add: a file of `fdtrace run --phases-out`, or a PyTorch profiler "
+                   "(Kineto) trace JSON, put on the recording's clock. Repeatable.")
+def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_files: tuple[str, ...]) -> None:
+    """A postmortem report of recordings: summary, timeline, spikes, FD headroom, incidents,
+    losses and the limits to change."""
+    from fdtrace.analysis.report import EVENT_COLUMNS, build, to_html, to_markdown
+    from fdtrace.recording import load
+
+    fmt = fmt or ("md" if output.endswith(".md") else "html")
+    try:
+        recording = load(list(directories), columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
+    except FdtraceError as error:
+        fail(error)
+    for skipped in recording.skipped:
+        click.echo(f"fdtrace: skipped an unreadable file: {skipped}", err=True)
+    content = build(recording)
+    text = to_markdown(content) if fmt == "md" else to_html(content)
+    try:
+        with open(output, "w") as out:
+            out.write(text)
+    except OSError as exc:
+        fail(FdtraceError(f"{output}: cannot write the report ({exc.strerror})", exit_code=1))
+    click.echo(f"fdtrace: report written to {output}", err=True)
+
+

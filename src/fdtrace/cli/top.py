@@ -1,0 +1,60 @@
+"""`fdtrace top` (the live view) and `fdtrace replay` (a recording in the same view)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fdtrace.cli.common import check_trace_options, fail, follow_option, note, pid_option, ring_pages_option
+from fdtrace.errors import FdtraceError
+
+
+@click.command()
+@pid_option
+@follow_option
+@click.option("--top", "top_processes", type=int, default=30, show_default=True,
+              help="Sample this many processes with the most open FDs (besides those with events).")
+@click.option("--record-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the R key records (default: ./fdtrace-DATE-TIME).")
+@click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
+              help="Show HAProxy's `show info` from this stats socket every second (repeatable).")
+@ring_pages_option
+def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str | None,
+        haproxy_sockets: tuple[str, ...], ring_pages: int) -> None:
+    """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
+    from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.sources.live import LiveOptions, LiveSource
+
+    check_trace_options(pids, follow, ring_pages)
+    source = LiveSource(LiveOptions(trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages),
+                                    top_processes=top_processes, haproxy_sockets=haproxy_sockets,
+                                    live_phases=True, keep_exited=0))
+    try:
+        source.start()
+    except FdtraceError as error:
+        source.stop()
+        fail(error)
+    from fdtrace.tui.app import make_app
+
+    make_app(source, Path(record_dir) if record_dir else None).run()
+    for text in source.notes:
+        note(text)
+
+
+@click.command()
+@click.argument("directories", nargs=-1, required=True, type=click.Path())
+@click.option("--speed", type=float, default=1.0, show_default=True, help="Replay speed (2 = twice real time).")
+def replay(directories: tuple[str, ...], speed: float) -> None:
+    """Replay recordings in the live view: play, pause, faster/slower, jump to the next error."""
+    from fdtrace.sources.replay import ReplaySource
+
+    if speed <= 0:
+        fail(FdtraceError("--speed must be positive"))
+    try:
+        source = ReplaySource(list(directories), speed=speed)
+    except FdtraceError as error:
+        fail(error)
+    from fdtrace.tui.app import make_app
+
+    make_app(source).run()

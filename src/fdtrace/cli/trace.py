@@ -1,0 +1,60 @@
+"""`fdtrace trace`: events as JSON lines on stdout."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from fdtrace.cli.common import (
+    check_trace_options,
+    duration_option,
+    follow_option,
+    note,
+    pid_option,
+    ring_pages_option,
+    run,
+    start,
+)
+
+
+@click.command()
+@pid_option
+@follow_option
+@click.option("--comm", "comms", multiple=True, help="Only tasks with this name (repeatable).")
+@click.option("--errors-only", is_flag=True,
+              help="Only failures: failed calls (not EAGAIN/EINPROGRESS), EMFILE/ENFILE, OOM kills, "
+                   "abnormal exits. Cheaper: failed close() calls then carry no fd.")
+@duration_option
+@click.option("--totals", "totals_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="At the end, write exact per-process counts as JSON to this file.")
+@ring_pages_option
+def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_only: bool, duration: float | None,
+          totals_path: str | None, ring_pages: int) -> None:
+    """Stream events as JSON lines on stdout until Ctrl-C, SIGTERM or --duration.
+
+    A summary line of counts and losses goes to stderr at the end.
+    """
+    from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.pipeline import Pipeline, Sink, Stop
+    from fdtrace.sinks.jsonl import JsonLinesSink, TotalsSink
+    from fdtrace.sources.live import LiveOptions, LiveSource
+
+    check_trace_options(pids, follow, ring_pages)
+    stop = Stop(duration)
+    output = JsonLinesSink(sys.stdout)
+    sinks: list[Sink] = [output]
+    if totals_path is not None:
+        sinks.append(TotalsSink(totals_path, comms))
+    source = LiveSource(LiveOptions(
+        trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
+        comms=comms, sample=False, keep_exited=100_000 if totals_path else 0))
+    pipeline = Pipeline(source, sinks)
+    start(pipeline)
+    note(f"tracing ({len(source.kernel.probes)} probes attached); Ctrl-C to stop")
+    try:
+        run(pipeline, stop)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (| head): end quietly
+        sys.exit(0)
+    note(output.summary())

@@ -1,0 +1,340 @@
+"""fdtrace's phase shim, put on PYTHONPATH by `fdtrace run`: marks PyTorch training phases
+(process groups, forward, backward, gradient all-reduce buckets, optimizer steps, checkpoints)
+in every Python process of the job, with no edit to the training script.
+
+Standard library and torch only, Python 3.9+: the job's Python is usually not fdtrace's. It
+must never change what the job computes nor make it fail: every hook is wrapped so that an error
+of the shim disables the shim, never the job.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+
+_OUT_DIR = os.environ.get("FDTRACE_PHASES_DIR")
+# Phases not to mark (comma-separated), e.g. "allreduce": DDP then keeps its built-in all-reduce.
+_SKIP = frozenset(p.strip() for p in os.environ.get("FDTRACE_PHASES_SKIP", "").split(",") if p.strip())
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_lock = threading.Lock()
+_state = {"file": None, "pid": None, "step": 0, "broken": False, "patched": False, "ranks": None}
+# Marks of these phases, several per step, are written out with the step's optimizer mark (or
+# any other): a rank killed mid-step loses at most that step's marks, and a step costs one write.
+_BUFFERED = ("forward", "backward", "allreduce")
+# The live state file that `fdtrace top` reads: the phase this process is in now. Its layout is
+# fdtrace.integrations.phases.live.STATE_FORMAT (this file cannot import fdtrace: the job's Python is not ours).
+_STATE_FORMAT = "<4sIiiiiqqqq24s40s"
+_STATE_SIZE = struct.calcsize(_STATE_FORMAT)
+_live = {"map": None, "pid": None, "sequence": 0, "open": [], "start_ticks": 0, "next_token": 0,
+         "broken": False}
+
+
+def _rank_info():
+    """(rank, local rank, world size); fixed once the default process group exists, so cached
+    from then on (until it is destroyed)."""
+    if _state.get("ranks") is not None:
+        return _state["ranks"]
+    rank = os.environ.get("RANK")
+    world = os.environ.get("WORLD_SIZE")
+    initialized = False
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            initialized = True
+    except Exception:
+        pass
+    as_int = lambda v: int(v) if v is not None and str(v).lstrip("-").isdigit() else None  # noqa: E731
+    ranks = (as_int(rank), as_int(os.environ.get("LOCAL_RANK")), as_int(world))
+    if initialized:
+        _state["ranks"] = ranks
+    return ranks
+
+
+def _state_map():
+    """This process's state file, mapped (made on first use, and again in a forked child)."""
+    if _live["pid"] != os.getpid():
+        path = os.path.join(_OUT_DIR, f"state-{os.getpid()}.bin")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, _STATE_SIZE)
+            _live["map"] = mmap.mmap(fd, _STATE_SIZE)
+        finally:
+            os.close(fd)
+        with open("/proc/self/stat") as stat:
+            text = stat.read()
+        _live["start_ticks"] = int(text[text.rfind(")") + 2:].split()[19])
+        _live["pid"], _live["open"], _live["sequence"] = os.getpid(), [], 0
+    return _live["map"]
+
+
+def _publish(since_wall):
+    """Rewrite the state file: the innermost open phase, or none since ``since_wall``. The
+    sequence number is odd while the record is written, so a reader never takes half of it."""
+    state = _state_map()
+    phase, name, since = "", "", since_wall
+    if _live["open"]:
+        _, phase, name, since = _live["open"][-1]
+    rank, local_rank, world = _rank_info()
+    as_field = lambda v: -1 if v is None else v  # noqa: E731
+    _live["sequence"] += 1
+    struct.pack_into(_STATE_FORMAT, state, 0, b"FDTP", _live["sequence"], os.getpid(), as_field(rank),
+                     as_field(local_rank), as_field(world), _live["start_ticks"], _state["step"], since,
+                     time.monotonic_ns(), phase.encode()[:24], (name or "").encode()[:40])
+    _live["sequence"] += 1
+    struct.pack_into("<I", state, 4, _live["sequence"])
+
+
+def _begin(phase, name=None):
+    """A phase begins: show it live. Returns the token that ends it (None when not shown)."""
+    if _OUT_DIR is None or _live["broken"]:
+        return None
+    try:
+        with _lock:
+            _state_map()
+            _live["next_token"] += 1
+            token = _live["next_token"]
+            _live["open"].append((token, phase, name, time.time_ns()))
+            _publish(_live["open"][-1][3])
+            return token
+    except Exception:
+        _live["broken"] = True
+        return None
+
+
+def _end(token, end_wall):
+    """The phase of ``token`` ended: show the one around it, if any."""
+    if token is None or _live["broken"]:
+        return
+    try:
+        with _lock:
+            if _live["pid"] != os.getpid():
+                return
+            _live["open"] = [entry for entry in _live["open"] if entry[0] != token]
+            _publish(end_wall)
+    except Exception:
+        _live["broken"] = True
+
+
+def _write(phase, start_mono, start_wall, name=None, bucket=None, token=None, source=None, step=None):
+    """Append one phase record to this process's file (and end its live state); ``step``: the
+    step the phase began in, when that is not the current one."""
+    if _OUT_DIR is None:
+        return
+    end_mono, end_wall = time.monotonic_ns(), time.time_ns()
+    _end(token, end_wall)
+    if _state["broken"]:
+        return
+    rank, local_rank, world = _rank_info()
+    record = {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(),
+              "tid": threading.get_native_id(), "step": _state["step"] if step is None else step,
+              "phase": phase, "name": name,
+              "bucket": bucket, "start_mono_ns": start_mono, "end_mono_ns": end_mono,
+              "start_wall_ns": start_wall, "end_wall_ns": end_wall, "source": source or "shim"}
+    try:
+        with _lock:
+            if _state["pid"] != os.getpid():  # first write, or a forked child
+                _state["file"] = open(os.path.join(_OUT_DIR, f"phases-{os.getpid()}.jsonl"), "a",
+                                      buffering=1 << 16)
+                _state["pid"] = os.getpid()
+            _state["file"].write(json.dumps(record) + "\n")
+            if phase not in _BUFFERED:
+                _state["file"].flush()
+        if phase == "destroy_process_group":
+            _state["ranks"] = None  # a new process group may give other ranks
+    except Exception:
+        _state["broken"] = True
+
+
+def _timed(phase, function, name=None):
+    """``function`` with its calls recorded as ``phase``."""
+    def wrapper(*args, **kwargs):
+        token = _begin(phase, name)
+        start_mono, start_wall = time.monotonic_ns(), time.time_ns()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _write(phase, start_mono, start_wall, name, token=token)
+    wrapper.__wrapped__ = function
+    wrapper._fdtrace_phase = phase
+    wrapper.__name__ = getattr(function, "__name__", "wrapper")
+    wrapper.__doc__ = getattr(function, "__doc__", None)
+    return wrapper
+
+
+def _timed_comm_hook(hook):
+    """A DDP communication hook that records each bucket's all-reduce, start to completion."""
+    def timed(state, bucket):
+        index = bucket.index()
+        token = _begin("allreduce", f"bucket {index}")
+        start_mono, start_wall = time.monotonic_ns(), time.time_ns()
+        future = hook(state, bucket)
+
+        def done(fut):
+            _write("allreduce", start_mono, start_wall, bucket=index, token=token)
+            return fut.value()
+        return future.then(done)
+    timed.__wrapped__ = hook
+    return timed
+
+
+def _patch_distributed(torch):
+    import torch.distributed as dist
+
+    for name in ("init_process_group", "new_group", "barrier", "destroy_process_group"):
+        original = getattr(dist, name, None)
+        if original is not None and not hasattr(original, "_fdtrace_phase"):
+            setattr(dist, name, _timed(name, original))
+
+
+def _patch_ddp(torch):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    original_register = DistributedDataParallel.register_comm_hook
+    original_forward = DistributedDataParallel.forward
+
+    def register_comm_hook(self, state, hook):
+        self._fdtrace_hooked = True
+        return original_register(self, state, hook if "allreduce" in _SKIP else _timed_comm_hook(hook))
+
+    def forward(self, *args, **kwargs):
+        if not getattr(self, "_fdtrace_hooked", False) and "allreduce" not in _SKIP:
+            # No hook of the user's: the default all-reduce, timed (the same arithmetic as DDP's
+            # built-in one: average by dividing, then sum).
+            self._fdtrace_hooked = True
+            try:
+                original_register(self, None, _timed_comm_hook(default_hooks.allreduce_hook))
+            except Exception:
+                pass
+        if "forward" in _SKIP:
+            return original_forward(self, *args, **kwargs)
+        token = _begin("forward")
+        start_mono, start_wall = time.monotonic_ns(), time.time_ns()
+        try:
+            return original_forward(self, *args, **kwargs)
+        finally:
+            _write("forward", start_mono, start_wall, token=token)
+
+    DistributedDataParallel.register_comm_hook = register_comm_hook
+    DistributedDataParallel.forward = forward
+    if "backward" not in _SKIP:
+        torch.autograd.backward = _timed("backward", torch.autograd.backward)
+
+
+def _patch_optimizer(torch):
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    started = threading.local()
+
+    def pre(optimizer, args, kwargs):
+        token = _begin("optimizer", type(optimizer).__name__)
+        started.value = (time.monotonic_ns(), time.time_ns(), token)
+
+    def post(optimizer, args, kwargs):
+        start = getattr(started, "value", None)
+        if start is not None:
+            _write("optimizer", start[0], start[1], name=type(optimizer).__name__)
+        _state["step"] += 1
+        if start is not None:
+            _end(start[2], time.time_ns())  # shown live with the step it starts
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+
+
+def _patch_checkpoints(torch):
+    torch.save = _timed("checkpoint_save", torch.save)
+    torch.load = _timed("checkpoint_load", torch.load)
+    try:
+        import torch.distributed.checkpoint as dcp
+
+        for name, phase in (("save", "checkpoint_save"), ("load", "checkpoint_load"),
+                            ("save_state_dict", "checkpoint_save"), ("load_state_dict", "checkpoint_load")):
+            if hasattr(dcp, name):
+                setattr(dcp, name, _timed(phase, getattr(dcp, name), name="torch.distributed.checkpoint." + name))
+    except Exception:
+        pass
+
+
+def _patch(torch):
+    if _state["patched"]:
+        return
+    _state["patched"] = True
+    for patch in (_patch_distributed, _patch_ddp, _patch_optimizer, _patch_checkpoints):
+        try:
+            patch(torch)
+        except Exception:
+            pass  # that part is not marked; the job is not touched
+
+
+class _PatchAfterImport(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        try:
+            _patch(module)
+        except Exception:
+            pass
+
+
+class _TorchFinder(importlib.abc.MetaPathFinder):
+    """Patches torch once `import torch` has finished."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch" or _state["patched"]:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchAfterImport(spec.loader)
+                return spec
+        return None
+
+
+def _chain_user_sitecustomize():
+    """Run the sitecustomize this one hides, if there is one further along sys.path."""
+    others = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
+    if spec is not None and spec.loader is not None and os.path.dirname(spec.origin or "") != _HERE:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+def _flush_at_exit():
+    try:
+        if _state["file"] is not None and _state["pid"] == os.getpid():
+            _state["file"].flush()
+    except Exception:
+        pass
+
+
+try:
+    if _OUT_DIR is not None:
+        import atexit
+
+        atexit.register(_flush_at_exit)
+        if "torch" in sys.modules:
+            _patch(sys.modules["torch"])
+        else:
+            sys.meta_path.insert(0, _TorchFinder())
+except Exception:
+    pass
+try:
+    _chain_user_sitecustomize()
+except Exception:
+    pass

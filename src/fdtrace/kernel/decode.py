@@ -1,0 +1,166 @@
+"""Raw BPF event records to the columns of the event model, in bulk with numpy."""
+
+from __future__ import annotations
+
+import errno as errno_module
+import signal as signal_module
+import socket
+
+import numpy as np
+import pyarrow as pa
+
+from fdtrace.kernel.clock import ClockOffsets
+from fdtrace.procfs import StartTimeResolver
+from fdtrace.schema import KIND_LABELS, RAW_EVENT_DTYPE, SYSCALL_NAMES, Kind, arrow_schema, slot
+
+_KIND_DICT = [KIND_LABELS.get(i, "") for i in range(max(KIND_LABELS) + 1)]
+_ERRNO_DICT = [""] + [errno_module.errorcode.get(i, f"E{i}") for i in range(1, 4096)]
+
+
+def _enum_names(enum: type, numbers: range, prefix: str) -> list[str]:
+    """Names of an enum's members by number (``PREFIX<n>`` for numbers it lacks)."""
+    names = []
+    for number in numbers:
+        try:
+            names.append(enum(number).name)
+        except ValueError:
+            names.append(f"{prefix}{number}")
+    return names
+
+
+_SIGNAL_NAMES = [""] + _enum_names(signal_module.Signals, range(1, 65), "SIG")
+_SYSCALL_KINDS = np.array([Kind.SOCKET, Kind.ACCEPT, Kind.CONNECT, Kind.CLOSE, Kind.FD_ERROR], dtype=np.uint8)
+
+
+def _dictionary(codes: np.ndarray, values: list[str], mask: np.ndarray | None = None) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(
+        pa.array(codes.astype(np.int32), mask=mask), pa.array(values, type=pa.string())
+    )
+
+
+def _masked(values: np.ndarray, valid: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    return pa.array(values, type=arrow_type, mask=~valid)
+
+
+def _comm_column(comms: np.ndarray) -> pa.Array:
+    unique, inverse = np.unique(comms, return_inverse=True)
+    names = [c.decode("utf-8", "replace") for c in unique]
+    return _dictionary(inverse.reshape(-1), names)
+
+
+_FAMILY_NAMES = _enum_names(socket.AddressFamily, range(256), "AF_")
+
+
+def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """The peer from the first 24 bytes of a sockaddr (extra[0..2]): connect()'s destination or
+    accept()'s client: family, address (IPv4, IPv6) and port. Null where it could not be read."""
+    n = len(raw)
+    first = slot(Kind.CONNECT, "sockaddr0")
+    assert slot(Kind.ACCEPT, "sockaddr0") == first
+    sockaddr = np.ascontiguousarray(raw["extra"][:, first:first + 3]).view(np.uint8).reshape(n, 24)
+    family = sockaddr[:, 0].astype(np.int32) | (sockaddr[:, 1].astype(np.int32) << 8)
+    known = ((kinds == Kind.CONNECT) | (kinds == Kind.ACCEPT)) & (family != 0) & (family < 256)
+    inet = known & ((family == socket.AF_INET) | (family == socket.AF_INET6))
+    port = (sockaddr[:, 2].astype(np.int32) << 8) | sockaddr[:, 3].astype(np.int32)
+    # The text of each distinct address is made once, however many calls share it.
+    codes = np.zeros(n, dtype=np.int32)
+    values: list[str] = []
+    for af, start, width, key_type in ((socket.AF_INET, 4, 4, "<u4"), (socket.AF_INET6, 8, 16, "V16")):
+        rows = np.flatnonzero(inet & (family == af))
+        if not len(rows):
+            continue
+        keys = np.ascontiguousarray(sockaddr[rows, start:start + width]).view(key_type).reshape(-1)
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        codes[rows] = len(values) + inverse.reshape(-1)
+        values += [socket.inet_ntop(af, key.tobytes()) for key in distinct]
+    return (_dictionary(np.where(known, family, 0), _FAMILY_NAMES, mask=~known),
+            _dictionary(codes, values, mask=~inet),
+            _masked(port, inet, pa.int32()))
+
+
+def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeResolver) -> pa.Array:
+    pids = raw["pid"]
+    kinds = raw["kind"]
+    lifecycle = (kinds == Kind.PROCESS_START) | (kinds == Kind.PROCESS_EXIT)
+    ordered_pids = np.unique(pids[lifecycle])
+    # One lookup per distinct pid, spread over its rows.
+    unique, inverse = np.unique(pids, return_inverse=True)
+    in_order = set(ordered_pids.tolist())
+    per_pid = [None if pid in in_order else resolver.lookup(pid) for pid in unique.tolist()]
+    known_per_pid = np.array([s is not None for s in per_pid], dtype=bool)
+    starts = np.array([s or 0 for s in per_pid], dtype=np.int64)[inverse.reshape(-1)]
+    known = known_per_pid[inverse.reshape(-1)]
+    # Processes that start or exit in this batch: walk their rows in order, so a pid reused
+    # within the batch gets each process's own start.
+    for i in np.flatnonzero(np.isin(pids, ordered_pids)):
+        pid = int(pids[i])
+        if kinds[i] == Kind.PROCESS_START:
+            start: int | None = resolver.started(pid, int(raw["ts_ns"][i]), offsets.boottime_offset_ns)
+        else:
+            start = resolver.lookup(pid)
+        starts[i] = start or 0
+        known[i] = start is not None
+        if kinds[i] == Kind.PROCESS_EXIT:
+            resolver.exited(pid)
+    return _masked(starts, known, pa.int64())
+
+
+def _slot(extra: np.ndarray, kind: Kind, name: str, dtype: type = np.int32) -> np.ndarray:
+    """One kind's named extra slot, over every record (meaningful only in that kind's rows)."""
+    return extra[:, slot(kind, name)].astype(dtype)
+
+
+def decode(
+    raw: bytes | np.ndarray, host: str, offsets: ClockOffsets, resolver: StartTimeResolver
+) -> pa.Table:
+    """Decode ``struct fdt_event`` records into an events table.
+
+    Args:
+        raw: records as read from the ring buffer: concatenated bytes, or an array of
+            ``RAW_EVENT_DTYPE``.
+        host: the traced machine's name.
+        offsets: clock offsets sampled at the poll that read the records.
+        resolver: gives process start times; updated with the processes that start and exit.
+    """
+    if isinstance(raw, bytes):
+        raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+    n = len(raw)
+    kinds = raw["kind"]
+    extra = raw["extra"]
+    is_syscall = np.isin(kinds, _SYSCALL_KINDS)
+    is_oom = kinds == Kind.OOM_KILL
+    is_exit = kinds == Kind.PROCESS_EXIT
+    exit_known = is_exit & (extra[:, slot(Kind.PROCESS_EXIT, "exit_known")] == 1)
+    exit_signal = extra[:, slot(Kind.PROCESS_EXIT, "signal")]
+    signaled = exit_known & (exit_signal != 0)
+    ts = raw["ts_ns"].astype(np.int64)
+    family, peer_addr, peer_port = _peer_columns(raw, kinds)
+    columns = {
+        "ts_ns": pa.array(ts, type=pa.int64()),
+        "time": pa.array(ts + offsets.realtime_offset_ns, type=pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
+        "host": _dictionary(np.zeros(n, dtype=np.int32), [host]),
+        "pid": pa.array(raw["pid"].astype(np.int32)),
+        "tid": pa.array(raw["tid"].astype(np.int32)),
+        "start_ns": _start_times(raw, offsets, resolver),
+        "comm": _comm_column(raw["comm"]),
+        "kind": _dictionary(kinds, _KIND_DICT),
+        "syscall": _dictionary(raw["syscall"], list(SYSCALL_NAMES)),
+        "ret": _masked(raw["ret"], is_syscall, pa.int64()),
+        "errno": _dictionary(np.minimum(raw["errno"], 4095), _ERRNO_DICT),
+        "fd": _masked(raw["fd"], (raw["fd"] >= 0) & is_syscall, pa.int32()),
+        "family": family,
+        "peer_addr": peer_addr,
+        "peer_port": peer_port,
+        "ppid": _masked(_slot(extra, Kind.PROCESS_START, "ppid"), kinds == Kind.PROCESS_START, pa.int32()),
+        "creator_tid": _masked(_slot(extra, Kind.THREAD_START, "creator_tid"), kinds == Kind.THREAD_START, pa.int32()),
+        "old_tid": _masked(_slot(extra, Kind.PROCESS_EXEC, "old_tid"), kinds == Kind.PROCESS_EXEC, pa.int32()),
+        "exit_code": _masked(_slot(extra, Kind.PROCESS_EXIT, "exit_code"), exit_known & ~signaled, pa.int32()),
+        "signal": _dictionary(np.minimum(exit_signal, 64), _SIGNAL_NAMES, mask=~signaled),
+        "total_vm_kb": _masked(_slot(extra, Kind.OOM_KILL, "total_vm_kb", np.int64), is_oom, pa.int64()),
+        "anon_rss_kb": _masked(_slot(extra, Kind.OOM_KILL, "anon_rss_kb", np.int64), is_oom, pa.int64()),
+        "file_rss_kb": _masked(_slot(extra, Kind.OOM_KILL, "file_rss_kb", np.int64), is_oom, pa.int64()),
+        "shmem_rss_kb": _masked(_slot(extra, Kind.OOM_KILL, "shmem_rss_kb", np.int64), is_oom, pa.int64()),
+        "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()),
+    }
+    schema = arrow_schema()
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)

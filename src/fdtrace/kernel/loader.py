@@ -1,0 +1,261 @@
+"""Compiles fdtrace's BPF programs with bcc, attaches them and reads what they collect.
+
+This is the only module that imports bcc. It hands out raw material (event record bytes and
+map contents); decoding into the event model happens in the sources.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fdtrace.errors import FdtraceError
+from fdtrace.kernel.features import KernelFeatures
+from fdtrace.kernel.ringbuf import RingReader, bulk_read_supported
+from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
+
+BPF_SOURCES = ("sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c")
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What to trace and how much memory the kernel side may use."""
+
+    pids: tuple[int, ...] = ()
+    follow: bool = False  # with pids: also the processes they start, and theirs
+    errors_only: bool = False
+    ring_pages: int = 4096  # 16 MiB of ring buffer with 4 KiB pages
+    max_processes: int = 65536
+    max_exited: int = 65536
+    max_error_keys: int = 16384
+    max_peers: int = 65536  # connect() calls in flight whose destination is kept until they return
+    bulk_read: bool = True  # read the ring buffer's memory directly where the CPU allows it
+
+
+def bpf_source_dir() -> Path:
+    """The folder holding the BPF C sources: inside the installed package, or the checkout's."""
+    packaged = resources.files("fdtrace") / "_bpf"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parents[3] / "bpf"
+    if checkout.is_dir():
+        return checkout
+    raise FdtraceError("fdtrace's BPF sources are missing from this installation (bpf/*.c)")
+
+
+def program_text() -> str:
+    """The C program handed to bcc: the shared header, then each source file."""
+    src = bpf_source_dir()
+    parts = [(src / "fdtrace.h").read_text()]
+    parts += [f"/* {name} */\n" + (src / name).read_text() for name in BPF_SOURCES]
+    return "\n".join(parts)
+
+
+def tid_slots() -> int:
+    """A power of two at least pid_max, so every live tid has its own slot."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 4194304
+    slots = 1
+    while slots < pid_max:
+        slots <<= 1
+    return slots
+
+
+def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]:
+    """All compiler flags: numbering from the schema, kernel features and the options."""
+    fd_alloc = [name for name in features.syscall_exits if name not in SOCKET_SYSCALLS]
+    flags = bpf_cflags() + features.cflags()
+    flags += [
+        f"-DFDT_RING_PAGES={options.ring_pages}",
+        f"-DFDT_MAX_PROCESSES={options.max_processes}",
+        f"-DFDT_MAX_EXITED={options.max_exited}",
+        f"-DFDT_MAX_ERROR_KEYS={options.max_error_keys}",
+        f"-DFDT_TID_SLOTS={tid_slots()}",
+        f"-DFDT_MAX_PEERS={options.max_peers}",
+        f"-DFDT_SELF_PID={os.getpid()}",
+        "-DFDT_FD_ALLOC_PROBES=" + " ".join(f"FDT_FD_ALLOC_PROBE({name})" for name in fd_alloc),
+    ]
+    if options.errors_only:
+        flags.append("-DFDT_ERRORS_ONLY")
+    if carries_close_fd(options):
+        flags.append("-DFDT_CLOSE_FD")
+    if carries_accept_peer(options, features):
+        flags.append("-DFDT_ACCEPT_PEER")
+    if options.pids:
+        flags.append("-DFDT_FILTER_PIDS")
+        flags.append(f"-DFDT_MAX_FILTERED={options.max_processes if options.follow else 1024}")
+        if options.follow:
+            flags.append("-DFDT_FOLLOW_CHILDREN")
+    return flags
+
+
+def carries_accept_peer(options: TraceOptions, features: KernelFeatures) -> bool:
+    """Whether accept events carry the client's address, which takes a probe on every accept()
+    entry: left out under --errors-only (a failed accept has no client)."""
+    return features.accept_peer and not options.errors_only
+
+
+def carries_close_fd(options: TraceOptions) -> bool:
+    """Whether close() events carry their fd, which takes a second probe on every close().
+
+    Under --errors-only that probe is left out: about 4 % of a socket()+close() loop's speed,
+    for the fd of failed closes only."""
+    return not options.errors_only
+
+
+def _import_bcc() -> Any:
+    try:
+        import bcc  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        raise FdtraceError(
+            f"the bcc Python module is not importable from {sys.executable} ({exc}): install "
+            "Debian's python3-bpfcc and run fdtrace from a virtual environment that can see it "
+            "(scripts/setup.sh makes one); PyPI's 'bcc' is an unrelated package",
+        ) from None
+    return bcc
+
+
+class BpfTracer:
+    """The loaded programs: attach on construction, then poll and read maps until close()."""
+
+    def __init__(self, options: TraceOptions, features: KernelFeatures) -> None:
+        bcc = _import_bcc()
+        self.options = options
+        self.features = features
+        self.attached: list[str] = []
+        self.skipped: list[str] = list(features.missing)
+        self._chunks: list[bytes] = []
+        self._error_keys: dict[tuple[int, int], list[Any]] = {}
+        text, cflags = program_text().encode(), program_cflags(options, features)
+        try:
+            self._bpf = bcc.BPF(text=text, cflags=cflags)
+        except Exception as exc:  # bcc raises plain Exception on compile errors
+            raise FdtraceError(f"the BPF programs did not compile or load: {_one_line(exc)}") from None
+        self._attach_syscalls()
+        # TRACEPOINT_PROBEs are attached by bcc at load; take the list from bcc itself.
+        auto = {tp.decode() if isinstance(tp, bytes) else tp for tp in self._bpf.tracepoint_fds}
+        for name in features.lifecycle:
+            if name in auto:
+                self.attached.append(name)
+            elif name not in self.attached:
+                self.skipped.append(f"{name} (not attached)")
+        if options.pids:
+            pid_filter = self._bpf[b"pid_filter"]
+            for pid in options.pids:
+                pid_filter[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        self._ring: RingReader | None = None
+        if options.bulk_read and bulk_read_supported():
+            self._ring = RingReader(self._bpf[b"events"].map_fd, options.ring_pages * mmap.PAGESIZE,
+                                    RAW_EVENT_DTYPE)
+        else:
+            self._bpf[b"events"].open_ring_buffer(self._on_event)
+
+    def _attach(self, tracepoint: str, fn_name: str) -> None:
+        try:
+            self._bpf.attach_tracepoint(tp=tracepoint.encode(), fn_name=fn_name.encode())
+            self.attached.append(tracepoint)
+        except Exception as exc:
+            self.skipped.append(f"{tracepoint} ({_one_line(exc)})")
+
+    def _attach_syscalls(self) -> None:
+        # Entries first, so that no exit is seen without the entry that carries its fd.
+        for name in self.features.syscall_enters:
+            if name == "close" and not carries_close_fd(self.options):
+                continue
+            fn = {"exit_group": "fdt_enter_exit_group", "connect": "fdt_enter_connect"}.get(
+                name, "fdt_enter_fd_syscall")
+            self._attach(f"syscalls:sys_enter_{name}", fn)
+        if carries_accept_peer(self.options, self.features):
+            for name in ("accept", "accept4"):
+                if name in self.features.syscall_exits:
+                    self._attach(f"syscalls:sys_enter_{name}", "fdt_enter_accept")
+        for name in self.features.syscall_exits:
+            self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
+
+    def _on_event(self, _ctx: Any, data: Any, size: int) -> None:
+        self._chunks.append(ctypes.string_at(data, size))
+
+    def poll(self) -> np.ndarray:
+        """Take every event record waiting in the ring buffer (``RAW_EVENT_DTYPE`` records)."""
+        if self._ring is not None:
+            return self._ring.read()
+        self._bpf.ring_buffer_consume()
+        raw = b"".join(self._chunks)
+        self._chunks.clear()
+        return np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+
+    def stats(self) -> dict[str, int]:
+        """Loss and overflow counters since load, summed over CPUs."""
+        table = self._bpf[b"stats"]
+        return {name: int(sum(table[ctypes.c_int(i)])) for i, name in enumerate(STATS)}
+
+    def live_counters(self) -> list[dict[str, Any]]:
+        """Counters of the processes alive now, one dict per process."""
+        return [_counters_row(getattr(k, "value", k), v) for k, v in _items(self._bpf[b"counters"])]
+
+    def take_exited(self) -> list[dict[str, Any]]:
+        """Final counters of the processes that exited since the last call (removed from BPF)."""
+        table = self._bpf[b"exited"]
+        rows = []
+        for key, value in _items(table):
+            rows.append(_counters_row(key.pid, value))
+            del table[key]
+        return rows
+
+    def error_counts(self) -> list[dict[str, Any]]:
+        """Failed calls per (process instance, syscall, errno)."""
+        rows = []
+        self._error_keys = {}
+        for key, value in _items(self._bpf[b"errors"]):
+            self._error_keys.setdefault((key.pid, key.first_ts), []).append(key)
+            rows.append({"pid": key.pid, "first_ts": key.first_ts, "syscall": SYSCALL_NAMES[key.syscall],
+                         "errno": key.errno_, "count": int(getattr(value, "value", value))})
+        return rows
+
+    def forget_errors(self, instances: set[tuple[int, int]]) -> None:
+        """Remove the error counts of exited process instances (pid, first_ts), as last read by
+        ``error_counts()`` (an exited process makes no new errors)."""
+        table = self._bpf[b"errors"]
+        for instance in instances:
+            for key in self._error_keys.pop(instance, []):
+                del table[key]
+
+    def close(self) -> None:
+        """Detach everything and free the maps."""
+        if self._ring is not None:
+            self._ring.close()
+        self._bpf.cleanup()
+
+
+def _items(table: Any) -> list[tuple[Any, Any]]:
+    try:
+        return list(table.items_lookup_batch())
+    except Exception:  # kernels before 5.6 have no batch lookups
+        return list(table.items())
+
+
+def _counters_row(pid: int, value: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "pid": int(pid),
+        "first_ts": int(value.first_ts),
+        "exit_ts": int(value.exit_ts) or None,
+        "comm": bytes(value.comm).split(b"\0", 1)[0].decode("utf-8", "replace"),
+    }
+    for i, name in enumerate(COUNTERS):
+        row[name] = int(value.n[i])
+    return row
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] if text else type(exc).__name__

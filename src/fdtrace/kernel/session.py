@@ -1,0 +1,145 @@
+"""fdtrace's BPF programs on this kernel: checked, compiled, attached, and read in batches
+(events, exact counters, losses)."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdtrace.kernel.clock import sample_offsets
+from fdtrace.kernel.counters import CounterStore
+from fdtrace.kernel.decode import decode
+from fdtrace.kernel.features import (
+    check_kernel_headers,
+    check_privileges,
+    ensure_tracefs,
+    probe_kernel,
+)
+from fdtrace.kernel.loader import BpfTracer, TraceOptions
+from fdtrace.procfs import StartTimeResolver
+from fdtrace.schema import arrow_schema
+
+
+@dataclass
+class EventBatch:
+    """Events read in one poll, in the column layout of ``schema.EVENT_FIELDS``.
+
+    Attributes:
+        events: a ``pyarrow.Table`` with the schema of ``schema.arrow_schema()``.
+        mono_ns: the time of the poll (CLOCK_MONOTONIC).
+        losses: cumulative loss and overflow counters (``schema.STATS``) at the poll.
+    """
+
+    events: Any
+    mono_ns: int
+    losses: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.events.num_rows)
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit, so that fdtrace keeps working
+    on a machine that is running out of file descriptors. Returns the new (soft, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+class KernelSession:
+    """Attaches the probes on ``start()``; each ``poll()`` returns the events since the last.
+
+    Attributes:
+        notes: things the user should know (tracefs mounted, probes skipped).
+        counters: exact per-process totals, refreshed by ``read_counters()``.
+    """
+
+    def __init__(self, options: TraceOptions | None = None, keep_exited: int = 100_000) -> None:
+        """Args:
+            options: what to trace.
+            keep_exited: how many exited processes' final counters ``counters`` keeps.
+        """
+        self.options = options or TraceOptions()
+        self.host = socket.gethostname()
+        self.notes: list[str] = []
+        self.counters = CounterStore(max_exited=keep_exited)
+        self._resolver = StartTimeResolver()
+        self._tracer: BpfTracer | None = None
+        self._empty = arrow_schema().empty_table()
+        self._last_losses: dict[str, int] = {}
+        self._losses_read_ns = -(10**18)
+
+    def start(self) -> None:
+        """Check the environment, compile and attach. Raises FdtraceError with the reason."""
+        raise_nofile_limit()
+        check_privileges()
+        note = ensure_tracefs()
+        if note:
+            self.notes.append(note)
+        check_kernel_headers()
+        features = probe_kernel()
+        self._tracer = BpfTracer(self.options, features)
+        if self._tracer.skipped:
+            self.notes.append("running without probes this kernel lacks: " + ", ".join(self._tracer.skipped))
+
+    @property
+    def started(self) -> bool:
+        """Whether the probes are attached."""
+        return self._tracer is not None
+
+    @property
+    def tracer(self) -> BpfTracer:
+        """The loaded programs (after ``start()``)."""
+        if self._tracer is None:
+            raise RuntimeError("KernelSession.start() was not called")
+        return self._tracer
+
+    @property
+    def probes(self) -> list[str]:
+        """The tracepoints attached."""
+        return list(self.tracer.attached)
+
+    def poll(self) -> EventBatch:
+        """Read and decode the events waiting in the ring buffer."""
+        raw = self.tracer.poll()
+        if not len(raw):  # the common case when idle: keep it cheap
+            now = time.monotonic_ns()
+            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
+        offsets = sample_offsets()
+        table = decode(raw, self.host, offsets, self._resolver)
+        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns))
+
+    def _losses(self, now_ns: int) -> dict[str, int]:
+        """Loss counters, read from the kernel at most every 100 ms."""
+        if now_ns - self._losses_read_ns >= 100_000_000:
+            self._last_losses = self.tracer.stats()
+            self._losses_read_ns = now_ns
+        return self._last_losses
+
+    def read_losses(self) -> dict[str, int]:
+        """Loss counters read from the kernel now."""
+        self._last_losses = self.tracer.stats()
+        return self._last_losses
+
+    def read_counters(self) -> CounterStore:
+        """Refresh and return the exact per-process totals.
+
+        Call it every second or so: it also drains the kernel's table of exited processes,
+        which would otherwise fill up (``exited_full``)."""
+        tracer = self.tracer
+        exited = tracer.take_exited()
+        forget = self.counters.update(tracer.live_counters(), exited, tracer.error_counts())
+        if forget:
+            tracer.forget_errors(forget)
+        return self.counters
+
+    def stop(self) -> None:
+        """Detach the probes."""
+        if self._tracer is not None:
+            self._tracer.close()
+            self._tracer = None
+

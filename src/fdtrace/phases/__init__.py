@@ -1,6 +1,0 @@
-"""Training phases: the shim `fdtrace run` injects, the explicit `phase()` API, and the phases
-table of recordings."""
-
-from fdtrace.phases.api import phase
-
-__all__ = ["phase"]

@@ -1,0 +1,98 @@
+"""What flows through the pipeline: one typed update per poll of a source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from fdtrace.integrations.phases.live import PhaseNow
+    from fdtrace.kernel.clock import ClockOffsets
+    from fdtrace.kernel.counters import CounterStore
+    from fdtrace.procfs.sampler import ProcessSample
+
+#: A row of system figures (the ``system`` table's columns but ts_ns and time).
+SystemFigures = dict[str, "int | None"]
+#: A row of HAProxy's `show info` (the ``haproxy`` table's columns but ts_ns and time).
+HaproxyRow = dict[str, "int | str | None"]
+
+
+class ArrowTable(Protocol):
+    """The part of ``pyarrow.Table`` the pipeline relies on (pyarrow ships no type stubs)."""
+
+    @property
+    def num_rows(self) -> int: ...
+
+    def __getitem__(self, key: str) -> Any: ...
+
+
+@dataclass
+class SampleRound:
+    """One sampling round of /proc (and of HAProxy's stats sockets).
+
+    Attributes:
+        mono_ns: CLOCK_MONOTONIC of the round on the traced host (the tables' ``ts_ns``).
+        time_ns: its wall time.
+        samples: the processes sampled.
+        system: the system figures (None when the round had none).
+        haproxy: `show info` rows (--haproxy-socket).
+        clock: the clock offsets measured at the round (live only).
+    """
+
+    mono_ns: int
+    time_ns: int
+    samples: list[ProcessSample]
+    system: SystemFigures | None
+    haproxy: list[HaproxyRow] = field(default_factory=list)
+    clock: ClockOffsets | None = None
+
+
+@dataclass
+class Update:
+    """Everything a source produced since its previous update.
+
+    Attributes:
+        now_ns: the wall time the source has reached: now when live, the replay clock otherwise.
+        events: an events table (``schema.arrow_schema("events")``).
+        losses: cumulative loss counters (``schema.STATS``).
+        rounds: sampling rounds taken (or recorded) since, in time order.
+        counters: a fresh reading of the exact per-process counters (live, once per round, and in
+            the final update); None when not read this time.
+        phases: where each process of a training job is now, by pid (None: not read this time).
+        reset: the source jumped back (a replay's seek): forget what was shown, start from here.
+        boot_wall_ns: wall time of the traced machine's boot, for process start times.
+        final: the last update before the pipeline stops.
+    """
+
+    now_ns: int
+    events: ArrowTable
+    losses: dict[str, int] = field(default_factory=dict)
+    rounds: list[SampleRound] = field(default_factory=list)
+    counters: CounterStore | None = None
+    phases: dict[int, PhaseNow] | None = None
+    reset: bool = False
+    boot_wall_ns: int | None = None
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What a sink needs to know of the source it is attached to (a recording's metadata).
+
+    Attributes:
+        host: the traced machine's name.
+        live: whether the source is the live kernel (a replay cannot be recorded again).
+        probes_attached: tracepoints attached.
+        probes_skipped: tracepoints this kernel lacks.
+        options: what was traced (pids, follow, errors_only, ring_pages), as JSON values.
+        interval_s: seconds between sampling rounds.
+        cmdline: whether samples carry command lines.
+    """
+
+    host: str
+    live: bool
+    probes_attached: tuple[str, ...] = ()
+    probes_skipped: tuple[str, ...] = ()
+    options: dict[str, object] = field(default_factory=dict)
+    interval_s: float = 1.0
+    cmdline: bool = False

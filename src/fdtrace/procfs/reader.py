@@ -1,0 +1,211 @@
+"""The one reader of /proc, with one error policy (psutil's): a configurable root; reading a
+process that exited (or never was) raises :class:`ProcessGoneError`, one that may not be read raises
+:class:`ProcessAccessDeniedError`; a system-wide file that is missing reads as None."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+TICK_NS = 1_000_000_000 // CLOCK_TICKS
+
+
+class ProcessGoneError(Exception):
+    """The process exited (or never existed) while it was being read."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(f"process {pid} is gone")
+        self.pid = pid
+
+
+class ProcessAccessDeniedError(Exception):
+    """The process's files may not be read (another user's, without privileges)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(f"process {pid} may not be read")
+        self.pid = pid
+
+
+def _translate(error: OSError, pid: int) -> Exception:
+    if isinstance(error, PermissionError) or error.errno in (errno.EACCES, errno.EPERM):
+        return ProcessAccessDeniedError(pid)
+    if isinstance(error, FileNotFoundError | ProcessLookupError | NotADirectoryError) or error.errno == errno.ESRCH:
+        return ProcessGoneError(pid)
+    return error
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/PID/stat fdtrace uses."""
+
+    comm: str
+    state: str
+    ppid: int
+    #: Process start in CLOCK_BOOTTIME ns (field 22, at tick resolution).
+    start_ns: int
+
+    @property
+    def exited(self) -> bool:
+        """A zombie or dead task: nothing of it is left to sample."""
+        return self.state in ("Z", "X")
+
+
+#: /proc/PID/limits is in fixed-width columns: name, soft, hard (then units).
+_LIMIT_COLUMNS = (slice(0, 26), slice(26, 47), slice(47, 68))
+
+
+def _limit(text: str) -> int | None:
+    return None if text == "unlimited" else int(text)
+
+
+class ProcFS:
+    """One procfs tree (``/proc`` unless a test passes another root)."""
+
+    def __init__(self, root: str | Path = "/proc") -> None:
+        self.root = Path(root)
+
+    # Per process: raise ProcessGoneError or ProcessAccessDeniedError.
+
+    def read(self, pid: int, name: str) -> str:
+        """The text of /proc/PID/NAME."""
+        try:
+            return (self.root / str(pid) / name).read_text(errors="replace")
+        except OSError as exc:
+            raise _translate(exc, pid) from None
+
+    def stat(self, pid: int) -> ProcStat:
+        """/proc/PID/stat, parsed (comm may hold spaces and parentheses)."""
+        text = self.read(pid, "stat")
+        fields = text[text.rfind(")") + 2 :].split()
+        try:
+            return ProcStat(text[text.find("(") + 1 : text.rfind(")")], fields[0], int(fields[1]),
+                            int(fields[19]) * TICK_NS)
+        except (IndexError, ValueError):
+            raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
+
+    def status(self, pid: int) -> dict[str, str]:
+        """/proc/PID/status as {field: value}."""
+        return {name: value.strip() for name, sep, value in
+                (line.partition(":") for line in self.read(pid, "status").splitlines()) if sep}
+
+    def limits(self, pid: int) -> dict[str, tuple[int | None, int | None]]:
+        """/proc/PID/limits as {name: (soft, hard)}, None for unlimited."""
+        limits = {}
+        for line in self.read(pid, "limits").splitlines()[1:]:
+            name, soft, hard = (line[column].strip() for column in _LIMIT_COLUMNS)
+            try:
+                limits[name] = (_limit(soft), _limit(hard))
+            except ValueError:
+                continue
+        return limits
+
+    def cmdline(self, pid: int) -> list[str]:
+        """The arguments of the process."""
+        return [part for part in self.read(pid, "cmdline").split("\0") if part]
+
+    def cgroups(self, pid: int) -> list[tuple[str, str, str]]:
+        """/proc/PID/cgroup as (hierarchy, controllers, path) lines."""
+        lines = []
+        for line in self.read(pid, "cgroup").splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3:
+                lines.append((parts[0], parts[1], parts[2]))
+        return lines
+
+    def exe(self, pid: int) -> Path:
+        """The path through which the executable is opened (/proc/PID/exe)."""
+        return self.root / str(pid) / "exe"
+
+    def open_fds(self, pid: int, by_size: bool) -> int:
+        """Open FDs: the size of /proc/PID/fd (Linux >= 6.2, O(1)) or a listing of it."""
+        fd_dir = self.root / str(pid) / "fd"
+        try:
+            return os.stat(fd_dir).st_size if by_size else len(os.listdir(fd_dir))
+        except OSError as exc:
+            raise _translate(exc, pid) from None
+
+    def fd_targets(self, pid: int) -> Iterator[str]:
+        """Where each open FD points (``socket:[123]``, a path, ``pipe:[45]``); FDs closed while
+        listed are left out."""
+        try:
+            fd_dir = os.open(self.root / str(pid) / "fd", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise _translate(exc, pid) from None
+        try:
+            names = os.listdir(fd_dir)
+            for name in names:
+                try:
+                    yield os.readlink(name, dir_fd=fd_dir)
+                except OSError:  # closed while we looked
+                    continue
+        finally:
+            os.close(fd_dir)
+
+    def start_ns(self, pid: int) -> int | None:
+        """Process start in CLOCK_BOOTTIME ns, None if it is gone or unreadable."""
+        try:
+            return self.stat(pid).start_ns
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return None
+
+    # The whole system: None where a file is missing.
+
+    def pids(self) -> list[int]:
+        """Every process id in the tree."""
+        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+
+    def system_text(self, relative: str) -> str | None:
+        """A system-wide file (``sys/fs/file-nr``, ``loadavg``, ...), None when it cannot be read."""
+        try:
+            return (self.root / relative).read_text()
+        except OSError:
+            return None
+
+    def system_number(self, relative: str) -> int | None:
+        """The first number of a system-wide file, None when it cannot be read."""
+        text = self.system_text(relative)
+        try:
+            return int(text.split()[0]) if text else None
+        except ValueError:
+            return None
+
+
+class StartTimeResolver:
+    """Gives each event's process its start time, so that (pid, start_ns) survives PID reuse.
+
+    Processes seen starting get the start computed from the event's own stamp (the kernel takes
+    its start time moments before the tracepoint fires); others are read from /proc once and
+    cached until their exit event.
+    """
+
+    def __init__(self, procfs: ProcFS | None = None, max_cached: int = 65536) -> None:
+        self.procfs = procfs or ProcFS()
+        self.max_cached = max_cached
+        self._cache: dict[int, int | None] = {}
+
+    def started(self, pid: int, ts_ns: int, boottime_offset_ns: int) -> int:
+        """Note a process_start seen at ``ts_ns`` (monotonic) and return its start time."""
+        start = (ts_ns + boottime_offset_ns) // TICK_NS * TICK_NS
+        self._remember(pid, start)
+        return start
+
+    def lookup(self, pid: int) -> int | None:
+        """The start time of a live (or recently seen) process."""
+        if pid in self._cache:
+            return self._cache[pid]
+        start = self.procfs.start_ns(pid)
+        self._remember(pid, start)  # None too: a gone process is not looked for again
+        return start
+
+    def exited(self, pid: int) -> None:
+        """Forget a process after its exit: the pid may be reused."""
+        self._cache.pop(pid, None)
+
+    def _remember(self, pid: int, start: int | None) -> None:
+        if len(self._cache) >= self.max_cached:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[pid] = start

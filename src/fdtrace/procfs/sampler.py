@@ -1,0 +1,187 @@
+"""Samples of headroom from /proc: per process (open FDs against RLIMIT_NOFILE, threads against
+the limits that bound them, sockets) and system-wide (file-nr against file-max, tasks against
+threads-max, and the other limits that apply)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
+from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.thread_limits import cgroup_pids, tasks_total, threads_by_uid
+
+#: Sockets are counted by reading each fd's link only up to this many open FDs.
+MAX_FDS_FOR_SOCKET_COUNT = 10_000
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process at one moment."""
+
+    pid: int
+    start_ns: int
+    comm: str
+    open_fds: int
+    fd_soft_limit: int | None
+    fd_hard_limit: int | None
+    threads: int
+    sockets: int | None
+    cmdline: str | None = None
+    #: Real user id; RLIMIT_NPROC counts all threads of this user.
+    uid: int | None = None
+    #: RLIMIT_NPROC soft limit; None when unlimited or not enforced (root is not held to it).
+    nproc_soft_limit: int | None = None
+    #: Threads of all processes of ``uid``, counted only when ``nproc_soft_limit`` applies.
+    user_threads: int | None = None
+    #: Tasks and limit of the tightest cgroup pids.max over the process; None when none applies.
+    pids_current: int | None = None
+    pids_max: int | None = None
+    #: Go's default thread limit when the executable is a Go program (SetMaxThreads can change it).
+    go_max_threads: int | None = None
+
+
+class ProcSampler:
+    """Reads per-process and system samples from one procfs tree (``/proc`` by default)."""
+
+    def __init__(self, procfs_root: str | Path = "/proc", cmdline: bool = False,
+                 cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
+        self.procfs = ProcFS(procfs_root)
+        self.root = self.procfs.root
+        self.cgroupfs = Path(cgroupfs)
+        self.cmdline = cmdline
+        self.fd_count_by_size = self._size_is_count()
+        self._go: dict[tuple[int, int], bool] = {}  # (pid, start_ns) -> is a Go program
+        self._cgroups: dict[Path, tuple[int, int] | None] | None = None  # during a round: folder -> pids
+
+    def _size_is_count(self) -> bool:
+        """Whether st_size of /proc/PID/fd is the number of open FDs (Linux >= 6.2): O(1) instead
+        of a readdir. Checked on our own fd folder; older kernels give 0, a fake tree has none."""
+        own = self.root / "self" / "fd"
+        try:
+            listed = len(os.listdir(own))  # the listing's own fd shows in it, then is closed
+            size = os.stat(own).st_size
+        except OSError:
+            return False
+        return size > 0 and size in (listed, listed - 1)
+
+    def open_fds(self, pid: int) -> int | None:
+        """Number of open FDs of a process, None if it is gone."""
+        try:
+            return self.procfs.open_fds(pid, self.fd_count_by_size)
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return None
+
+    def pids(self) -> list[int]:
+        """Every process id in the tree."""
+        return self.procfs.pids()
+
+    def sample(self, pid: int) -> ProcessSample | None:
+        """One process's sample, None if it vanished while being read (or may not be read)."""
+        try:
+            return self._sample(pid)
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return None
+
+    def _sample(self, pid: int) -> ProcessSample | None:
+        procfs = self.procfs
+        stat = procfs.stat(pid)
+        if stat.exited:  # exited, not yet reaped: nothing of it is left to sample
+            return None
+        limits = procfs.limits(pid)
+        status = procfs.status(pid)
+        open_fds = procfs.open_fds(pid, self.fd_count_by_size)
+        soft, hard = limits.get("Max open files", (None, None))
+        nproc = limits.get("Max processes", (None, None))[0]
+        threads = int(status.get("Threads", "0").split()[0])
+        uid = int(status["Uid"].split()[0]) if "Uid" in status else None
+        sockets = self._sockets(pid) if open_fds <= MAX_FDS_FOR_SOCKET_COUNT else None
+        cmdline = None
+        if self.cmdline:
+            cmdline = " ".join(procfs.cmdline(pid)) or None
+        pids = cgroup_pids(procfs, self.cgroupfs, pid, self._cgroups)
+        return ProcessSample(pid, stat.start_ns, stat.comm, open_fds, soft, hard, threads, sockets, cmdline,
+                             uid=uid, nproc_soft_limit=nproc if uid != 0 else None,
+                             pids_current=pids[0] if pids else None, pids_max=pids[1] if pids else None,
+                             go_max_threads=GO_DEFAULT_MAX_THREADS if self._is_go(pid, stat.start_ns) else None)
+
+    def _is_go(self, pid: int, start_ns: int) -> bool:
+        key = (pid, start_ns)
+        if key not in self._go:
+            if len(self._go) > 100_000:
+                self._go.clear()
+            self._go[key] = is_go_binary(self.procfs.exe(pid))
+        return self._go[key]
+
+    def _sockets(self, pid: int) -> int | None:
+        try:
+            return sum(1 for target in self.procfs.fd_targets(pid) if target.startswith("socket:"))
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return None
+
+    def top_by_open_fds(self, n: int) -> list[int]:
+        """The n processes with the most open FDs (kernel threads, with none, left out).
+
+        Where counting needs a readdir (Linux < 6.2), every process is ranked by the FDSize of
+        its status (the size of its fd table, O(1) to read) and only the first n are counted."""
+        if self.fd_count_by_size:
+            ranked = [(c, pid) for pid in self.pids() if (c := self.open_fds(pid))]
+        else:
+            ranked = [(size, pid) for pid in self.pids() if (size := self._fd_table_size(pid))]
+        ranked.sort(reverse=True)
+        return [pid for _, pid in ranked[:n]]
+
+    def _fd_table_size(self, pid: int) -> int:
+        try:
+            return int(self.procfs.status(pid).get("FDSize", "0"))
+        except (ProcessGoneError, ProcessAccessDeniedError, ValueError):
+            return 0
+
+    def round(self, with_events: Iterable[int], top: int, exclude: int | None = None) -> list[ProcessSample]:
+        """One sampling round: the processes that had events plus the ``top`` by open FDs."""
+        pids = set(with_events) | set(self.top_by_open_fds(top))
+        pids.discard(exclude if exclude is not None else -1)
+        return self.processes(pids)
+
+    def processes(self, pids: Iterable[int]) -> list[ProcessSample]:
+        """Samples of these processes, skipping the ones that are gone. Where RLIMIT_NPROC
+        applies, the threads of the process's user are counted over every process."""
+        self._cgroups = {}
+        try:
+            samples = [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
+        finally:
+            self._cgroups = None
+        limited = {s.uid for s in samples if s.nproc_soft_limit is not None and s.uid is not None}
+        if not limited:
+            return samples
+        per_user = threads_by_uid(self.procfs, self.pids(), limited)
+        return [replace(s, user_threads=per_user[s.uid]) if s.uid in limited and s.nproc_soft_limit is not None
+                else s for s in samples]
+
+    def system(self) -> dict[str, Any]:
+        """System-wide FD, thread and listen-queue figures."""
+        number = self.procfs.system_number
+        file_nr = (self.procfs.system_text("sys/fs/file-nr") or "0 0 0").split()
+        netstat = self._netstat()
+        return {
+            "file_nr": int(file_nr[0]),
+            "file_max": int(file_nr[2]),
+            "nr_open": number("sys/fs/nr_open"),
+            "threads_max": number("sys/kernel/threads-max"),
+            "threads_total": tasks_total(self.procfs),
+            "pid_max": number("sys/kernel/pid_max"),
+            "somaxconn": number("sys/net/core/somaxconn"),
+            "listen_overflows": netstat.get("ListenOverflows"),
+            "listen_drops": netstat.get("ListenDrops"),
+        }
+
+    def _netstat(self) -> dict[str, int]:
+        text = self.procfs.system_text("net/netstat") or ""
+        lines = text.splitlines()
+        for header, values in zip(lines[::2], lines[1::2], strict=False):
+            if header.startswith("TcpExt:"):
+                return dict(zip(header.split()[1:], map(int, values.split()[1:]), strict=False))
+        return {}

@@ -1,0 +1,161 @@
+"""Reading recordings back: metadata, part files upgraded to the current tables, and ``load()``
+into pandas."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fdtrace.errors import FdtraceError
+from fdtrace.recording.layout import TABLES, host_dir, meta_path, part_files
+from fdtrace.recording.upgrade import upgrade
+from fdtrace.schema import SCHEMA_VERSION, VERSIONS
+
+
+@dataclass
+class Recording:
+    """A loaded recording: one pandas DataFrame per table, all hosts together.
+
+    Attributes:
+        events: the event model of docs/format.md (``host`` categorical, ``time`` UTC).
+        samples: per-process FD headroom samples.
+        system: system-wide samples (file-nr, file-max, ...).
+        losses: per-interval loss counts.
+        counters: exact per-process counters, cumulative, at each flush.
+        clock: CLOCK_REALTIME/BOOTTIME - CLOCK_MONOTONIC offsets sampled during the recording.
+        haproxy: HAProxy `show info` samples (with --haproxy-socket).
+        phases: training phases per rank (recordings made by `fdtrace run --record`).
+        meta: run metadata by host.
+        skipped: part files that could not be read, with the reason (the rest was loaded).
+    """
+
+    events: Any
+    samples: Any
+    system: Any
+    losses: Any
+    counters: Any
+    clock: Any
+    haproxy: Any
+    phases: Any
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+def read_meta(root: Path) -> dict[str, dict[str, Any]]:
+    """Metadata of every host in a recording directory; raises if it is not a readable recording."""
+    if not root.is_dir():
+        raise FdtraceError(f"{root}: no such recording directory")
+    files = sorted((root / "meta").glob("host=*.json"))
+    if not files:
+        raise FdtraceError(f"{root}: not an fdtrace recording (no meta/host=*.json)")
+    metas = {}
+    for path in files:
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise FdtraceError(f"{path}: unreadable recording metadata ({exc})") from None
+        version = meta.get("schema_version")
+        if version not in VERSIONS:
+            raise FdtraceError(
+                f"{path}: recording schema version {version}, this fdtrace reads versions 1 to {SCHEMA_VERSION}"
+            )
+        metas[meta["host"]] = meta
+    return metas
+
+
+def schema_version(root: Path, host: str) -> int:
+    """The schema version of one host's recording (read_meta has checked that it is known)."""
+    try:
+        version = json.loads(meta_path(root, host).read_text()).get("schema_version")
+    except (OSError, ValueError):
+        return SCHEMA_VERSION
+    return version if isinstance(version, int) else SCHEMA_VERSION
+
+
+def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: list[str] | None = None,
+               version: int | None = None) -> Any:
+    """One host's part files of ``table`` as one ``pyarrow.Table`` of the current declaration of
+    that table (None when there are none), whatever version wrote them: the one upgrade step.
+    Unreadable parts are named in ``skipped``. ``columns``: only these."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if version is None:
+        version = schema_version(root, host)
+    parts = []
+    for path in part_files(host_dir(root, table, host)):
+        try:
+            present = set(pq.read_schema(path).names)
+            wanted = None if columns is None else [c for c in columns if c in present]
+            parts.append(upgrade(table, pq.read_table(path, columns=wanted), version, columns))
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
+    return pa.concat_tables(parts, promote_options="default") if parts else None
+
+
+def _read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str], columns: list[str] | None) -> Any:
+    import pandas as pd
+
+    frames = []
+    for host, version in sorted(hosts.items()):
+        data = read_parts(root, table, host, skipped, columns, version)
+        if data is None:
+            continue
+        frame = data.to_pandas(split_blocks=True, self_destruct=True)  # frees Arrow memory as it goes
+        del data
+        frame.insert(0, "host", host)
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame({"host": pd.Series([], dtype="category")})
+    result = pd.concat(frames, ignore_index=True)
+    result["host"] = result["host"].astype("category")
+    for column in ("comm", "kind", "syscall", "errno", "signal"):
+        if column in result.columns and result[column].dtype == object:
+            result[column] = result[column].astype("category")
+    # Wall time orders several hosts together; monotonic stamps only compare within one host.
+    order = ["time"] if "time" in result.columns else ["host", "ts_ns"] if "ts_ns" in result.columns else []
+    if order:
+        result = result.sort_values(order, kind="stable", ignore_index=True)
+    return result
+
+
+def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
+         phases: list[str | Path] | None = None) -> Recording:
+    """Load one recording directory, or several (several hosts), into DataFrames.
+
+    Part files that cannot be read (truncated, corrupt) are skipped and named in ``skipped``;
+    a directory that is not a recording, or one of another schema version, raises FdtraceError.
+    ``columns`` reads only some columns of some tables (``{"events": ["time", "pid", ...]}``),
+    for recordings too large to hold whole. ``phases`` adds phase files to the phases table:
+    what `fdtrace run --phases-out` wrote, or PyTorch profiler (Kineto) traces, which are put on
+    the recording's clock (see ``fdtrace.integrations.phases.kineto``).
+    """
+    import pandas as pd
+
+    roots = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
+    meta: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    tables: dict[str, list[Any]] = {t: [] for t in TABLES}
+    for root in roots:
+        hosts = read_meta(root)
+        meta.update(hosts)
+        for table in TABLES:
+            wanted = (columns or {}).get(table)
+            versions = {host: meta.get("schema_version", SCHEMA_VERSION) for host, meta in hosts.items()}
+            tables[table].append(_read_table(root, table, versions, skipped, wanted))
+    frames = {}
+    for table, parts in tables.items():
+        frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        if "host" in frame.columns:
+            frame["host"] = frame["host"].astype("category")
+        if len(parts) > 1 and "time" in frame.columns:  # several recordings: one wall-clock timeline
+            frame = frame.sort_values("time", kind="stable", ignore_index=True)
+        frames[table] = frame
+    recording = Recording(meta=meta, skipped=skipped, **frames)
+    if phases:
+        from fdtrace.integrations.phases.files import with_phase_files
+
+        recording = with_phase_files(recording, list(phases))
+    return recording

@@ -1,0 +1,240 @@
+"""Writes a recording: buffered tables flushed as whole Parquet part files of the declared
+schemas (see layout.py)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fdtrace.errors import FdtraceError
+from fdtrace.recording.layout import TABLES, host_dir, meta_path, part_name
+from fdtrace.recording.upgrade import upgrade
+from fdtrace.schema import SCHEMA_VERSION
+
+#: Flushes that may wait for the writer thread before the caller is held back.
+MAX_PENDING_WRITES = 3
+
+
+@dataclass
+class _Part:
+    first: int
+    last: int
+    path: Path
+    rows: int
+    size: int
+
+
+class RecordingWriter:
+    """One host's side of a recording directory.
+
+    ``add()`` buffers rows in memory; ``flush()`` writes each buffered table as a new part file
+    (temporary name, fsync, rename), so a recorder killed at any moment leaves only complete
+    files and loses at most what it buffered since the last flush. Parts are numbered by flush,
+    alike in every table, so a number stands for the same interval everywhere.
+
+    ``compact()`` merges the parts written since the last compaction into one file per table
+    (``--rotate``); ``max_size`` keeps the recording under that many bytes by deleting its oldest
+    parts, counted in the metadata as ``rotated_out`` (``--max-size``).
+    """
+
+    def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False,
+                 max_size: int | None = None) -> None:
+        self.root = Path(root)
+        self.host = host
+        self.meta = dict(meta)
+        self.max_size = max_size
+        self.file_mode = 0o644 if shared else 0o600
+        self.dir_mode = 0o755 if shared else 0o700
+        self.bytes_written = 0
+        self.rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
+        self.rotated_out: dict[str, Any] = {"files": 0, "bytes": 0, "rows": dict.fromkeys(TABLES, 0)}
+        self._buffers: dict[str, list[pa.Table]] = {t: [] for t in TABLES}
+        self._parts: dict[str, list[_Part]] = {t: [] for t in TABLES}
+        self._unmerged: dict[str, int] = dict.fromkeys(TABLES, 0)  # parts since the last compaction
+        self._flush_number = 1
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
+        self._pending: list[Future[None]] = []
+        if meta_path(self.root, host).exists():
+            raise FdtraceError(f"{self.root} already holds a recording of host {host}: choose another -o")
+        self._guard(self._make_dirs)
+        self.write_meta(complete=False)
+
+    def _make_dirs(self) -> None:
+        folders = [self.root, self.root / "meta"]
+        for table in TABLES:
+            folders += [self.root / table, host_dir(self.root, table, self.host)]
+        for folder in folders:
+            folder.mkdir(mode=self.dir_mode, exist_ok=True)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the part files the recording holds now."""
+        return sum(part.size for parts in self._parts.values() for part in parts)
+
+    def add(self, table: str, rows: pa.Table) -> None:
+        """Buffer rows for ``table`` until the next flush."""
+        if rows.num_rows:
+            self._buffers[table].append(rows)
+
+    # Disk work runs on one writer thread, in order, so the caller can go on draining the ring
+    # buffer while a second's worth of events is compressed and written (pyarrow and file I/O
+    # release the GIL). Errors surface at the caller's next call, or at wait().
+
+    def _submit(self, work: Callable[..., None], *args: Any, wait: bool) -> None:
+        for future in [f for f in self._pending if f.done()]:
+            self._pending.remove(future)
+            future.result()
+        while len(self._pending) >= MAX_PENDING_WRITES:  # behind: hold the caller back
+            self._pending.pop(0).result()
+        self._pending.append(self._executor.submit(work, *args))
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait until everything submitted is on disk; raises the first error of the writes."""
+        while self._pending:
+            self._pending.pop(0).result()
+
+    def close(self) -> None:
+        """Wait for the writes and stop the writer thread."""
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """After a failed write: let the writes still queued finish or fail, quietly, and stop."""
+        for future in self._pending:
+            future.exception()
+        self._pending.clear()
+        self._executor.shutdown(wait=True)
+
+    def flush(self, wait: bool = True) -> None:
+        """Write every buffered table as a complete part file (in the background if not ``wait``)."""
+        number = self._flush_number
+        self._flush_number += 1
+        pending = {table: buffered for table, buffered in self._buffers.items() if buffered}
+        self._buffers = {t: [] for t in TABLES}
+        self._submit(self._write_flush, number, pending, wait=wait)
+
+    def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
+        for table, buffered in pending.items():
+            data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
+            path = host_dir(self.root, table, self.host) / part_name(number, number)
+            self._guard(lambda d=data, p=path: self._write_part(d, p))
+            self._parts[table].append(_Part(number, number, path, data.num_rows, path.stat().st_size))
+            self._unmerged[table] += 1
+            self.rows_written[table] += data.num_rows
+            self.bytes_written += self._parts[table][-1].size
+        if self.max_size is not None:
+            self._rotate_out()
+
+    def compact(self, wait: bool = True) -> None:
+        """Merge each table's parts since the last compaction into one file (see ``_compact``)."""
+        self._submit(self._compact, wait=wait)
+
+    def _compact(self) -> None:
+        """Merge each table's parts since the last compaction into one file.
+
+        The merged file is complete under its final name before the parts go; a reader that
+        finds both (a crash in between) reads the merged file and skips the parts it covers.
+        """
+        for table, parts in self._parts.items():
+            count = self._unmerged[table]
+            self._unmerged[table] = 0
+            if count < 2:
+                continue
+            merging = parts[-count:]
+            data = pa.concat_tables([pq.read_table(p.path) for p in merging], promote_options="default")
+            path = host_dir(self.root, table, self.host) / part_name(merging[0].first, merging[-1].last)
+            self._guard(lambda d=data, p=path: self._write_part(d, p))
+            for part in merging:
+                part.path.unlink()
+            parts[-count:] = [_Part(merging[0].first, merging[-1].last, path, data.num_rows, path.stat().st_size)]
+
+    def _rotate_out(self) -> None:
+        """Delete the oldest parts until the recording fits ``max_size`` (keeping the newest)."""
+        assert self.max_size is not None
+        while self.size > self.max_size:
+            candidates = [(parts[0].first, table) for table, parts in self._parts.items() if len(parts) > 1]
+            if not candidates:
+                return
+            _, table = min(candidates)
+            part = self._parts[table].pop(0)
+            self._unmerged[table] = min(self._unmerged[table], len(self._parts[table]))
+            part.path.unlink()
+            self.rotated_out["files"] += 1
+            self.rotated_out["bytes"] += part.size
+            self.rotated_out["rows"][table] += part.rows
+
+    def _write_part(self, data: pa.Table, final: Path) -> None:
+        temporary = final.with_suffix(".parquet.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                pq.write_table(data, out, compression="zstd")
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        os.replace(temporary, final)
+
+    def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
+        """Write the metadata file (atomically); ``complete`` marks a clean end."""
+        self._submit(self._write_meta, complete, updates, wait=wait)
+
+    def _write_meta(self, complete: bool, updates: dict[str, Any]) -> None:
+        self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
+                         rotated_out=self.rotated_out)
+        path = meta_path(self.root, self.host)
+        temporary = path.with_suffix(".json.tmp")
+
+        def write() -> None:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
+            with os.fdopen(fd, "w") as out:
+                json.dump(self.meta, out, indent=1, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+
+        self._guard(write)
+
+    def _guard(self, action: Any) -> None:
+        try:
+            action()
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise FdtraceError(
+                    f"{self.root}: disk full: recording stopped; the {sum(self.rows_written.values())} rows "
+                    "already written are complete", exit_code=1,
+                ) from None
+            raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
+
+
+def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
+    """Add rows to a finished recording as a new part of ``table`` (e.g. the phases that
+    `fdtrace run` collects after its recorder has stopped). Returns the file written."""
+    from fdtrace.recording.layout import part_files
+
+    folder = host_dir(Path(root), table, host)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    last = max((int(p.name.split("-")[-1].split(".")[0]) for p in part_files(folder)), default=0)
+    final = folder / part_name(last + 1, last + 1)
+    temporary = final.with_suffix(".parquet.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        pq.write_table(rows, out, compression="zstd")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, final)
+    return final

@@ -1,0 +1,30 @@
+"""Every table fdtrace writes or reads, declared once: the event model (kinds, syscalls,
+counters, the BPF record and its slots) and the tables of recordings."""
+
+from fdtrace.schema.events import (
+    COUNTERS,
+    EVENT_COLUMNS,
+    EVENT_FIELDS,
+    EXTRA_SLOTS,
+    FD_ALLOC_SYSCALLS,
+    KIND_LABELS,
+    NONFATAL_SIGNALS,
+    NOT_FAILURES,
+    RAW_EVENT_DTYPE,
+    SOCKET_SYSCALLS,
+    STATS,
+    SYSCALL_IDS,
+    SYSCALL_NAMES,
+    Kind,
+    bpf_cflags,
+    slot,
+)
+from fdtrace.schema.fields import Field, arrow_type
+from fdtrace.schema.tables import SCHEMA_VERSION, TABLES, VERSIONS, Table, arrow_schema
+
+__all__ = [
+    "COUNTERS", "EVENT_COLUMNS", "EVENT_FIELDS", "EXTRA_SLOTS", "FD_ALLOC_SYSCALLS", "KIND_LABELS",
+    "NONFATAL_SIGNALS", "NOT_FAILURES", "RAW_EVENT_DTYPE", "SCHEMA_VERSION", "SOCKET_SYSCALLS", "STATS",
+    "SYSCALL_IDS", "SYSCALL_NAMES", "TABLES", "VERSIONS", "Field", "Kind", "Table", "arrow_schema", "arrow_type",
+    "bpf_cflags", "slot",
+]

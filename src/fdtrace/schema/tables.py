@@ -1,0 +1,167 @@
+"""Every table of a recording (and of the live stream), declared once: its columns, types and
+meaning. The recording writer casts to these schemas, the reader upgrades older recordings to
+them, and docs/recording.md is checked against them (tests/unit/test_schema_docs.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fdtrace.schema.events import COUNTERS, EVENT_FIELDS, STATS
+from fdtrace.schema.fields import Field, arrow_type
+
+#: Version of the tables' layout. Bump it whenever a column is added, removed or changes type,
+#: and say in :data:`VERSIONS` what changed; the reader upgrades any older version it knows.
+SCHEMA_VERSION = 2
+
+#: What each version changed, for the reader's upgrade step and for people.
+VERSIONS: dict[int, str] = {
+    1: "fdtrace 0.1.0: events, samples, system, losses, counters, clock, haproxy and phases; columns were "
+       "added over its life (peers of connect/accept, thread limits, threads_total, phase source, "
+       "peers_full and followed_full), so a version 1 recording may lack any nullable column",
+    2: "every table declared in fdtrace.schema.tables; writers cast to it",
+}
+
+_TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
+_TIME = Field("time", "timestamp_utc", False, "UTC wall time of ts_ns (the clock table's offset at the time)")
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table: its name, columns in order, and where its rows come from.
+
+    Attributes:
+        name: the table's folder in a recording.
+        fields: its columns, in order.
+        description: one line for docs/recording.md.
+        optional: columns written only when asked for (``cmdline``).
+    """
+
+    name: str
+    fields: tuple[Field, ...]
+    description: str
+    optional: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Column names, in order."""
+        return tuple(f.name for f in self.fields)
+
+    def field(self, name: str) -> Field:
+        """One column's declaration."""
+        return next(f for f in self.fields if f.name == name)
+
+    def arrow_schema(self, with_optional: tuple[str, ...] | None = None) -> Any:
+        """The table as a ``pyarrow.Schema``; ``with_optional``: the optional columns to keep
+        (all of them when None)."""
+        import pyarrow as pa
+
+        keep = self.optional if with_optional is None else with_optional
+        return pa.schema(
+            [pa.field(f.name, arrow_type(f.arrow_type), nullable=f.nullable) for f in self.fields
+             if f.name not in self.optional or f.name in keep],
+            metadata={"fdtrace.schema_version": str(SCHEMA_VERSION), "fdtrace.table": self.name},
+        )
+
+
+EVENTS = Table("events", EVENT_FIELDS, "one row per traced call or event (docs/format.md)")
+
+SAMPLES = Table("samples", (
+    _TS,
+    Field("pid", "int64", False, "process id"),
+    Field("start_ns", "int64", False, "process start, CLOCK_BOOTTIME ns; (pid, start_ns) identifies a process"),
+    Field("comm", "string", False, "task name"),
+    Field("open_fds", "int64", False, "open file descriptors"),
+    Field("fd_soft_limit", "int64", True, "RLIMIT_NOFILE soft limit (null: unlimited)"),
+    Field("fd_hard_limit", "int64", True, "RLIMIT_NOFILE hard limit (null: unlimited)"),
+    Field("threads", "int64", False, "threads of the process"),
+    Field("sockets", "int64", True, "open sockets (null past 10,000 open FDs: not counted)"),
+    Field("uid", "int64", True, "real user id"),
+    Field("nproc_soft_limit", "int64", True, "RLIMIT_NPROC soft limit, where it applies (not to root)"),
+    Field("user_threads", "int64", True, "threads of every process of uid (what RLIMIT_NPROC counts)"),
+    Field("pids_current", "int64", True, "tasks in the tightest cgroup pids limit over the process"),
+    Field("pids_max", "int64", True, "that cgroup's pids.max"),
+    Field("go_max_threads", "int64", True, "Go's default thread limit, for Go programs"),
+    Field("cmdline", "string", True, "command line (only with record --cmdline: it can hold secrets)"),
+    _TIME,
+), "per-process FD and thread headroom from /proc, every interval", optional=("cmdline",))
+
+SYSTEM = Table("system", (
+    _TS,
+    Field("file_nr", "int64", False, "allocated file handles (fs.file-nr)"),
+    Field("file_max", "int64", False, "fs.file-max"),
+    Field("nr_open", "int64", True, "fs.nr_open, the ceiling of any RLIMIT_NOFILE"),
+    Field("threads_max", "int64", True, "kernel.threads-max"),
+    Field("threads_total", "int64", True, "threads on the system (what threads-max bounds)"),
+    Field("pid_max", "int64", True, "kernel.pid_max"),
+    Field("somaxconn", "int64", True, "net.core.somaxconn"),
+    Field("listen_overflows", "int64", True, "TcpExt ListenOverflows since boot"),
+    Field("listen_drops", "int64", True, "TcpExt ListenDrops since boot"),
+    _TIME,
+), "system-wide FD, thread and listen-queue figures, every interval")
+
+LOSSES = Table("losses", (
+    _TS,
+    *(f for name in STATS for f in (
+        Field(name, "int64", True, f"{name}: lost in this interval"),
+        Field(f"{name}_total", "int64", True, f"{name}: lost since the start"),
+    )),
+    _TIME,
+), "what the kernel side lost, per interval and in total (schema.STATS)")
+
+COUNTERS_TABLE = Table("counters", (
+    _TS,
+    Field("pid", "int64", False, "process id"),
+    Field("first_ts", "int64", False, "CLOCK_MONOTONIC ns of the process's first counted call"),
+    Field("exit_ts", "int64", True, "CLOCK_MONOTONIC ns of its exit (null: alive)"),
+    Field("comm", "string", False, "task name"),
+    *(Field(name, "int64", False, f"exact count: {name}") for name in COUNTERS),
+    Field("errors", "errors_list", False, "failed calls by (syscall, errno)"),
+), "exact in-kernel counters per process, cumulative, written when they change")
+
+CLOCK = Table("clock", (
+    _TS,
+    Field("realtime_offset_ns", "int64", False, "CLOCK_REALTIME - CLOCK_MONOTONIC"),
+    Field("boottime_offset_ns", "int64", False, "CLOCK_BOOTTIME - CLOCK_MONOTONIC"),
+), "the host's clock offsets, every interval")
+
+#: `show info` fields sampled from HAProxy's stats socket: (HAProxy's name, column).
+HAPROXY_INFO_FIELDS: tuple[tuple[str, str], ...] = (
+    ("Pid", "haproxy_pid"), ("CurrConns", "curr_conns"), ("Maxconn", "maxconn"), ("Ulimit-n", "ulimit_n"),
+    ("Maxsock", "maxsock"), ("CumConns", "cum_conns"), ("ConnRate", "conn_rate"),
+)
+
+HAPROXY = Table("haproxy", (
+    _TS,
+    Field("socket", "string", False, "the stats socket's path"),
+    Field("error", "string", True, "why the socket did not answer (then no figures)"),
+    *(Field(column, "int64", True, f"show info: {name}") for name, column in HAPROXY_INFO_FIELDS),
+    _TIME,
+), "HAProxy's `show info` through --haproxy-socket, every interval")
+
+PHASES = Table("phases", (
+    Field("rank", "int32", True, "global rank"),
+    Field("local_rank", "int32", True, "rank on its host"),
+    Field("world_size", "int32", True, "ranks in the job"),
+    Field("pid", "int32", False, "process id"),
+    Field("tid", "int32", True, "thread that marked the phase"),
+    Field("step", "int64", True, "training step (optimizer steps so far)"),
+    Field("phase", "string", False, "init_process_group, forward, backward, allreduce, optimizer, ..."),
+    Field("name", "string", True, "the phase's own name (user phases, process groups, checkpoints)"),
+    Field("bucket", "int32", True, "allreduce: the gradient bucket"),
+    Field("start_mono_ns", "int64", False, "start, CLOCK_MONOTONIC ns (BPF's clock)"),
+    Field("end_mono_ns", "int64", True, "end, CLOCK_MONOTONIC ns"),
+    Field("start_wall_ns", "int64", False, "start, wall ns"),
+    Field("end_wall_ns", "int64", True, "end, wall ns"),
+    Field("source", "string", True, "shim, lightning, huggingface or kineto (null in version 1: shim)"),
+    _TIME,
+), "training phases per rank (fdtrace run --record)")
+
+#: Every table, in the order of docs/recording.md.
+TABLES: dict[str, Table] = {t.name: t for t in (EVENTS, SAMPLES, SYSTEM, LOSSES, COUNTERS_TABLE, CLOCK, HAPROXY,
+                                                   PHASES)}
+
+
+def arrow_schema(table: str = "events") -> Any:
+    """A table's ``pyarrow.Schema`` (the events table's by default)."""
+    return TABLES[table].arrow_schema()

@@ -1,0 +1,135 @@
+"""The live source: the kernel's events and counters, with a sampling round of /proc (and of
+HAProxy's stats sockets) every interval, and where the ranks of training jobs are."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from fdtrace.integrations.haproxy import HaproxySampler
+from fdtrace.integrations.phases.live import LivePhases
+from fdtrace.kernel.clock import sample_offsets
+from fdtrace.kernel.counters import CounterStore
+from fdtrace.kernel.loader import TraceOptions
+from fdtrace.kernel.session import KernelSession
+from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.procfs.sampler import ProcSampler
+from fdtrace.sources.filters import keep_comms
+
+#: How often the live view reads the ranks' phase state files.
+PHASES_INTERVAL_NS = 250_000_000
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """What the live source traces and samples.
+
+    Attributes:
+        trace: what the BPF programs trace (pids, follow, errors only, ring size).
+        comms: only events of tasks with these names (all when empty).
+        interval_s: seconds between rounds: counters, losses and clock are read each round.
+        sample: whether rounds sample /proc (``trace`` reads only counters).
+        top_processes: each round samples the processes with events plus this many with the most FDs.
+        cmdline: samples carry command lines.
+        haproxy_sockets: stats sockets sampled each round.
+        live_phases: read the phase state files of jobs under `fdtrace run` (the live view).
+        keep_exited: exited processes whose final counters are kept (for --totals).
+    """
+
+    trace: TraceOptions = TraceOptions()
+    comms: tuple[str, ...] = ()
+    interval_s: float = 1.0
+    sample: bool = True
+    top_processes: int = 20
+    cmdline: bool = False
+    haproxy_sockets: tuple[str, ...] = ()
+    live_phases: bool = False
+    keep_exited: int = 100_000
+
+
+class LiveSource:
+    """The live kernel as a pipeline source. ``start()`` compiles and attaches the programs."""
+
+    def __init__(self, options: LiveOptions | None = None, sampler: ProcSampler | None = None,
+                 phases: LivePhases | None = None) -> None:
+        self.options = options or LiveOptions()
+        self.kernel = KernelSession(self.options.trace, keep_exited=self.options.keep_exited)
+        self.sampler = sampler or ProcSampler(cmdline=self.options.cmdline)
+        self.haproxy = HaproxySampler(list(self.options.haproxy_sockets)) if self.options.haproxy_sockets else None
+        self.phases = phases or (LivePhases() if self.options.live_phases else None)
+        self._pids_with_events: set[int] = set()
+        self._info: SourceInfo | None = None
+        self._next_round = time.monotonic()
+        self._next_phases = 0
+        self._boot_wall_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+    @property
+    def notes(self) -> list[str]:
+        """Things the user should know (tracefs mounted, probes this kernel lacks)."""
+        return self.kernel.notes
+
+    @property
+    def counters(self) -> CounterStore:
+        """The exact per-process totals as last read."""
+        return self.kernel.counters
+
+    @property
+    def info(self) -> SourceInfo:
+        if self._info is None:
+            raise RuntimeError("LiveSource.start() was not called")
+        return self._info
+
+    def _describe(self) -> SourceInfo:
+        trace = self.options.trace
+        return SourceInfo(
+            host=self.kernel.host, live=True, probes_attached=tuple(self.kernel.probes),
+            probes_skipped=tuple(self.kernel.tracer.skipped),
+            options={"pids": list(trace.pids), "follow": trace.follow, "errors_only": trace.errors_only,
+                     "ring_pages": trace.ring_pages},
+            interval_s=self.options.interval_s, cmdline=self.options.cmdline)
+
+    def start(self) -> None:
+        self.kernel.start()
+        self._info = self._describe()
+
+    def poll(self) -> Update:
+        update = self._events()
+        now = time.monotonic()
+        if self.phases is not None and time.monotonic_ns() >= self._next_phases:
+            self._next_phases = time.monotonic_ns() + PHASES_INTERVAL_NS
+            update.phases = self.phases.poll()
+        if now >= self._next_round:
+            self._next_round = max(self._next_round + self.options.interval_s, now)
+            self._round(update)
+        return update
+
+    def finish(self) -> Update:
+        update = self._events()
+        self._round(update)
+        update.final = True
+        return update
+
+    def stop(self) -> None:
+        self.kernel.stop()
+
+    def _events(self) -> Update:
+        batch = self.kernel.poll()
+        events = keep_comms(batch.events, self.options.comms)
+        if events.num_rows:
+            self._pids_with_events.update(events["pid"].unique().to_pylist())
+        return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns)
+
+    def _round(self, update: Update) -> None:
+        """Counters, losses and clock, and (when sampling) /proc and HAProxy, into the update."""
+        offsets = sample_offsets()
+        samples, system = [], None
+        if self.options.sample:
+            samples = self.sampler.round(self._pids_with_events, self.options.top_processes, exclude=os.getpid())
+            system = self.sampler.system()
+        self._pids_with_events.clear()
+        haproxy = self.haproxy.sample() if self.haproxy is not None else []
+        update.rounds.append(SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
+                                         system, haproxy, offsets))
+        update.counters = self.kernel.read_counters()
+        update.losses = self.kernel.read_losses()

@@ -1,0 +1,405 @@
+"""What an on-call engineer needs to see, kept up to date from a feed: per process FD headroom,
+rates, errors, threads, OOM kills and exits; the system's file-nr; a log of what went wrong; and
+alerts at the thresholds operators use. Pure Python: the TUI only draws it."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fdtrace.integrations.phases.live import PhaseNow
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN
+from fdtrace.procfs.sampler import ProcessSample
+from fdtrace.procfs.thread_limits import binding_limit
+from fdtrace.schema import NOT_FAILURES
+
+#: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
+THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert
+HISTORY_POINTS = 600
+RATE_KINDS = ("socket", "accept", "connect", "close", "thread_start")
+
+
+@dataclass
+class ProcessView:
+    """One process as the view shows it."""
+
+    pid: int
+    comm: str
+    start_ns: int | None = None
+    open_fds: int | None = None
+    fd_soft_limit: int | None = None
+    fd_hard_limit: int | None = None
+    sockets: int | None = None
+    threads: int | None = None
+    thread_limit: tuple[str, int, int] | None = None  # (name, count, limit) of the limit binding the threads
+    totals: Counter[str] = field(default_factory=Counter)
+    rates: dict[str, float] = field(default_factory=dict)
+    fd_exhaustion_errors: int = 0  # EMFILE + ENFILE from any syscall
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
+    history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    thread_history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    # connect() calls by destination ("10.0.0.5:8080", "[::1]:443"): (calls, failed)
+    destinations: dict[str, list[int]] = field(default_factory=dict)
+    oom_killed: bool = False
+    ended: str | None = None  # "exit 1", "SIGKILL", ...
+    last_seen_ns: int = 0
+
+    @property
+    def usage(self) -> float | None:
+        """Open FDs / soft limit."""
+        if self.open_fds is None or not self.fd_soft_limit:
+            return None
+        return self.open_fds / self.fd_soft_limit
+
+    @property
+    def headroom(self) -> int | None:
+        """FDs left under the soft limit."""
+        if self.open_fds is None or self.fd_soft_limit is None:
+            return None
+        return self.fd_soft_limit - self.open_fds
+
+    def seconds_to_exhaustion(self, window_ns: int = 30_000_000_000) -> float | None:
+        """At the growth rate of open FDs over the last ``window_ns``, seconds until the soft limit;
+        None when not growing (or unknown), 0 when already there."""
+        if self.headroom is None or len(self.history) < 2:
+            return None
+        if self.headroom <= 0:
+            return 0.0
+        end_t, end_v = self.history[-1]
+        start_t, start_v = next(((t, v) for t, v in self.history if t >= end_t - window_ns), self.history[0])
+        if end_t <= start_t or end_v <= start_v:
+            return None
+        slope = (end_v - start_v) / ((end_t - start_t) / 1e9)
+        return self.headroom / slope
+
+    @property
+    def alerts(self) -> list[str]:
+        """What is wrong with this process, worst first."""
+        found = []
+        if self.oom_killed:
+            found.append("OOM-killed")
+        if self.fd_exhaustion_errors:
+            found.append(f"{self.fd_exhaustion_errors} EMFILE/ENFILE")
+        usage = self.usage
+        if usage is not None and usage > USAGE_WARN:
+            found.append(f"FDs at {usage:.0%}")
+        if self.thread_limit is not None and self.thread_limit[1] > USAGE_WARN * self.thread_limit[2]:
+            kind, count, limit = self.thread_limit
+            found.append(f"threads {count}/{limit} ({kind})")
+        if self.rates.get("thread_start", 0.0) >= THREAD_BURST_PER_S:
+            found.append(f"threads +{self.rates['thread_start']:.0f}/s")
+        return found
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One line of the event log."""
+
+    time_ns: int
+    pid: int
+    comm: str
+    text: str
+    severity: str  # "error", "warning"
+
+
+#: Destinations kept per process (the first seen); a process connecting to more is rare.
+MAX_DESTINATIONS = 256
+
+HAPROXY_BUSY = 0.90  # CurrConns / maxconn
+HAPROXY_BUSY_FOR_NS = 30_000_000_000
+
+
+@dataclass
+class HaproxyView:
+    """One HAProxy stats socket's latest `show info`, and how long it has been near maxconn."""
+
+    socket: str
+    row: dict[str, Any] = field(default_factory=dict)
+    busy_since_ns: int | None = None
+    alerted: bool = False
+    unreachable_logged: bool = False
+
+    @property
+    def usage(self) -> float | None:
+        """CurrConns / maxconn."""
+        current, limit = self.row.get("curr_conns"), self.row.get("maxconn")
+        return current / limit if current is not None and limit else None
+
+    def busy_for_s(self, now_ns: int) -> float:
+        """Seconds CurrConns has stayed above 90 % of maxconn."""
+        return 0.0 if self.busy_since_ns is None else (now_ns - self.busy_since_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class SystemView:
+    """The header: the system's FD table and what the feed has seen."""
+
+    file_nr: int | None = None
+    file_max: int | None = None
+    oom_kills: int = 0
+    events_per_s: float = 0.0
+    losses: int = 0
+    loss_detail: str = ""
+
+
+class IncidentState:
+    """Folds feed updates into per-process views, a system view and a log."""
+
+    def __init__(self, log_size: int = 2000) -> None:
+        self.processes: dict[int, ProcessView] = {}
+        self.log: deque[LogEntry] = deque(maxlen=log_size)
+        self.system = SystemView()
+        self.now_ns = 0
+        self._window: Counter[tuple[int, str]] = Counter()
+        self._window_events = 0
+        self._window_start_ns: int | None = None
+        self._window_errors: Counter[tuple[int, str, str]] = Counter()
+        self._window_error_first: dict[tuple[int, str, str], int] = {}  # when each first failed
+        self._oom_kills = 0
+        self._system_figures: dict[str, Any] = {}
+        self.logged = 0  # log lines ever written; the view shows those past what it has shown
+        self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
+        self.haproxy: dict[str, HaproxyView] = {}
+        self.phases: dict[int, PhaseNow] = {}  # training processes under `fdtrace run`, by pid
+
+    def _log(self, entry: LogEntry) -> None:
+        self.log.append(entry)
+        self.logged += 1
+
+    def new_log_entries(self, shown: int) -> list[LogEntry]:
+        """The log lines written after the first ``shown`` (those still kept)."""
+        fresh = min(self.logged - shown, len(self.log))
+        return list(self.log)[len(self.log) - fresh:] if fresh > 0 else []
+
+    def _process(self, pid: int, comm: str, start_ns: int | None) -> ProcessView:
+        view = self.processes.get(pid)
+        if view is None or (start_ns is not None and view.start_ns is not None and view.start_ns != start_ns):
+            view = ProcessView(pid=pid, comm=comm, start_ns=start_ns)  # new, or the pid was reused
+            self.processes[pid] = view
+        if start_ns is not None:
+            view.start_ns = start_ns
+        if comm:
+            view.comm = comm
+        return view
+
+    def apply_events(self, events: pa.Table) -> None:
+        """Fold in an events table (the event model, in time order), in bulk: counts per
+        (process, kind) and (process, syscall, errno) with numpy; rows only for the rare kinds."""
+        n = events.num_rows
+        if not n:
+            return
+        self._window_events += n
+        pids = events["pid"].to_numpy()
+        # Each process's identity from its last row in the batch.
+        _, first_from_end = np.unique(pids[::-1], return_index=True)
+        last_rows = events.take(pa.array(n - 1 - first_from_end)).select(["pid", "comm", "start_ns", "time"])
+        for row in last_rows.to_pylist():
+            view = self._process(row["pid"], row["comm"], row["start_ns"])
+            view.last_seen_ns = _ns(row["time"])
+        kinds = _strings(events["kind"])
+        for (pid, kind), count in _count_pairs(pids, kinds).items():
+            view = self.processes[pid]
+            view.totals[kind] += count
+            if kind in RATE_KINDS:
+                self._window[(pid, kind)] += count
+        failed = pc.not_equal(events["errno"].cast(pa.string()), "")
+        if pc.any(failed).as_py():
+            errors = events.filter(failed).select(["pid", "syscall", "errno", "time"])
+            keys = list(zip(errors["pid"].to_pylist(), _strings(errors["syscall"]), _strings(errors["errno"]),
+                            strict=True))
+            times = errors["time"].cast(pa.int64()).to_pylist()
+            for key, when in zip(keys, times, strict=True):
+                self._window_error_first.setdefault(key, when)
+            for (pid, syscall, errno), count in Counter(keys).items():
+                view = self.processes[pid]
+                view.errors[(syscall, errno)] += count
+                if errno in FD_EXHAUSTION_ERRNOS:
+                    view.fd_exhaustion_errors += count
+                    self._window_errors[(pid, syscall, errno)] += count
+        if "peer_port" in events.column_names:
+            self._destinations(events)
+        rare = pc.is_in(events["kind"].cast(pa.string()), value_set=pa.array(["oom_kill", "process_exit"]))
+        if pc.any(rare).as_py():
+            for row in events.filter(rare).to_pylist():
+                self._lifecycle(row)
+
+    def _destinations(self, events: pa.Table) -> None:
+        """Count each process's connect() calls by destination (at most MAX_DESTINATIONS each)."""
+        connects = events.filter(pc.and_(pc.equal(events["kind"].cast(pa.string()), "connect"),
+                                         pc.is_valid(events["peer_port"])))
+        if not connects.num_rows:
+            return
+        # Counted per (process, destination, errno) in Arrow: Python sees each group once.
+        keys = pa.table({"pid": connects["pid"], "address": connects["peer_addr"].cast(pa.string()),
+                         "port": connects["peer_port"], "errno": connects["errno"].cast(pa.string())})
+        groups = keys.group_by(["pid", "address", "port", "errno"]).aggregate([([], "count_all")])
+        for pid, address, port, errno, count in zip(*(groups[c].to_pylist() for c in
+                                                      ("pid", "address", "port", "errno", "count_all")), strict=True):
+            known = self.processes[pid].destinations
+            where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+            if where not in known and len(known) >= MAX_DESTINATIONS:
+                continue
+            tally = known.setdefault(where, [0, 0])
+            tally[0] += count
+            if errno not in NOT_FAILURES:
+                tally[1] += count
+
+    def _lifecycle(self, row: dict[str, Any]) -> None:
+        view = self.processes[row["pid"]]
+        time_ns = _ns(row["time"])
+        if row["kind"] == "oom_kill":
+            view.oom_killed = True
+            self._oom_kills += 1
+            text = (f"OOM kill: anon-rss {row['anon_rss_kb']} kB, file-rss {row['file_rss_kb']} kB, "
+                    f"oom_score_adj {row['oom_score_adj']}")
+            self._log(LogEntry(time_ns, view.pid, view.comm, text, "error"))
+        elif row["signal"]:
+            view.ended = row["signal"]
+            self._log(LogEntry(time_ns, view.pid, view.comm, f"killed by {row['signal']}", "error"))
+        else:
+            view.ended = "exited" if row["exit_code"] is None else f"exit {row['exit_code']}"
+            if row["exit_code"]:
+                self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "warning"))
+
+    def apply_samples(self, samples: list[ProcessSample], time_ns: int) -> None:
+        """Fold in a sampling round of /proc (or its recorded copy)."""
+        for sample in samples:
+            view = self._process(sample.pid, sample.comm, sample.start_ns)
+            view.open_fds = sample.open_fds
+            view.fd_soft_limit = sample.fd_soft_limit
+            view.fd_hard_limit = sample.fd_hard_limit
+            view.sockets = sample.sockets
+            view.threads = sample.threads
+            view.thread_limit = binding_limit(sample)
+            view.history.append((time_ns, sample.open_fds))
+            view.thread_history.append((time_ns, sample.threads))
+            view.last_seen_ns = max(view.last_seen_ns, time_ns)
+
+    def apply_haproxy(self, rows: list[dict[str, Any]], time_ns: int) -> None:
+        """Fold in `show info` samples: alert when CurrConns stays above 90 % of maxconn for 30 s,
+        and say once when a socket does not answer."""
+        for row in rows:
+            view = self.haproxy.setdefault(row["socket"], HaproxyView(row["socket"]))
+            view.row = row
+            if row.get("error"):
+                if not view.unreachable_logged:
+                    self._log(LogEntry(time_ns, 0, "haproxy", f"stats socket {row['socket']} does not answer: "
+                                                               f"{row['error']}", "warning"))
+                    view.unreachable_logged = True
+                continue
+            view.unreachable_logged = False
+            usage = view.usage
+            if usage is None or usage <= HAPROXY_BUSY:
+                view.busy_since_ns, view.alerted = None, False
+                continue
+            if view.busy_since_ns is None:
+                view.busy_since_ns = time_ns
+            if not view.alerted and time_ns - view.busy_since_ns >= HAPROXY_BUSY_FOR_NS:
+                view.alerted = True
+                pid = int(row.get("haproxy_pid") or 0)
+                self._log(LogEntry(time_ns, pid, "haproxy", f"{row['curr_conns']} connections of maxconn "
+                                                            f"{row['maxconn']} ({usage:.0%}) for 30 s", "error"))
+
+    def apply_phases(self, phases: dict[int, PhaseNow]) -> None:
+        """Where each process of a training job is now (replaces what was known)."""
+        self.phases = dict(phases)
+
+    def apply_system(self, figures: dict[str, Any]) -> None:
+        """Fold in the system figures (file-nr, file-max, ...)."""
+        self._system_figures = dict(figures)
+
+    def roll(self, now_ns: int, losses: dict[str, int]) -> None:
+        """Close the rate window at ``now_ns``: per-second rates, aggregated log lines, header."""
+        self.now_ns = now_ns
+        if self._window_start_ns is None:  # the first window has no start: no rates from it
+            self._window_start_ns = now_ns
+            self._window.clear()
+            self._window_events = 0
+        seconds = max((now_ns - self._window_start_ns) / 1e9, 1e-3)
+        exhaustion: Counter[int] = Counter()
+        for (pid, _syscall, _errno), count in self._window_errors.items():
+            exhaustion[pid] += count
+        for view in self.processes.values():
+            view.rates = {kind: self._window.get((view.pid, kind), 0) / seconds for kind in RATE_KINDS}
+            view.rates["fd_exhaustion"] = exhaustion.get(view.pid, 0) / seconds
+        for key, count in sorted(self._window_errors.items(), key=lambda item: self._window_error_first[item[0]]):
+            pid, syscall, errno = key
+            comm = self.processes[pid].comm if pid in self.processes else ""
+            times = f" x{count}" if count > 1 else ""
+            self._log(LogEntry(self._window_error_first[key], pid, comm, f"{syscall} failed with {errno}{times}",
+                               "error"))
+        for view in self.processes.values():
+            if view.rates.get("thread_start", 0.0) >= THREAD_BURST_PER_S:
+                self._log(LogEntry(now_ns, view.pid, view.comm,
+                                         f"thread burst: {view.rates['thread_start']:.0f} threads/s", "warning"))
+        lost = sum(losses.values())
+        self.system = SystemView(
+            file_nr=self._system_figures.get("file_nr"), file_max=self._system_figures.get("file_max"),
+            oom_kills=self._oom_kills, events_per_s=self._window_events / seconds, losses=lost,
+            loss_detail=", ".join(f"{k} {v}" for k, v in losses.items() if v),
+        )
+        self._window.clear()
+        self._window_errors.clear()
+        self._window_error_first.clear()
+        self._window_events = 0
+        self._window_start_ns = now_ns
+
+    def rows(self, sort: str = "headroom", text_filter: str = "") -> list[ProcessView]:
+        """The processes to show, filtered by name or pid and sorted (worst first)."""
+        wanted = text_filter.strip().lower()
+        views = [v for v in self.processes.values()
+                 if not wanted or wanted in v.comm.lower() or wanted == str(v.pid)]
+        return sorted(views, key=SORT_KEYS[sort])
+
+
+def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
+    usage = view.usage
+    return (not view.oom_killed and not view.fd_exhaustion_errors, -(usage if usage is not None else -1.0), view.pid)
+
+
+def _by_rate(kind: str) -> Any:
+    return lambda v: (-v.rates.get(kind, 0.0), v.pid)
+
+
+def _exhaustion_key(view: ProcessView) -> tuple[Any, ...]:
+    seconds = view.seconds_to_exhaustion()
+    return (seconds is None, seconds if seconds is not None else 0.0, view.pid)
+
+
+#: Sort orders, worst (or biggest) first; the keys are the process table's column keys.
+SORT_KEYS: dict[str, Any] = {
+    "headroom": _headroom_key,
+    "pid": lambda v: v.pid,
+    "comm": lambda v: (v.comm, v.pid),
+    "fds": lambda v: (-(v.open_fds or 0), v.pid),
+    "sockets": lambda v: (-(v.sockets or 0), v.pid),
+    "socket_s": _by_rate("socket"),
+    "accept_s": _by_rate("accept"),
+    "connect_s": _by_rate("connect"),
+    "close_s": _by_rate("close"),
+    "emfile": lambda v: (-v.fd_exhaustion_errors, -sum(v.errors.values()), v.pid),
+    "emfile_s": _by_rate("fd_exhaustion"),
+    "threads": lambda v: (-(v.threads or 0), v.pid),
+    "threads_s": _by_rate("thread_start"),
+    "tte": _exhaustion_key,
+}
+
+
+def _ns(value: Any) -> int:
+    """Nanoseconds of a timestamp as pyarrow gives it (pandas Timestamp or datetime)."""
+    if hasattr(value, "value"):
+        return int(value.value)
+    return int(value.timestamp() * 1e9)
+
+
+def _strings(column: Any) -> list[str]:
+    return list(column.cast(pa.string()).to_pylist())
+
+
+def _count_pairs(pids: np.ndarray, labels: list[str]) -> Counter[tuple[int, str]]:
+    return Counter(zip(pids.tolist(), labels, strict=True))
