@@ -15,8 +15,10 @@ def destinations(recording: Any) -> pd.DataFrame:
     """One row per (process, destination address and port) of connect() calls, most failures
     first. See ``fdtrace.analysis.destinations`` for the columns."""
     events = recording.events if hasattr(recording, "events") else recording
-    if events.empty or "peer_port" not in events.columns:
+    if events.empty:
         return pd.DataFrame(columns=COLUMNS)
+    if "peer_port" not in events.columns:
+        raise ValueError("destinations() needs the events' peer_addr and peer_port: load them (load(columns=...))")
     connects = events[(events["kind"] == "connect") & events["peer_port"].notna()].copy()
     if connects.empty:
         return pd.DataFrame(columns=COLUMNS)

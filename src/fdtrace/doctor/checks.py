@@ -83,7 +83,8 @@ class Doctor:
 
     def _status_field(self, pid: int, field: str) -> str | None:
         try:
-            return self.procfs.status(pid).get(field)
+            value = self.procfs.status(pid).get(field)
+            return value.strip() if value is not None else None
         except (ProcessGoneError, ProcessAccessDeniedError):
             return None
 

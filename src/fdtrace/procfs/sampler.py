@@ -92,7 +92,7 @@ class ProcSampler:
         if stat.exited:  # exited, not yet reaped: nothing of it is left to sample
             return None
         limits = procfs.limits(pid)
-        status = procfs.status(pid)
+        status = procfs.status(pid, ("Threads", "Uid"))
         open_fds = procfs.open_fds(pid, self.fd_count_by_size)
         soft, hard = limits.get("Max open files", (None, None))
         nproc = limits.get("Max processes", (None, None))[0]
@@ -136,7 +136,7 @@ class ProcSampler:
 
     def _fd_table_size(self, pid: int) -> int:
         try:
-            return int(self.procfs.status(pid).get("FDSize", "0"))
+            return int(self.procfs.status(pid, ("FDSize",)).get("FDSize", "0"))
         except (ProcessGoneError, ProcessAccessDeniedError, ValueError):
             return 0
 

@@ -85,7 +85,7 @@ def threads_by_uid(procfs: ProcFS, pids: Iterable[int], uids: set[int]) -> dict[
     totals = dict.fromkeys(uids, 0)
     for pid in pids:
         try:
-            status = procfs.status(pid)
+            status = procfs.status(pid, ("Uid", "Threads"))
         except (ProcessGoneError, ProcessAccessDeniedError):
             continue
         try:

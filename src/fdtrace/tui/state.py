@@ -221,8 +221,7 @@ class IncidentState:
                 if errno in FD_EXHAUSTION_ERRNOS:
                     view.fd_exhaustion_errors += count
                     self._window_errors[(pid, syscall, errno)] += count
-        if "peer_port" in events.column_names:
-            self._destinations(events)
+        self._destinations(events)
         rare = pc.is_in(events["kind"].cast(pa.string()), value_set=pa.array(["oom_kill", "process_exit"]))
         if pc.any(rare).as_py():
             for row in events.filter(rare).to_pylist():
