@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from fdtrace.analysis import load
 from fdtrace.errors import FdtraceError
 from fdtrace.schema import arrow_schema
-from fdtrace.sources.replay import EventPlayer
+from fdtrace.sources.replay import EventPlayer, ReplaySource
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 
@@ -98,3 +101,18 @@ def test_recording_reads_without_fdtrace_as_a_hive_partitioned_dataset() -> None
     events = pd.read_parquet(EMFILE / "events")
     assert len(events) == 76 and set(events["host"].astype(str)) == {"vm"}
     assert set(events["kind"].astype(str)) == {"socket", "thread_start", "thread_exit", "fd_error", "process_exit"}
+
+
+def test_next_problem_finds_exhaustion_of_any_call_kind(tmp_path: Path) -> None:
+    """socket() and accept() that fail with EMFILE are problems too, not only kind fd_error."""
+    copy = tmp_path / "rec"
+    shutil.copytree(EMFILE, copy)
+    recorded = load(EMFILE).events
+    socket_emfile = recorded[(recorded["kind"] == "socket") & (recorded["errno"] == "EMFILE")]
+    # Keep every event but the fd_error ones: what is left to find are the sockets' EMFILE.
+    for path in (copy / "events").rglob("part-*.parquet"):
+        table = pq.read_table(path)
+        pq.write_table(table.filter(pc.not_equal(table["kind"].cast(pa.string()), "fd_error")), path)
+    source = ReplaySource(copy, clock=FakeClock())
+    assert source.next_problem()
+    assert source.player.now_ns == socket_emfile["time"].iloc[0].value

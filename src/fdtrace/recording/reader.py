@@ -12,6 +12,7 @@ from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import TABLES, host_dir, meta_path, part_files
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.schema import SCHEMA_VERSION, VERSIONS
+from fdtrace.schema import TABLES as TABLES_DECLARED
 
 
 @dataclass
@@ -107,8 +108,14 @@ def _read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str
         del data
         frame.insert(0, "host", host)
         frames.append(frame)
-    if not frames:
-        return pd.DataFrame({"host": pd.Series([], dtype="category")})
+    if not frames:  # no rows: still the declared columns, so an empty recording reports as empty
+        schema = TABLES_DECLARED[table].arrow_schema(with_optional=())
+        empty = schema.empty_table().to_pandas()
+        if "host" not in empty.columns:
+            empty.insert(0, "host", pd.Series([], dtype="category"))
+        if columns is not None:
+            empty = empty[[c for c in empty.columns if c in columns or c == "host"]]
+        return empty
     result = pd.concat(frames, ignore_index=True)
     result["host"] = result["host"].astype("category")
     for column in ("comm", "kind", "syscall", "errno", "signal"):

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.live import phases_at
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.recording import read_meta, read_parts
 from fdtrace.schema import STATS, TABLES, arrow_schema
@@ -160,6 +161,24 @@ class EventPlayer:
         self._position = 0
         self._rebase(wall_ns)
 
+    def seek_next_problem(self) -> int | None:
+        """Jump to the next failure that matters after the current time: any call that failed
+        with EMFILE or ENFILE (socket, accept and fd_error alike), an OOM kill, or a process
+        killed by a signal. Returns its wall time, or None when there is none."""
+        after = int(np.searchsorted(self._times, self.now_ns, side="right"))
+        tail = self.events.slice(after)
+        kind = tail["kind"].cast(pa.string())
+        problem = pc.or_(
+            pc.or_(pc.is_in(tail["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS))),
+                   pc.equal(kind, "oom_kill")),
+            pc.and_(pc.equal(kind, "process_exit"), pc.is_valid(tail["signal"])))
+        hits = np.flatnonzero(problem.to_numpy(zero_copy_only=False))
+        if not len(hits):
+            return None
+        target = int(self._times[after + int(hits[0])])
+        self.seek(target)
+        return target
+
     def seek_next(self, kinds: set[str]) -> int | None:
         """Jump to the next event of one of ``kinds`` after the current time (e.g. the next
         fd_error or oom_kill). Returns its wall time, or None when there is none."""
@@ -190,10 +209,6 @@ class EventPlayer:
 
 def _roots(paths: str | Path | list[str | Path] | list[Path]) -> list[Path]:
     return [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
-
-
-#: Kinds whose failures ``next_problem`` jumps to.
-PROBLEM_KINDS = {"fd_error", "oom_kill"}
 
 
 class ReplaySource:
@@ -315,8 +330,9 @@ class ReplaySource:
         self._reset = True
 
     def next_problem(self) -> bool:
-        """Jump to the next FD error or OOM kill; False when there is none."""
-        target = self.player.seek_next(PROBLEM_KINDS)
+        """Jump to the next EMFILE/ENFILE of any call, OOM kill or kill by a signal; False when
+        there is none."""
+        target = self.player.seek_next_problem()
         if target is None:
             return False
         self.seek(target)

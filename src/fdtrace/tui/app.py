@@ -299,7 +299,7 @@ class FdtraceApp(App[None]):
         with self.pipeline.lock:
             result = getattr(self.source, action)(*args)
         if action == "next_problem" and result is False:
-            self.notify("no EMFILE, ENFILE or OOM kill after this point")
+            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal after this point")
 
     def action_toggle_play(self) -> None:
         self._replay("toggle_pause")

@@ -30,7 +30,7 @@ OOM kill on top)
   s      next sort order                      p  freeze the view (collection goes on)
   R      start/stop recording (live)          ?  this help          q  quit
 [b]Replay[/b]
-  space  pause/play    + -  faster/slower    n  next EMFILE or OOM kill
+  space  pause/play    + -  faster/slower    n  next EMFILE/ENFILE, OOM kill or kill
   [ ]    10 s back/forward                  { }  60 s back/forward
 """
 

@@ -28,13 +28,21 @@ PHASE_COLOURS = {
 
 
 def read_phase_files(directory: Path) -> pa.Table:
-    """Every record of every process, ordered by start; a torn last line (a killed rank) is skipped."""
+    """Every record of every process, ordered by start; a torn last line (a killed rank), and
+    anything else that is not a phase record, is skipped."""
     rows: list[dict[str, Any]] = []
     for path in sorted(directory.glob("phases-*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
+        try:
+            text = path.read_text(errors="replace") if path.is_file() else ""
+        except OSError:
+            continue
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("start_mono_ns"), int) \
+                    or not isinstance(record.get("pid"), int):
                 continue
             record.setdefault("source", "shim")
             rows.append(record)
