@@ -68,7 +68,10 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
         except ValueError as exc:
             fail(FdtraceError(f"--max-size: {exc}"))
     stop = Stop(duration)
-    recording = ParquetSink(Path(output), sys.argv, shared=shared, max_size=max_bytes, rotate_s=rotate)
+    try:
+        recording = ParquetSink(Path(output), sys.argv, shared=shared, max_size=max_bytes, rotate_s=rotate)
+    except FdtraceError as error:
+        fail(error)
     sinks: list[Sink] = [recording]
     if listen is not None:
         from fdtrace.sinks.prometheus import PrometheusSink

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from fdtrace.cli.common import fail
 from fdtrace.errors import FdtraceError
+from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_text_atomically
 
 
 @click.command()
@@ -17,7 +20,9 @@ from fdtrace.errors import FdtraceError
 @click.option("--phases", "phase_files", multiple=True, type=click.Path(dir_okay=False),
               help="Training phases to add: a file of `fdtrace run --phases-out`, or a PyTorch profiler "
                    "(Kineto) trace JSON, put on the recording's clock. Repeatable.")
-def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_files: tuple[str, ...]) -> None:
+@click.option("--shared", is_flag=True, help="Make the report readable by everyone (default: owner only).")
+def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_files: tuple[str, ...],
+           shared: bool) -> None:
     """A postmortem report of recordings: summary, timeline, spikes, FD headroom, incidents,
     losses and the limits to change."""
     from fdtrace.analysis.report import EVENT_COLUMNS, build, to_html, to_markdown
@@ -33,8 +38,7 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
     content = build(recording)
     text = to_markdown(content) if fmt == "md" else to_html(content)
     try:
-        with open(output, "w") as out:
-            out.write(text)
+        write_text_atomically(Path(output), text, SHARED_FILE if shared else PRIVATE_FILE)
     except OSError as exc:
         fail(FdtraceError(f"{output}: cannot write the report ({exc.strerror})", exit_code=1))
     click.echo(f"fdtrace: report written to {output}", err=True)

@@ -14,7 +14,8 @@ from types import FrameType
 
 import click
 
-from fdtrace.cli.common import note, start
+from fdtrace.cli.common import fail, note, start
+from fdtrace.errors import FdtraceError
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -48,7 +49,10 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
         from fdtrace.sinks.parquet import ParquetSink
         from fdtrace.sources.live import LiveSource
 
-        recording = ParquetSink(Path(record_dir), sys.argv)
+        try:
+            recording = ParquetSink(Path(record_dir), sys.argv)
+        except FdtraceError as error:
+            fail(error)
         pipeline = Pipeline(LiveSource(), [recording])
         start(pipeline)
         note(f"recording to {record_dir}")
@@ -71,8 +75,6 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     if pipeline is not None:
-        from fdtrace.errors import FdtraceError
-
         try:
             pipeline.run(Stop(condition=lambda: job is None or job.poll() is not None, signals=False))
         except FdtraceError as error:  # the job goes on; its phases are still collected

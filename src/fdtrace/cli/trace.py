@@ -28,9 +28,10 @@ from fdtrace.cli.common import (
 @duration_option
 @click.option("--totals", "totals_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="At the end, write exact per-process counts as JSON to this file.")
+@click.option("--shared", is_flag=True, help="Make the --totals file readable by everyone (default: owner only).")
 @ring_pages_option
 def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_only: bool, duration: float | None,
-          totals_path: str | None, ring_pages: int) -> None:
+          totals_path: str | None, shared: bool, ring_pages: int) -> None:
     """Stream events as JSON lines on stdout until Ctrl-C, SIGTERM or --duration.
 
     A summary line of counts and losses goes to stderr at the end.
@@ -45,7 +46,7 @@ def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_on
     output = JsonLinesSink(sys.stdout)
     sinks: list[Sink] = [output]
     if totals_path is not None:
-        sinks.append(TotalsSink(totals_path, comms))
+        sinks.append(TotalsSink(totals_path, comms, shared=shared))
     source = LiveSource(LiveOptions(
         trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
         comms=comms, sample=False, keep_exited=100_000 if totals_path else 0))

@@ -18,6 +18,15 @@ import pyarrow.parquet as pq
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import TABLES, host_dir, meta_path, part_name
 from fdtrace.recording.upgrade import upgrade
+from fdtrace.safe_files import (
+    PRIVATE_DIR,
+    PRIVATE_FILE,
+    SHARED_DIR,
+    SHARED_FILE,
+    check_directory,
+    make_directory,
+    write_atomically,
+)
 from fdtrace.schema import SCHEMA_VERSION
 
 #: Flushes that may wait for the writer thread before the caller is held back.
@@ -52,8 +61,8 @@ class RecordingWriter:
         self.host = host
         self.meta = dict(meta)
         self.max_size = max_size
-        self.file_mode = 0o644 if shared else 0o600
-        self.dir_mode = 0o755 if shared else 0o700
+        self.file_mode = SHARED_FILE if shared else PRIVATE_FILE
+        self.dir_mode = SHARED_DIR if shared else PRIVATE_DIR
         self.bytes_written = 0
         self.rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
         self.rotated_out: dict[str, Any] = {"files": 0, "bytes": 0, "rows": dict.fromkeys(TABLES, 0)}
@@ -63,9 +72,11 @@ class RecordingWriter:
         self._flush_number = 1
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
         self._pending: list[Future[None]] = []
-        if meta_path(self.root, host).exists():
+        if self.root.exists() or self.root.is_symlink():
+            check_directory(self.root)
+        if os.path.lexists(meta_path(self.root, host)):
             raise FdtraceError(f"{self.root} already holds a recording of host {host}: choose another -o")
-        self._guard(self._make_dirs)
+        self._make_dirs()
         self.write_meta(complete=False)
 
     def _make_dirs(self) -> None:
@@ -73,7 +84,7 @@ class RecordingWriter:
         for table in TABLES:
             folders += [self.root / table, host_dir(self.root, table, self.host)]
         for folder in folders:
-            folder.mkdir(mode=self.dir_mode, exist_ok=True)
+            make_directory(folder, self.dir_mode)
 
     @property
     def size(self) -> int:
@@ -177,17 +188,7 @@ class RecordingWriter:
             self.rotated_out["rows"][table] += part.rows
 
     def _write_part(self, data: pa.Table, final: Path) -> None:
-        temporary = final.with_suffix(".parquet.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                pq.write_table(data, out, compression="zstd")
-                out.flush()
-                os.fsync(out.fileno())
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-        os.replace(temporary, final)
+        write_atomically(final, lambda out: pq.write_table(data, out, compression="zstd"), self.file_mode)
 
     def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
         """Write the metadata file (atomically); ``complete`` marks a clean end."""
@@ -196,18 +197,9 @@ class RecordingWriter:
     def _write_meta(self, complete: bool, updates: dict[str, Any]) -> None:
         self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
                          rotated_out=self.rotated_out)
+        text = json.dumps(self.meta, indent=1, sort_keys=True).encode()
         path = meta_path(self.root, self.host)
-        temporary = path.with_suffix(".json.tmp")
-
-        def write() -> None:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.file_mode)
-            with os.fdopen(fd, "w") as out:
-                json.dump(self.meta, out, indent=1, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-
-        self._guard(write)
+        self._guard(lambda: write_atomically(path, lambda out: out.write(text), self.file_mode))
 
     def _guard(self, action: Any) -> None:
         try:
@@ -226,15 +218,11 @@ def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
     `fdtrace run` collects after its recorder has stopped). Returns the file written."""
     from fdtrace.recording.layout import part_files
 
+    check_directory(Path(root))
+    make_directory(Path(root) / table)
     folder = host_dir(Path(root), table, host)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_directory(folder)
     last = max((int(p.name.split("-")[-1].split(".")[0]) for p in part_files(folder)), default=0)
     final = folder / part_name(last + 1, last + 1)
-    temporary = final.with_suffix(".parquet.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        pq.write_table(rows, out, compression="zstd")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, final)
+    write_atomically(final, lambda out: pq.write_table(rows, out, compression="zstd"))
     return final

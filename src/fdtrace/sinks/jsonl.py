@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import datetime
+from pathlib import Path
 from typing import IO, Any
 
+from fdtrace.errors import FdtraceError
 from fdtrace.pipeline.update import SourceInfo, Update
+from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_text_atomically
 
 
 def _plain(value: Any) -> Any:
@@ -75,9 +78,10 @@ class TotalsSink:
     name = "totals"
     required = True
 
-    def __init__(self, path: str, comms: tuple[str, ...] = ()) -> None:
+    def __init__(self, path: str, comms: tuple[str, ...] = (), shared: bool = False) -> None:
         self.path = path
         self.comms = comms
+        self.mode = SHARED_FILE if shared else PRIVATE_FILE
         self._totals: list[dict[str, Any]] | None = None
 
     def open(self, info: SourceInfo) -> None:
@@ -90,5 +94,7 @@ class TotalsSink:
     def close(self, failed: bool = False) -> None:
         if self._totals is None:
             return
-        with open(self.path, "w") as out:
-            json.dump(self._totals, out)
+        try:
+            write_text_atomically(Path(self.path), json.dumps(self._totals), self.mode)
+        except OSError as exc:
+            raise FdtraceError(f"{self.path}: cannot write the totals ({exc.strerror})", exit_code=1) from None

@@ -16,6 +16,7 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.recording.writer import RecordingWriter
+from fdtrace.safe_files import check_directory
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, TABLES, arrow_type
 
 
@@ -66,6 +67,8 @@ class ParquetSink:
     def __init__(self, directory: Path, argv: list[str], shared: bool = False, max_size: int | None = None,
                  rotate_s: float | None = None, required: bool = True) -> None:
         self.directory = Path(directory)
+        if self.directory.exists() or self.directory.is_symlink():
+            check_directory(self.directory)  # before anything is compiled: a planted directory is refused at once
         self.name = f"recording to {self.directory}"
         self.required = required
         self.argv = argv

@@ -1,0 +1,104 @@
+"""What another user plants where root's fdtrace writes: a directory they own or can write, a
+symlink under a name fdtrace is about to write. Nothing of root's may be overwritten, nothing
+may become readable by others, and a refusal is one line (root: the planted files are made as
+``nobody``)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from fdtrace.recording.writer import RecordingWriter
+from fdtrace.schema import SCHEMA_VERSION
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as another user: needs root")
+
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+EMFILE = Path(__file__).parents[1] / "data" / "emfile"
+NOBODY = pwd.getpwnam("nobody").pw_uid
+
+
+def fdtrace(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FDTRACE, *argv], capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fdtrace: error: "), result.stderr
+    return lines[0]
+
+
+def test_record_refuses_a_directory_another_user_owns_or_everyone_can_write(tmp_path: Path) -> None:
+    planted = tmp_path / "inc"
+    planted.mkdir(mode=0o777)
+    os.chmod(planted, 0o777)
+    result = fdtrace("record", "-o", str(planted), "--duration", "1")
+    assert "can be written by other users" in one_line_error(result)
+    os.chown(planted, NOBODY, -1)
+    os.chmod(planted, 0o755)
+    assert "belongs to uid" in one_line_error(fdtrace("record", "-o", str(planted), "--duration", "1"))
+    assert list(planted.iterdir()) == []  # nothing written into it
+
+
+def test_record_refuses_an_output_that_is_a_symlink(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    assert "symbolic link" in one_line_error(fdtrace("record", "-o", str(tmp_path / "link"), "--duration", "1"))
+
+
+def test_planted_names_in_the_recording_are_replaced_never_followed(tmp_path: Path) -> None:
+    """Links left under the names the writer uses (its final names and the old temporary ones)
+    are replaced as entries: the files they point to keep their content."""
+    precious = tmp_path / "precious"
+    precious.write_text("root's file\n")
+    out = tmp_path / "rec"
+    (out / "meta").mkdir(parents=True, mode=0o700)
+    os.chmod(out, 0o700)
+    (out / "meta" / "host=h.json.tmp").symlink_to(precious)
+    (out / "system" / "host=h").mkdir(parents=True, mode=0o700)
+    (out / "system" / "host=h" / "part-000001.parquet").symlink_to(precious)
+    (out / "system" / "host=h" / "part-000002.parquet.tmp").symlink_to(precious)
+    writer = RecordingWriter(out, "h", {"schema_version": SCHEMA_VERSION, "host": "h"})
+    for i in range(2):
+        writer.add("system", pa.table({"ts_ns": [i], "file_nr": [1], "file_max": [2],
+                                       "time": pa.array([i], pa.timestamp("ns", tz="UTC"))}))
+        writer.flush()
+    writer.write_meta(complete=True)
+    writer.close()
+    assert precious.read_text() == "root's file\n"
+    part = out / "system" / "host=h" / "part-000001.parquet"
+    assert not part.is_symlink() and stat.S_IMODE(part.stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / "meta" / "host=h.json").stat().st_mode) == 0o600
+
+
+def test_reports_and_totals_are_private_unless_shared(tmp_path: Path) -> None:
+    report = tmp_path / "report.md"
+    result = fdtrace("report", str(EMFILE), "-o", str(report))
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(report.stat().st_mode) == 0o600
+    shared = tmp_path / "shared.md"
+    assert fdtrace("report", str(EMFILE), "-o", str(shared), "--shared").returncode == 0
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o644
+
+
+def test_a_report_over_a_planted_symlink_replaces_the_link(tmp_path: Path) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text("root's file\n")
+    drop = tmp_path / "drop"
+    drop.mkdir(mode=0o1777)
+    os.chmod(drop, 0o1777)  # like /tmp
+    (drop / "report.html").symlink_to(precious)
+    os.lchown(drop / "report.html", NOBODY, -1)  # planted by nobody
+    result = fdtrace("report", str(EMFILE), "-o", str(drop / "report.html"))
+    assert result.returncode == 0, result.stderr
+    assert precious.read_text() == "root's file\n"
+    assert not (drop / "report.html").is_symlink()
