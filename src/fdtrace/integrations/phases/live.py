@@ -9,6 +9,7 @@ A reader takes it only when two reads agree and its sequence number is even (not
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Iterable
@@ -16,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.procfs import TICK_NS, ProcFS
+from fdtrace.procfs import TICK_NS, ProcessAccessDeniedError, ProcessGoneError, ProcFS
 
 #: The layout of a state file; the shim writes the same one (see tests/unit/test_live_phases.py).
 STATE_MAGIC = b"FDTP"
 STATE_FORMAT = "<4sIiiiiqqqq24s40s"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
+#: State files read per poll at most (one per rank of the jobs on this host).
+MAX_STATE_FILES = 4096
 #: `fdtrace run` makes its phases folder under the temporary directory with this prefix.
 RUN_DIR_PREFIX = "fdtrace-phases-"
 
@@ -57,26 +60,51 @@ def _optional(value: int) -> int | None:
 def read_state(path: Path) -> tuple[PhaseNow, int] | None:
     """A state file as (PhaseNow, the process's start time in clock ticks); None when it is
     unreadable, not a state file, or being written both times it was read."""
-    for _ in range(3):
-        try:
-            with open(path, "rb") as state:
-                first = state.read(STATE_SIZE)
-                state.seek(0)
-                second = state.read(STATE_SIZE)
-        except OSError:
+    read = read_state_owned(path)
+    return None if read is None else read[:2]
+
+
+def read_state_owned(path: Path) -> tuple[PhaseNow, int, int] | None:
+    """``read_state`` and the file's owner. Only a regular file is read, never through a link,
+    without blocking (a FIFO planted under the name cannot hang the reader), at most
+    STATE_SIZE bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             return None
-        if len(first) < STATE_SIZE or first != second:
-            continue
-        (magic, sequence, pid, rank, local_rank, world, start_ticks, step, since_wall, _, phase,
-         name) = struct.unpack(STATE_FORMAT, first)
-        if magic != STATE_MAGIC:
-            return None
-        if sequence % 2:
-            continue
-        return (PhaseNow(pid, _optional(rank), _optional(local_rank), _optional(world), step,
-                         phase.rstrip(b"\0").decode("utf-8", "replace"), name.rstrip(b"\0").decode("utf-8", "replace"),
-                         since_wall), start_ticks)
-    return None
+        for _ in range(3):
+            first, second = os.pread(fd, STATE_SIZE, 0), os.pread(fd, STATE_SIZE, 0)
+            decoded = _decode_state(first, second)
+            if decoded == "retry":
+                continue
+            return None if decoded is None else (*decoded, info.st_uid)
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _decode_state(first: bytes, second: bytes) -> tuple[PhaseNow, int] | str | None:
+    """Two reads of a state file as (PhaseNow, start ticks); "retry" when it was being written,
+    None when it is not a state file."""
+    if len(first) < STATE_SIZE:
+        return None
+    if first != second:
+        return "retry"
+    (magic, sequence, pid, rank, local_rank, world, start_ticks, step, since_wall, _, phase,
+     name) = struct.unpack(STATE_FORMAT, first)
+    if magic != STATE_MAGIC:
+        return None
+    if sequence % 2:
+        return "retry"
+    return (PhaseNow(pid, _optional(rank), _optional(local_rank), _optional(world), step,
+                     phase.rstrip(b"\0").decode("utf-8", "replace"), name.rstrip(b"\0").decode("utf-8", "replace"),
+                     since_wall), start_ticks)
 
 
 def runs_base() -> Path:
@@ -97,8 +125,15 @@ class LivePhases:
         self.base = Path(base) if base is not None else runs_base()
         self.procfs = ProcFS(procfs)
 
+    def _uid(self, pid: int) -> int | None:
+        try:
+            return int(self.procfs.status(pid, ("Uid",))["Uid"].split()[0])
+        except (ProcessGoneError, ProcessAccessDeniedError, KeyError, IndexError, ValueError):
+            return None
+
     def state_files(self) -> list[Path]:
-        """The state files of every run under the base folder."""
+        """The state files of every run under the base folder (at most MAX_STATE_FILES: the
+        folder is shared, and anyone can fill it)."""
         try:
             runs = [entry for entry in self.base.iterdir() if entry.name.startswith(RUN_DIR_PREFIX)]
         except OSError:
@@ -106,7 +141,11 @@ class LivePhases:
         files: list[Path] = []
         for run in runs:
             try:
-                files += [p for p in run.iterdir() if p.name.startswith("state-") and p.name.endswith(".bin")]
+                for entry in run.iterdir():
+                    if entry.name.startswith("state-") and entry.name.endswith(".bin"):
+                        files.append(entry)
+                        if len(files) >= MAX_STATE_FILES:
+                            return files
             except OSError:
                 continue
         return files
@@ -115,11 +154,13 @@ class LivePhases:
         """The phase of every live process of every run, by pid."""
         found = {}
         for path in self.state_files():
-            read = read_state(path)
+            read = read_state_owned(path)
             if read is None:
                 continue
-            now, start_ticks = read
-            if self.procfs.start_ns(now.pid) == start_ticks * TICK_NS:
+            now, start_ticks, owner = read
+            # The file must be the process's own (or root's), and the process the one that wrote
+            # it: another user cannot show a phase for someone else's process.
+            if self.procfs.start_ns(now.pid) == start_ticks * TICK_NS and owner in (0, self._uid(now.pid)):
                 found[now.pid] = now
         return found
 
