@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import enum
-import shutil
+import os
 import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.integrations.haproxy import config_paths, fds_needed, parse_config, show_info
+from fdtrace.integrations.haproxy import config_paths, fds_needed, info_number, parse_config, show_info
 from fdtrace.policy import GO_THREADS_ADVICE, USAGE_CRITICAL, USAGE_WARN, with_margin
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
 from fdtrace.procfs.thread_limits import threads_by_uid
+
+#: systemd's systemctl, by absolute path: never the first one on a PATH someone else may have set.
+SYSTEMCTL = next((path for path in ("/usr/bin/systemctl", "/bin/systemctl") if os.access(path, os.X_OK)), None)
 
 
 class Status(enum.IntEnum):
@@ -68,7 +71,7 @@ class Doctor:
     """
 
     def __init__(self, procfs: str | Path = "/proc", peaks: dict[int, int] | None = None,
-                 systemctl: str | None = shutil.which("systemctl"), cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
+                 systemctl: str | None = SYSTEMCTL, cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
         self.procfs = ProcFS(procfs)
         self.cgroupfs = Path(cgroupfs)
         self.sampler = ProcSampler(procfs, cgroupfs=self.cgroupfs)
@@ -206,6 +209,7 @@ class Doctor:
             except OSError as exc:
                 checks.append(Check(scope, "haproxy config", Status.WARN, f"{path}: unreadable ({exc.strerror})"))
                 continue
+            checks += [Check(scope, "haproxy config", Status.WARN, problem) for problem in config.problems]
             if config.maxconn is not None:
                 need = fds_needed(config.maxconn, config.listeners)
                 limit = soft if soft is not None else config.ulimit_n
@@ -226,19 +230,31 @@ class Doctor:
                 checks.append(Check(scope, "haproxy strict-limits", Status.WARN, "no strict-limits",
                                     "strict-limits", "remove 'no strict-limits' so HAProxy refuses to start "
                                     "without the FDs its maxconn needs"))
-            checks += self._haproxy_runtime(scope, config.stats_sockets)
+            checks += self._haproxy_runtime(scope, config.stats_sockets, self._uid(pid))
         return checks
 
-    def _haproxy_runtime(self, scope: str, sockets: list[str]) -> list[Check]:
+    def _uid(self, pid: int) -> int | None:
+        uid = self._status_field(pid, "Uid")
+        return int(uid.split()[0]) if uid and uid.split()[0].isdigit() else None
+
+    def _haproxy_runtime(self, scope: str, sockets: list[str], uid: int | None) -> list[Check]:
+        """`show info` of the stats sockets the configuration names: only sockets that belong to
+        the process's own user, since anyone can start a process named haproxy and name any
+        socket of root's in its configuration."""
         checks = []
         for path in sockets:
             try:
+                owner = os.lstat(path).st_uid
+                if owner != uid:
+                    checks.append(Check(scope, "haproxy stats socket", Status.WARN,
+                                        f"{path} belongs to uid {owner}, not to the process's user: not asked"))
+                    continue
                 info = show_info(path)
             except OSError as exc:
                 checks.append(Check(scope, "haproxy stats socket", Status.WARN, f"{path} did not answer ({exc})"))
                 continue
-            current = int(info.get("CurrConns", 0))
-            maxconn = int(info.get("Maxconn", 0)) or None
+            current = info_number(info, "CurrConns") or 0
+            maxconn = info_number(info, "Maxconn") or None
             status = by_usage(current, maxconn)
             checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status,
                                 f"{current} of {maxconn} "

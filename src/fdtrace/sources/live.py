@@ -56,7 +56,8 @@ class LiveSource:
         self.options = options or LiveOptions()
         self.kernel = KernelSession(self.options.trace, keep_exited=self.options.keep_exited)
         self.sampler = sampler or ProcSampler(cmdline=self.options.cmdline)
-        self.haproxy = HaproxySampler(list(self.options.haproxy_sockets)) if self.options.haproxy_sockets else None
+        self.haproxy = (HaproxySampler(list(self.options.haproxy_sockets), interval_s=self.options.interval_s)
+                        if self.options.haproxy_sockets else None)
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
         self._pids_with_events: set[int] = set()
         self._info: SourceInfo | None = None
@@ -92,6 +93,8 @@ class LiveSource:
     def start(self) -> None:
         self.kernel.start()
         self._info = self._describe()
+        if self.haproxy is not None:
+            self.haproxy.start()
 
     def poll(self) -> Update:
         update = self._events()
@@ -111,6 +114,8 @@ class LiveSource:
         return update
 
     def stop(self) -> None:
+        if self.haproxy is not None:
+            self.haproxy.close()
         self.kernel.stop()
 
     def _events(self) -> Update:
