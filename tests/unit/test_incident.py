@@ -56,3 +56,33 @@ def test_connect_destinations_are_counted_per_process_with_their_failures() -> N
     text = str(process_detail(view))
     assert "connect() destinations: 10.0.0.5:8080 ×5 (1 failed), 10.0.0.6:8080 ×2" in text
 
+
+
+def sample(pid: int, open_fds: int = 10) -> ProcessSample:
+    return ProcessSample(pid=pid, start_ns=pid, comm=f"p{pid}", open_fds=open_fds, fd_soft_limit=1024,
+                         fd_hard_limit=4096, threads=1, sockets=0)
+
+
+def test_processes_that_ended_or_went_unseen_are_forgotten_after_the_keep_time() -> None:
+    seconds = 1_000_000_000
+    state = IncidentState(keep_exited_ns=10 * seconds)
+    state.apply_samples([sample(1), sample(2), sample(3, open_fds=1000)], 1 * seconds)  # 3 is at 98 %: an alert
+    state.roll(5 * seconds, {})
+    assert set(state.processes) == {1, 2, 3}
+    state.apply_samples([sample(1)], 10 * seconds)  # 1 is still sampled; 2 and 3 are not seen again
+    state.roll(12 * seconds, {})
+    assert set(state.processes) == {1, 3} and state.forgotten == 1  # 3 keeps its alert on screen
+    state.processes[1].ended_ns = 12 * seconds  # it exits
+    state.roll(21 * seconds, {})
+    assert 1 in state.processes
+    state.roll(23 * seconds, {})
+    assert set(state.processes) == {3} and state.forgotten == 2
+
+
+def test_past_the_cap_the_least_recently_seen_go_first() -> None:
+    state = IncidentState(max_processes=100)
+    state.apply_samples([sample(pid) for pid in range(1, 151)], 1)
+    state.apply_samples([sample(pid) for pid in range(101, 151)], 2)  # seen again later
+    state.roll(3, {})
+    assert len(state.processes) == 100 and state.forgotten == 50
+    assert set(state.processes) == set(range(51, 151))

@@ -19,9 +19,11 @@ from fdtrace.errors import FdtraceError
               help="Where the R key records (default: ./fdtrace-DATE-TIME).")
 @click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
               help="Show HAProxy's `show info` from this stats socket every second (repeatable).")
+@click.option("--keep-exited", type=float, default=300.0, show_default=True,
+              help="Seconds a process that ended stays in the table (and one not seen, without alerts).")
 @ring_pages_option
 def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str | None,
-        haproxy_sockets: tuple[str, ...], ring_pages: int) -> None:
+        haproxy_sockets: tuple[str, ...], keep_exited: float, ring_pages: int) -> None:
     """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.sources.live import LiveOptions, LiveSource
@@ -37,7 +39,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
         fail(error)
     from fdtrace.tui.app import make_app
 
-    make_app(source, Path(record_dir) if record_dir else None).run()
+    make_app(source, Path(record_dir) if record_dir else None, keep_exited_s=keep_exited).run()
     for text in source.notes:
         note(text)
 

@@ -68,14 +68,15 @@ class FdtraceApp(App[None]):
         Binding("right_curly_bracket", "seek(60)", "+60s", show=False),
     ]
 
-    def __init__(self, source: Source, record_dir: Path | None = None) -> None:
+    def __init__(self, source: Source, record_dir: Path | None = None, keep_exited_s: float = 300.0) -> None:
         super().__init__()
+        self.keep_exited_ns = int(keep_exited_s * 1e9)
         self.source = source
         self.live = source.info.live
         self.pipeline = Pipeline(source, source_started=True)
         self.recording: ParquetSink | None = None
         self.record_dir = record_dir
-        self.state = IncidentState()
+        self.state = IncidentState(keep_exited_ns=self.keep_exited_ns)
         self.sort = "headroom"
         self.text_filter = ""
         self.frozen = False
@@ -133,7 +134,7 @@ class FdtraceApp(App[None]):
         """Fold an update into the state and redraw (unless frozen)."""
         update: Update = message.update
         if update.reset:
-            self.state = IncidentState()
+            self.state = IncidentState(keep_exited_ns=self.keep_exited_ns)
             self._last_roll_ns = None
             self._log_shown = 0
             self.query_one("#log", RichLog).clear()
@@ -164,6 +165,8 @@ class FdtraceApp(App[None]):
     def redraw(self) -> None:
         """Header, table (rows updated by key) and new log lines."""
         status = self.status()
+        if self.state.forgotten:
+            status += f", {self.state.forgotten:,} gone processes forgotten"
         rows = self.state.rows(self.sort, self.text_filter)
         if len(rows) > MAX_ROWS:
             status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
@@ -317,6 +320,7 @@ class FdtraceApp(App[None]):
         self._replay("seek_by", seconds)
 
 
-def make_app(source: Source, record_dir: Path | None = None) -> FdtraceApp:
-    """The app over a started source (tests pass a ReplaySource over a fixture recording)."""
-    return FdtraceApp(source, record_dir)
+def make_app(source: Source, record_dir: Path | None = None, keep_exited_s: float = 300.0) -> FdtraceApp:
+    """The app over a started source (tests pass a ReplaySource over a fixture recording).
+    ``keep_exited_s``: how long a process that ended stays in the table."""
+    return FdtraceApp(source, record_dir, keep_exited_s)

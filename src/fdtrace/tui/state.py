@@ -47,6 +47,7 @@ class ProcessView:
     destinations: dict[str, list[int]] = field(default_factory=dict)
     oom_killed: bool = False
     ended: str | None = None  # "exit 1", "SIGKILL", ...
+    ended_ns: int | None = None  # when it ended (wall)
     last_seen_ns: int = 0
 
     @property
@@ -147,10 +148,25 @@ class SystemView:
     loss_detail: str = ""
 
 
-class IncidentState:
-    """Folds feed updates into per-process views, a system view and a log."""
+#: How long an exited process stays in the table, by default; and how many processes it holds.
+KEEP_EXITED_NS = 300_000_000_000
+MAX_PROCESSES = 20_000
 
-    def __init__(self, log_size: int = 2000) -> None:
+
+class IncidentState:
+    """Folds feed updates into per-process views, a system view and a log.
+
+    Memory stays bounded over days: a process that ended is forgotten ``keep_exited_ns`` after
+    its end, one that was not seen for as long (no events, not among the sampled) and has no
+    alert too, and past ``max_processes`` the least recently seen go first; ``forgotten``
+    counts them all.
+    """
+
+    def __init__(self, log_size: int = 2000, keep_exited_ns: int = KEEP_EXITED_NS,
+                 max_processes: int = MAX_PROCESSES) -> None:
+        self.keep_exited_ns = keep_exited_ns
+        self.max_processes = max_processes
+        self.forgotten = 0
         self.processes: dict[int, ProcessView] = {}
         self.log: deque[LogEntry] = deque(maxlen=log_size)
         self.system = SystemView()
@@ -257,7 +273,9 @@ class IncidentState:
             text = (f"OOM kill: anon-rss {row['anon_rss_kb']} kB, file-rss {row['file_rss_kb']} kB, "
                     f"oom_score_adj {row['oom_score_adj']}")
             self._log(LogEntry(time_ns, view.pid, view.comm, text, "error"))
-        elif row["signal"]:
+            return
+        view.ended_ns = time_ns
+        if row["signal"]:
             view.ended = row["signal"]
             self._log(LogEntry(time_ns, view.pid, view.comm, f"killed by {row['signal']}", "error"))
         else:
@@ -347,7 +365,22 @@ class IncidentState:
         self._window_error_first.clear()
         self._window_events = 0
         self._window_start_ns = now_ns
+        self._forget(now_ns)
 
+    def _forget(self, now_ns: int) -> None:
+        """Drop the processes that ended (or were not seen, with nothing to alert on) longer than
+        ``keep_exited_ns`` ago, then the least recently seen past ``max_processes``."""
+        old = now_ns - self.keep_exited_ns
+        gone = [pid for pid, view in self.processes.items()
+                if (view.ended_ns is not None and view.ended_ns < old)
+                or (view.ended_ns is None and view.last_seen_ns < old and not view.alerts)]
+        excess = len(self.processes) - len(gone) - self.max_processes
+        if excess > 0:
+            kept = sorted((view.last_seen_ns, pid) for pid, view in self.processes.items() if pid not in set(gone))
+            gone += [pid for _, pid in kept[:excess]]
+        for pid in gone:
+            del self.processes[pid]
+        self.forgotten += len(gone)
     def rows(self, sort: str = "headroom", text_filter: str = "") -> list[ProcessView]:
         """The processes to show, filtered by name or pid and sorted (worst first)."""
         wanted = text_filter.strip().lower()
