@@ -6,6 +6,7 @@ never what a planted link points to)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -80,6 +81,30 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object], mode: int 
             raise
     finally:
         os.close(dir_fd)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, opened without blocking and without following a link (a FIFO or a
+    device planted under the name cannot hang or flood the reader), at most ``limit`` bytes.
+    Raises OSError for anything else, or a larger file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
+
+
+def is_regular(path: Path) -> bool:
+    """Whether a name is a regular file itself (not a link, FIFO, device or folder)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def write_text_atomically(path: Path, text: str, mode: int = PRIVATE_FILE, check_parent: bool = False) -> None:

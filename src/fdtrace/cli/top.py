@@ -60,3 +60,5 @@ def replay(directories: tuple[str, ...], speed: float) -> None:
     from fdtrace.tui.app import make_app
 
     make_app(source).run()
+    for skipped in source.skipped:
+        note(f"skipped an unreadable file: {skipped}")

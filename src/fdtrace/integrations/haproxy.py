@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fdtrace.safe_files import read_regular
 from fdtrace.schema.tables import HAPROXY_INFO_FIELDS
 
 
@@ -48,18 +49,10 @@ MAX_ANSWER_BYTES = 64 << 10
 
 
 def read_bounded(path: Path, limit: int = MAX_CONFIG_BYTES) -> str:
-    """A regular file's text, opened without blocking (a FIFO cannot hang the reader) and read up
-    to ``limit`` bytes. Raises OSError for anything else (a FIFO, a device, a larger file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        data = os.read(fd, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
-    return data.decode(errors="replace")
+    """A configuration file's text: a regular file only (the -f of a process's command line can
+    name a FIFO or /dev/zero), up to ``limit`` bytes. Raises OSError otherwise. Links are
+    followed here: configurations are often linked into place."""
+    return read_regular(path.resolve(), limit).decode(errors="replace")
 
 
 def _number(words: list[str], config: HaproxyConfig, file: Path) -> int | None:

@@ -11,7 +11,8 @@ from typing import Any
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import TABLES, host_dir, meta_path, part_files
 from fdtrace.recording.upgrade import upgrade
-from fdtrace.schema import SCHEMA_VERSION, VERSIONS
+from fdtrace.safe_files import is_regular, read_regular
+from fdtrace.schema import META_FIELDS, SCHEMA_VERSION, VERSIONS
 from fdtrace.schema import TABLES as TABLES_DECLARED
 
 
@@ -44,25 +45,56 @@ class Recording:
     skipped: list[str] = field(default_factory=list)
 
 
-def read_meta(root: Path) -> dict[str, dict[str, Any]]:
-    """Metadata of every host in a recording directory; raises if it is not a readable recording."""
+#: A metadata file is read up to this size.
+MAX_META_BYTES = 4 << 20
+
+
+def _meta_problem(path: Path, host: str) -> tuple[dict[str, Any] | None, str]:
+    """One metadata file: (its content, "") or (None, why it cannot be used)."""
+    try:
+        meta = json.loads(read_regular(path, MAX_META_BYTES))
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return None, f"{path}: unreadable recording metadata ({' '.join(reason.split())[:200]})"
+    if not isinstance(meta, dict):
+        return None, f"{path}: unreadable recording metadata (not a JSON object)"
+    version = meta.get("schema_version")
+    if not isinstance(version, int) or version not in VERSIONS:
+        return None, (f"{path}: recording schema version {version!r:.40}, "
+                      f"this fdtrace reads versions 1 to {SCHEMA_VERSION}")
+    if meta.get("host") != host:
+        return None, f"{path}: its host is {meta.get('host')!r:.80}, not {host!r} as its name says"
+    wrong = sorted(name for name, types in META_FIELDS.items() if name in meta and (
+        not isinstance(meta[name], types) or (isinstance(meta[name], bool) and bool not in types)))
+    for name in wrong:
+        del meta[name]
+    return meta, f"{path}: ignored fields of the wrong type: {', '.join(wrong)}" if wrong else ""
+
+
+def read_meta(root: Path, skipped: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Metadata of every host in a recording directory. A host whose metadata cannot be used is
+    left out and named in ``skipped`` (when given); raises FdtraceError when no host can be
+    read (with the first reason), or when it is not a recording."""
     if not root.is_dir():
         raise FdtraceError(f"{root}: no such recording directory")
     files = sorted((root / "meta").glob("host=*.json"))
     if not files:
         raise FdtraceError(f"{root}: not an fdtrace recording (no meta/host=*.json)")
     metas = {}
+    problems = []
     for path in files:
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise FdtraceError(f"{path}: unreadable recording metadata ({exc})") from None
-        version = meta.get("schema_version")
-        if version not in VERSIONS:
-            raise FdtraceError(
-                f"{path}: recording schema version {version}, this fdtrace reads versions 1 to {SCHEMA_VERSION}"
-            )
-        metas[meta["host"]] = meta
+        host = path.name.removeprefix("host=").removesuffix(".json")
+        meta, problem = _meta_problem(path, host)
+        if problem:
+            problems.append(problem)
+        if meta is not None:
+            metas[host] = meta
+        elif skipped is None:
+            raise FdtraceError(problem)
+    if not metas:
+        raise FdtraceError(problems[0])
+    if skipped is not None:
+        skipped.extend(problems)
     return metas
 
 
@@ -87,6 +119,9 @@ def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: l
         version = schema_version(root, host)
     parts = []
     for path in part_files(host_dir(root, table, host)):
+        if not is_regular(path):
+            skipped.append(f"{path}: not a regular file")
+            continue
         try:
             present = set(pq.read_schema(path).names)
             wanted = None if columns is None else [c for c in columns if c in present]
@@ -146,7 +181,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
     skipped: list[str] = []
     tables: dict[str, list[Any]] = {t: [] for t in TABLES}
     for root in roots:
-        hosts = read_meta(root)
+        hosts = read_meta(root, skipped)
         meta.update(hosts)
         for table in TABLES:
             wanted = (columns or {}).get(table)

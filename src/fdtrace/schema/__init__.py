@@ -20,10 +20,10 @@ from fdtrace.schema.events import (
     slot,
 )
 from fdtrace.schema.fields import Field, arrow_type
-from fdtrace.schema.tables import SCHEMA_VERSION, TABLES, VERSIONS, Table, arrow_schema
+from fdtrace.schema.tables import META_FIELDS, SCHEMA_VERSION, TABLES, VERSIONS, Table, arrow_schema
 
 __all__ = [
-    "COUNTERS", "EVENT_COLUMNS", "EVENT_FIELDS", "EXTRA_SLOTS", "FD_ALLOC_SYSCALLS", "KIND_LABELS",
+    "COUNTERS", "META_FIELDS", "EVENT_COLUMNS", "EVENT_FIELDS", "EXTRA_SLOTS", "FD_ALLOC_SYSCALLS", "KIND_LABELS",
     "NONFATAL_SIGNALS", "NOT_FAILURES", "RAW_EVENT_DTYPE", "SCHEMA_VERSION", "SOCKET_SYSCALLS", "STATS",
     "SYSCALL_IDS", "SYSCALL_NAMES", "TABLES", "VERSIONS", "Field", "Kind", "Table", "arrow_schema", "arrow_type",
     "bpf_cflags", "slot",

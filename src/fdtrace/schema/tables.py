@@ -162,6 +162,16 @@ TABLES: dict[str, Table] = {t.name: t for t in (EVENTS, SAMPLES, SYSTEM, LOSSES,
                                                    PHASES)}
 
 
+#: The fields of a recording's metadata (meta/host=NAME.json) and their JSON types; a reader
+#: drops a field of another type (and says so) rather than trusting it.
+META_FIELDS: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,), "fdtrace_version": (str,), "host": (str,), "kernel": (str,), "boot_id": (str,),
+    "probes_attached": (list,), "probes_skipped": (list,), "options": (dict,), "argv": (list,),
+    "started": (int, float), "ended": (int, float), "complete": (bool,), "rows": (dict,), "bytes": (int,),
+    "rotated_out": (dict,),
+}
+
+
 def arrow_schema(table: str = "events") -> Any:
     """A table's ``pyarrow.Schema`` (the events table's by default)."""
     return TABLES[table].arrow_schema()

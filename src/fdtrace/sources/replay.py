@@ -68,7 +68,7 @@ class EventPlayer:
         self.skipped: list[str] = skipped if skipped is not None else []
         events, losses = [], []
         for root in roots:
-            for host in read_meta(root):
+            for host in read_meta(root, self.skipped):
                 part = read_parts(root, "events", host, self.skipped)
                 if part is not None:
                     events.append(_with_host(part, host))
@@ -229,7 +229,7 @@ class ReplaySource:
         tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock")}
         hosts: list[str] = []
         for root in roots:
-            for host in read_meta(root):
+            for host in read_meta(root, self.skipped):
                 hosts.append(host)
                 for name, bucket in tables.items():
                     part = read_parts(root, name, host, self.skipped)

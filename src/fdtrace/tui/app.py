@@ -101,6 +101,10 @@ class FdtraceApp(App[None]):
             table.add_column(label, key=key, width=width)
         if not self.live:
             self.sub_title = "replay: space play/pause, +/- speed, n next error, [ ] seek"
+        if isinstance(self.source, ReplaySource) and self.source.skipped:
+            shown = "; ".join(self.source.skipped[:3]) + ("; ..." if len(self.source.skipped) > 3 else "")
+            self.notify(f"skipped {len(self.source.skipped)} unreadable files: {shown}", severity="warning",
+                        timeout=30)
         self.pipeline.attach(ViewSink(self))
         self.poll_feed()
 

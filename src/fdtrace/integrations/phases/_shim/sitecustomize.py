@@ -149,7 +149,10 @@ def _write(phase, start_mono, start_wall, name=None, bucket=None, token=None, so
                 _state["file"].flush()
         if phase == "destroy_process_group":
             _state["ranks"] = None  # a new process group may give other ranks
-    except Exception:
+    except Exception as exc:
+        if not _state.get("broken"):  # say it once: marks lost without a word are worse than none
+            sys.stderr.write(f"fdtrace: process {os.getpid()} cannot write its phase marks to {_OUT_DIR} "
+                             f"({exc}); a job that runs as another user needs fdtrace run as that user\n")
         _state["broken"] = True
 
 
