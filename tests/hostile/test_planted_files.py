@@ -102,3 +102,24 @@ def test_a_report_over_a_planted_symlink_replaces_the_link(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert precious.read_text() == "root's file\n"
     assert not (drop / "report.html").is_symlink()
+
+
+@pytest.mark.parametrize("command", [["trace", "--duration", "0.5"], ["record", "-o", "{out}", "--duration", "0.5"]])
+def test_a_hard_fd_limit_too_low_for_the_probes_is_one_line(command: list[str], tmp_path: Path) -> None:
+    argv = [part.format(out=tmp_path / "rec") for part in command]
+    result = subprocess.run(["prlimit", "--nofile=64:64", FDTRACE, *argv], capture_output=True, text=True, timeout=60)
+    line = one_line_error(result)
+    assert "the hard RLIMIT_NOFILE is 64: fdtrace needs" in line and "prlimit --nofile=" in line
+    assert not (tmp_path / "rec").exists()  # nothing left behind that would block -o next time
+
+
+def test_record_on_a_busy_listen_port_leaves_no_stub_directory(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = fdtrace("record", "-o", str(tmp_path / "rec"), "--listen", f"127.0.0.1:{port}", "--duration", "1")
+    assert "cannot serve metrics" in one_line_error(result)
+    assert not (tmp_path / "rec").exists()
