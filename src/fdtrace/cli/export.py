@@ -39,7 +39,7 @@ def export(listen: str, pids: tuple[int, ...], follow: bool, top_processes: int,
         exporter = PrometheusSink(listen, max_processes=top_processes)
     except FdtraceError as error:
         fail(error)
-    source = LiveSource(LiveOptions(trace=TraceOptions(pids=pids, follow=follow, errors_only=True),
+    source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, errors_only=True),
                                     top_processes=top_processes, keep_exited=0))
     pipeline = Pipeline(source, [exporter], poll_interval_s=0.1)
     start(pipeline)

@@ -80,7 +80,7 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
             sinks.append(PrometheusSink(listen))
         except FdtraceError as error:
             fail(error)
-    source = LiveSource(LiveOptions(
+    source = LiveSource(LiveOptions(exiting=True,
         trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
         comms=comms, interval_s=interval, top_processes=top_processes, cmdline=cmdline,
         haproxy_sockets=haproxy_sockets))

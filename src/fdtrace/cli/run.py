@@ -47,13 +47,13 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
     recording = None
     if record_dir is not None:
         from fdtrace.sinks.parquet import ParquetSink
-        from fdtrace.sources.live import LiveSource
+        from fdtrace.sources.live import LiveOptions, LiveSource
 
         try:
             recording = ParquetSink(Path(record_dir), sys.argv)
         except FdtraceError as error:
             fail(error)
-        pipeline = Pipeline(LiveSource(), [recording])
+        pipeline = Pipeline(LiveSource(LiveOptions(exiting=True)), [recording])
         start(pipeline)
         note(f"recording to {record_dir}")
     shim = str(resources.files("fdtrace.integrations.phases") / "_shim")

@@ -29,7 +29,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
     from fdtrace.sources.live import LiveOptions, LiveSource
 
     check_trace_options(pids, follow, ring_pages)
-    source = LiveSource(LiveOptions(trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages),
+    source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,
                                     live_phases=True, keep_exited=0))
     try:

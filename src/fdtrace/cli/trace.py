@@ -47,7 +47,7 @@ def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_on
     sinks: list[Sink] = [output]
     if totals_path is not None:
         sinks.append(TotalsSink(totals_path, comms, shared=shared))
-    source = LiveSource(LiveOptions(
+    source = LiveSource(LiveOptions(exiting=True,
         trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
         comms=comms, sample=False, keep_exited=100_000 if totals_path else 0))
     pipeline = Pipeline(source, sinks)

@@ -35,6 +35,8 @@ class LiveOptions:
         haproxy_sockets: stats sockets sampled each round.
         live_phases: read the phase state files of jobs under `fdtrace run` (the live view).
         keep_exited: exited processes whose final counters are kept (for --totals).
+        exiting: the process ends when the source stops (a command): the slow detaching of the
+            probes is left to a helper (see ``KernelSession.stop``).
     """
 
     trace: TraceOptions = TraceOptions()
@@ -46,6 +48,7 @@ class LiveOptions:
     haproxy_sockets: tuple[str, ...] = ()
     live_phases: bool = False
     keep_exited: int = 100_000
+    exiting: bool = False
 
 
 class LiveSource:
@@ -116,7 +119,7 @@ class LiveSource:
     def stop(self) -> None:
         if self.haproxy is not None:
             self.haproxy.close()
-        self.kernel.stop()
+        self.kernel.stop(exiting=self.options.exiting)
 
     def _events(self) -> Update:
         batch = self.kernel.poll()
