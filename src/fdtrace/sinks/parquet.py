@@ -175,6 +175,8 @@ class ParquetSink:
             if self._last_counters.get(key) != values:
                 self._last_counters[key] = values
                 rows.append(totals)
+        if len(self._last_counters) > len(store.live):  # instances the kernel no longer has (bounded by its table)
+            self._last_counters = {key: self._last_counters[key] for key in store.live if key in self._last_counters}
         if not rows:
             return
         columns: dict[str, list[Any]] = {
