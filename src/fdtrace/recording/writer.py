@@ -4,13 +4,14 @@ schemas (see layout.py)."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -158,6 +159,8 @@ class RecordingWriter:
 
         The merged file is complete under its final name before the parts go; a reader that
         finds both (a crash in between) reads the merged file and skips the parts it covers.
+        The parts are copied one at a time, each a row group of the merged file: a minute of a
+        million events a second merges in the memory of one second's part.
         """
         for table, parts in self._parts.items():
             count = self._unmerged[table]
@@ -165,12 +168,13 @@ class RecordingWriter:
             if count < 2:
                 continue
             merging = parts[-count:]
-            data = pa.concat_tables([pq.read_table(p.path) for p in merging], promote_options="default")
             path = host_dir(self.root, table, self.host) / part_name(merging[0].first, merging[-1].last)
-            self._guard(lambda d=data, p=path: self._write_part(d, p))
+            self._guard(functools.partial(write_atomically, path, functools.partial(_merge_parts, merging),
+                                          self.file_mode))
             for part in merging:
                 part.path.unlink()
-            parts[-count:] = [_Part(merging[0].first, merging[-1].last, path, data.num_rows, path.stat().st_size)]
+            rows = sum(part.rows for part in merging)
+            parts[-count:] = [_Part(merging[0].first, merging[-1].last, path, rows, path.stat().st_size)]
 
     def _rotate_out(self) -> None:
         """Delete the oldest parts until the recording fits ``max_size`` (keeping the newest)."""
@@ -211,6 +215,16 @@ class RecordingWriter:
                     "already written are complete", exit_code=1,
                 ) from None
             raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
+
+
+def _merge_parts(parts: list[_Part], out: BinaryIO) -> None:
+    """Copy part files into one Parquet stream, one part (one row group) at a time."""
+    schema = pq.read_schema(parts[0].path)
+    with pq.ParquetWriter(out, schema, compression="zstd") as merged:
+        for part in parts:
+            data = pq.read_table(part.path)
+            merged.write_table(data if data.schema.equals(schema) else data.cast(schema))
+            del data
 
 
 def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
