@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -90,3 +91,25 @@ def test_parse_size(text: str, expected: int) -> None:
 def test_parse_size_refuses_nonsense(text: str) -> None:
     with pytest.raises(ValueError):
         parse_size(text)
+
+
+def test_max_size_holds_while_parts_are_merged(tmp_path: Path) -> None:
+    """A merged file is written beside its parts before they go: room is made for it first."""
+
+    class Watched(RecordingWriter):
+        peak = 0
+
+        def _guard(self, action: Any) -> None:
+            super()._guard(action)
+            self.peak = max(self.peak, sum(p.stat().st_size for p in self.root.rglob("part-*.parquet")))
+
+    probe = RecordingWriter(tmp_path / "probe", "h1", META)
+    write_intervals(probe, 1)
+    one_part = probe.size
+    limit = one_part * 10
+    writer = Watched(tmp_path / "capped", "h1", META, max_size=limit)
+    for start in (0, 4, 8):
+        write_intervals(writer, 4, start=start)
+        writer.compact()
+    assert writer.peak <= limit
+    assert writer.rotated_out["files"] >= 1 and len(load(tmp_path / "capped").system) >= 4 * 50

@@ -168,6 +168,8 @@ class RecordingWriter:
             if count < 2:
                 continue
             merging = parts[-count:]
+            if self.max_size is not None:  # the merged file sits beside its parts until they go
+                self._rotate_out(reserve=sum(part.size for part in merging), keep=tuple(merging))
             path = host_dir(self.root, table, self.host) / part_name(merging[0].first, merging[-1].last)
             self._guard(functools.partial(write_atomically, path, functools.partial(_merge_parts, merging),
                                           self.file_mode))
@@ -176,11 +178,14 @@ class RecordingWriter:
             rows = sum(part.rows for part in merging)
             parts[-count:] = [_Part(merging[0].first, merging[-1].last, path, rows, path.stat().st_size)]
 
-    def _rotate_out(self) -> None:
-        """Delete the oldest parts until the recording fits ``max_size`` (keeping the newest)."""
+    def _rotate_out(self, reserve: int = 0, keep: tuple[_Part, ...] = ()) -> None:
+        """Delete the oldest parts until the recording, and ``reserve`` bytes more (a merged file
+        about to be written beside its parts), fits ``max_size``, keeping the newest part of each
+        table and the parts in ``keep``."""
         assert self.max_size is not None
-        while self.size > self.max_size:
-            candidates = [(parts[0].first, table) for table, parts in self._parts.items() if len(parts) > 1]
+        while self.size + reserve > self.max_size:
+            candidates = [(parts[0].first, table) for table, parts in self._parts.items()
+                          if len(parts) > 1 and not any(parts[0] is kept for kept in keep)]
             if not candidates:
                 return
             _, table = min(candidates)
