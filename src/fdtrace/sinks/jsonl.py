@@ -94,7 +94,8 @@ class TotalsSink:
     def close(self, failed: bool = False) -> None:
         if self._totals is None:
             return
+        totals, self._totals = self._totals, None
         try:
-            write_text_atomically(Path(self.path), json.dumps(self._totals), self.mode)
+            write_text_atomically(Path(self.path), json.dumps(totals), self.mode)
         except OSError as exc:
             raise FdtraceError(f"{self.path}: cannot write the totals ({exc.strerror})", exit_code=1) from None

@@ -71,6 +71,7 @@ class PrometheusSink:
             self._server, self._thread = start_http_server(self.port, self.address, registry=self.registry)
         except OSError as exc:
             raise FdtraceError(f"cannot serve metrics on {listen}: {exc.strerror}") from None
+        self._serving = True
 
     def open(self, info: SourceInfo) -> None:
         """Already serving."""
@@ -136,6 +137,8 @@ class PrometheusSink:
         yield lost
 
     def close(self, failed: bool = False) -> None:
-        """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
+        """Stop serving (once; closing again does nothing)."""
+        if self._serving:
+            self._serving = False
+            self._server.shutdown()
+            self._server.server_close()
