@@ -208,3 +208,18 @@ def test_report_of_a_ddp_recording_has_phase_statistics_and_bands() -> None:
     page = to_html(content)
     assert "<title>init_process_group</title>" in page and "<title>backward</title>" in page
     assert "No training phases" not in page and "No training phases" in to_html(build(load(EMFILE)))
+
+
+def test_info_opens_with_what_went_wrong() -> None:
+    from fdtrace.analysis.summary import summary
+
+    emfile = Path(__file__).parents[1] / "data" / "emfile"
+    lines = summary(load(emfile)).splitlines()
+    pid = int(load(emfile).events.query("comm == 'emfile-child'")["pid"].iloc[0])
+    assert lines[0] == "what went wrong:"
+    assert lines[1] == (f"  emfile-child [{pid}]: 4 calls failed (EMFILE socket 3, EMFILE pipe2 1), "
+                        "first at 2026-11-30 05:36:15.697 UTC")
+    assert lines[2].startswith(f"  emfile-child [{pid}]: reached its FD limit, 64 of 64 at ")
+    assert not any("process_api" in line or "0%" in line for line in lines)  # unrelated processes left out
+    quiet = summary(load(Path(__file__).parents[1] / "data" / "ddp")).splitlines()
+    assert quiet[0].startswith("what went wrong: nothing")
