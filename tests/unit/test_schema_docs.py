@@ -73,3 +73,11 @@ def test_a_part_that_lacks_a_required_column_is_refused_by_the_upgrade() -> None
 def test_version_1_phases_are_the_shims() -> None:
     ddp = load(ROOT / "tests" / "data" / "ddp")
     assert set(ddp.phases["source"]) == {"shim"}
+
+
+def test_prometheus_counters_are_declared_counters() -> None:
+    from fdtrace.schema import COUNTERS
+    from fdtrace.sinks.prometheus import COUNTER_METRICS
+
+    assert {counter for counter, _, _ in COUNTER_METRICS} <= set(COUNTERS)
+    assert all(name.startswith("fdtrace_") and name.endswith("_total") for _, name, _ in COUNTER_METRICS)
