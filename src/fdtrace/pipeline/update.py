@@ -74,6 +74,22 @@ class Update:
     boot_wall_ns: int | None = None
     final: bool = False
 
+    def then(self, later: Update) -> Update:
+        """This update and a later one as one (for a consumer that fell behind): events one
+        after the other, rounds of both, the later readings. A later reset drops this one."""
+        if later.reset:
+            return later
+        import pyarrow as pa
+
+        events = later.events if not self.events.num_rows else self.events if not later.events.num_rows else \
+            pa.concat_tables([self.events, later.events])
+        return Update(now_ns=later.now_ns, events=events, losses=later.losses or self.losses,
+                      rounds=[*self.rounds, *later.rounds],
+                      counters=later.counters if later.counters is not None else self.counters,
+                      phases=later.phases if later.phases is not None else self.phases,
+                      reset=self.reset, boot_wall_ns=later.boot_wall_ns or self.boot_wall_ns,
+                      final=later.final)
+
 
 @dataclass(frozen=True)
 class SourceInfo:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,19 +29,39 @@ SORTS = tuple(SORT_KEYS)
 
 
 class ViewSink:
-    """The live view as a sink of the pipeline: each update goes to the app as a message."""
+    """The live view as a sink of the pipeline: updates go to the app as messages, one at a time.
+    While the app is still folding in the previous one (a burst of events, thousands of
+    processes), the next updates are merged into one, so the app's queue never grows: the view
+    falls behind by at most one update, and its memory stays flat."""
 
     name = "the live view"
     required = True
 
     def __init__(self, app: App[None]) -> None:
         self.app = app
+        self._lock = threading.Lock()
+        self._pending: Update | None = None
+        self._in_flight = False
 
     def open(self, info: SourceInfo) -> None:
         """Nothing to prepare."""
 
     def write(self, update: Update) -> None:
-        self.app.post_message(FeedUpdated(update))
+        with self._lock:
+            self._pending = update if self._pending is None else self._pending.then(update)
+            if self._in_flight:
+                return
+            message, self._pending, self._in_flight = FeedUpdated(self._pending), None, True
+        self.app.post_message(message)
+
+    def applied(self) -> None:
+        """The app has folded in the last update: send what came since, if anything."""
+        with self._lock:
+            if self._pending is None:
+                self._in_flight = False
+                return
+            message, self._pending = FeedUpdated(self._pending), None
+        self.app.post_message(message)
 
     def close(self, failed: bool = False) -> None:
         """The app closes itself."""
@@ -105,7 +126,8 @@ class FdtraceApp(App[None]):
             shown = "; ".join(self.source.skipped[:3]) + ("; ..." if len(self.source.skipped) > 3 else "")
             self.notify(f"skipped {len(self.source.skipped)} unreadable files: {shown}", severity="warning",
                         timeout=30)
-        self.pipeline.attach(ViewSink(self))
+        self.view_sink = ViewSink(self)
+        self.pipeline.attach(self.view_sink)
         self.poll_feed()
 
     def on_unmount(self) -> None:
@@ -135,8 +157,13 @@ class FdtraceApp(App[None]):
 
     @on(FeedUpdated)
     def apply_update(self, message: FeedUpdated) -> None:
-        """Fold an update into the state and redraw (unless frozen)."""
-        update: Update = message.update
+        """Fold an update into the state and redraw (unless frozen); then take the next."""
+        try:
+            self._apply(message.update)
+        finally:
+            self.view_sink.applied()
+
+    def _apply(self, update: Update) -> None:
         if update.reset:
             self.state = IncidentState(keep_exited_ns=self.keep_exited_ns)
             self._last_roll_ns = None
