@@ -130,3 +130,17 @@ def test_the_duration_counts_from_the_start_of_the_run() -> None:
     assert not stop.reached()
     time.sleep(0.1)
     assert stop.reached()
+
+
+def test_updates_merged_for_a_consumer_that_fell_behind_keep_every_event_and_round() -> None:
+    source = replay()
+    updates = [source.poll() for _ in range(40)]
+    merged = updates[0]
+    for later in updates[1:]:
+        merged = merged.then(later)
+    assert merged.events.num_rows == sum(u.events.num_rows for u in updates) == 76
+    assert len(merged.rounds) == sum(len(u.rounds) for u in updates)
+    assert merged.now_ns == updates[-1].now_ns and merged.losses == updates[-1].losses
+    source.seek(source.player.start_ns)  # a reset drops what came before it
+    reset = source.poll()
+    assert merged.then(reset) is reset
