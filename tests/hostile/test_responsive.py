@@ -76,3 +76,37 @@ def test_a_trickling_stats_socket_delays_neither_writing_nor_stopping(tmp_path: 
         server.join(timeout=5)
     rows = load(out).haproxy
     assert len(rows) >= 1 and rows["error"].notna().all() and rows["curr_conns"].isna().all()
+
+
+def test_top_quits_at_once_with_a_fifo_planted_as_a_phase_state(tmp_path: Path) -> None:
+    """The live view reads the phase state files of `fdtrace run` jobs; a FIFO another user put
+    there must not hang it, nor keep `q` from quitting."""
+    import asyncio
+
+    from fdtrace.integrations.phases.live import RUN_DIR_PREFIX, LivePhases
+    from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.sources.live import LiveOptions, LiveSource
+    from fdtrace.tui.app import make_app
+
+    run = tmp_path / f"{RUN_DIR_PREFIX}planted"
+    run.mkdir()
+    os.mkfifo(run / "state-1.bin")
+    source = LiveSource(LiveOptions(trace=TraceOptions(errors_only=True), top_processes=5, keep_exited=0),
+                        phases=LivePhases(tmp_path))
+    source.start()
+    app = make_app(source)
+    took: list[float] = []
+
+    async def scenario() -> None:
+        async with app.run_test(size=(160, 40)) as pilot:
+            await pilot.pause(1.5)  # several polls of the phase files
+            asked = time.monotonic()
+            await pilot.press("q")
+            await pilot.pause(0.1)
+            took.append(time.monotonic() - asked)
+
+    started = time.monotonic()
+    asyncio.run(scenario())
+    assert took and took[0] < 2.0
+    assert time.monotonic() - started < 10
+    assert app.state.phases == {}
