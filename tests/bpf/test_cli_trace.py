@@ -211,3 +211,24 @@ def test_comm_filter_keeps_only_that_task_name() -> None:
     assert [(e["pid"], e["kind"], e["errno"], e["fd"]) for e in events] == [(renamed.pid, "close", "EBADF", None)]
     match = SUMMARY.match(stderr[-1])
     assert match and match.group(1) == "1" and match.group(2) == "close 1"
+
+
+def test_summary_table_gives_each_processes_exact_counts() -> None:
+    child = subprocess.Popen(
+        ["prlimit", "--nofile=16:16", *python_child(WAIT_THEN + (
+            "import socket\nsocks = [socket.socket() for _ in range(5)]\n[s.close() for s in socks]\n"
+            "held = []\n"
+            "while True:\n"
+            "    try: held.append(socket.socket())\n"
+            "    except OSError: break\n"
+        ))], stdin=subprocess.PIPE, text=True)
+    tracer = start_tracer("--pid", str(child.pid), "--json", "-s")
+    child.communicate("go\n", timeout=30)
+    time.sleep(0.3)
+    events, stderr = stop_tracer(tracer)
+    [row] = [line.split() for line in stderr if line.split()[:1] == [str(child.pid)]]
+    sockets, accepts, connects, closes = (int(v) for v in row[2:6])
+    assert sockets == sum(e["kind"] == "socket" for e in events) >= 7  # 5, then until the 16th FD, then EMFILE
+    assert closes == sum(e["kind"] == "close" for e in events) >= 5
+    assert (accepts, connects) == (0, 0)
+    assert row[7:] == ["socket", "EMFILE", "1"]

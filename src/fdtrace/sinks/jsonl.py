@@ -26,6 +26,14 @@ def count_kinds(events: Any) -> dict[str, int]:
     return {str(item["values"]): int(item["counts"]) for item in pc.value_counts(events["kind"]).to_pylist()}
 
 
+def stream_summary(kinds: dict[str, int], losses: dict[str, int]) -> str:
+    """The last line of `trace`: events by kind and losses."""
+    counted = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"
+    lost = sum(losses.values())
+    detail = ", ".join(f"{k} {v}" for k, v in losses.items() if v)
+    return f"{sum(kinds.values())} events ({counted}); lost {lost}" + (f" ({detail})" if detail else "")
+
+
 class JsonLinesSink:
     """Writes each event as one JSON object per line, and counts them by kind.
 
@@ -61,10 +69,7 @@ class JsonLinesSink:
 
     def summary(self) -> str:
         """The last line of `trace`: events by kind and losses."""
-        counted = ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items())) or "none"
-        lost = sum(self.losses.values())
-        detail = ", ".join(f"{k} {v}" for k, v in self.losses.items() if v)
-        return f"{sum(self.kinds.values())} events ({counted}); lost {lost}" + (f" ({detail})" if detail else "")
+        return stream_summary(self.kinds, self.losses)
 
 
 class TotalsSink:
