@@ -86,3 +86,17 @@ def test_past_the_cap_the_least_recently_seen_go_first() -> None:
     state.roll(3, {})
     assert len(state.processes) == 100 and state.forgotten == 50
     assert set(state.processes) == set(range(51, 151))
+
+
+def test_the_first_window_after_a_seek_gives_no_rates_but_logs_its_failures() -> None:
+    """A replay's seek hands the whole history up to there in one update: its failures are
+    logged, but they are no rate (13,133k EMFILE/s was shown)."""
+    failures = [record(Kind.SOCKET, pid=9, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24) for _ in range(500)]
+    state = IncidentState()
+    state.apply_events(decode_table(np.concatenate(failures)))
+    state.roll(10_000_000_000, {})
+    assert state.processes[9].rates["fd_exhaustion"] == 0.0
+    assert any("socket failed with EMFILE x500" in entry.text for entry in state.log)
+    state.apply_events(decode_table(np.concatenate(failures[:20])))
+    state.roll(12_000_000_000, {})
+    assert state.processes[9].rates["fd_exhaustion"] == 10.0  # 20 in 2 s

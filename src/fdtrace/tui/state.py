@@ -333,14 +333,16 @@ class IncidentState:
     def roll(self, now_ns: int, losses: dict[str, int]) -> None:
         """Close the rate window at ``now_ns``: per-second rates, aggregated log lines, header."""
         self.now_ns = now_ns
-        if self._window_start_ns is None:  # the first window has no start: no rates from it
+        first = self._window_start_ns is None
+        if first:  # the first window (after a start or a seek) has no start: no rates from it
             self._window_start_ns = now_ns
             self._window.clear()
             self._window_events = 0
-        seconds = max((now_ns - self._window_start_ns) / 1e9, 1e-3)
+        seconds = max((now_ns - (self._window_start_ns or now_ns)) / 1e9, 1e-3)
         exhaustion: Counter[int] = Counter()
         for (pid, _syscall, _errno), count in self._window_errors.items():
-            exhaustion[pid] += count
+            if not first:  # its errors are logged below, but they are no rate
+                exhaustion[pid] += count
         for view in self.processes.values():
             view.rates = {kind: self._window.get((view.pid, kind), 0) / seconds for kind in RATE_KINDS}
             view.rates["fd_exhaustion"] = exhaustion.get(view.pid, 0) / seconds
