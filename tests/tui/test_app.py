@@ -215,3 +215,24 @@ def test_training_ranks_show_their_step_and_phase() -> None:
             assert app.query_one("#phases", Static).display
 
     asyncio.run(main())
+
+
+def test_the_cursor_keeps_its_row_as_the_order_changes_unless_a_process_is_followed() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
+        await play_to_end(pilot, clock, feed)
+        table = app.query_one("#processes", DataTable)
+        assert app.selected_pid() == table_pids(app)[0]
+        await pilot.press("s")  # sockets: another process comes to the top row
+        await pilot.pause(0.2)
+        assert table.cursor_row == 0 and app.selected_pid() == table_pids(app)[0]
+        await pilot.press("down", "f")  # follow the second row's process
+        followed = app.selected_pid()
+        await pilot.press("s")
+        await pilot.pause(0.2)
+        assert app.selected_pid() == followed and app.followed_pid == followed
+        await pilot.press("f", "G")
+        assert app.followed_pid is None and table.cursor_row == table.row_count - 1
+        await pilot.press("g")
+        assert table.cursor_row == 0
+
+    run(scenario)

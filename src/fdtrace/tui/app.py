@@ -77,6 +77,9 @@ class FdtraceApp(App[None]):
         Binding("s", "next_sort", "Sort"),
         Binding("slash", "filter", "Filter"),
         Binding("p", "freeze", "Freeze"),
+        Binding("f", "follow", "Follow"),
+        Binding("home,g", "first_row", "First", show=False),
+        Binding("end,G", "last_row", "Last", show=False),
         Binding("R", "record", "Record", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("space", "toggle_play", "Play/pause", show=False),
@@ -101,6 +104,7 @@ class FdtraceApp(App[None]):
         self.sort = "headroom"
         self.text_filter = ""
         self.frozen = False
+        self.followed_pid: int | None = None
         self._shown_keys: list[str] = []
         self._shown_cells: dict[str, dict[str, Any]] = {}
         self._log_shown = 0
@@ -236,12 +240,16 @@ class FdtraceApp(App[None]):
         cells = {str(view.pid): process_cells(view) for view in rows}
         with self.batch_update():
             if keys != self._shown_keys:
-                selected = self.selected_pid()
+                row = table.cursor_row
                 table.clear()
                 for key in keys:
                     table.add_row(*(cells[key][c] for c, _, _ in COLUMNS), key=key)
-                if selected is not None and str(selected) in keys:
-                    table.move_cursor(row=keys.index(str(selected)))
+                # The cursor keeps its row (the worst process stays under it as the order
+                # changes), unless a process is followed (f): then it stays on that process.
+                if self.followed_pid is not None and str(self.followed_pid) in keys:
+                    table.move_cursor(row=keys.index(str(self.followed_pid)))
+                elif keys:
+                    table.move_cursor(row=min(max(row, 0), len(keys) - 1))
             else:
                 for key in keys:
                     before = self._shown_cells.get(key, {})
@@ -298,6 +306,25 @@ class FdtraceApp(App[None]):
     @on(Input.Submitted, "#filter")
     def filter_done(self) -> None:
         self.query_one("#processes", DataTable).focus()
+
+    def action_follow(self) -> None:
+        """f: keep the cursor on the selected process as the order changes, or stop."""
+        selected = self.selected_pid()
+        if self.followed_pid is not None or selected is None:
+            self.followed_pid = None
+            self.notify("the cursor keeps its row")
+        else:
+            self.followed_pid = selected
+            self.notify(f"following pid {selected}")
+
+    def action_first_row(self) -> None:
+        """Home or g: the first row."""
+        self.query_one("#processes", DataTable).move_cursor(row=0)
+
+    def action_last_row(self) -> None:
+        """End or G: the last row."""
+        table = self.query_one("#processes", DataTable)
+        table.move_cursor(row=max(table.row_count - 1, 0))
 
     def action_freeze(self) -> None:
         self.frozen = not self.frozen

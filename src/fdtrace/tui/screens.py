@@ -28,6 +28,7 @@ OOM kill on top)
 [b]Keys[/b]
   enter  details of the selected process     /  filter by name or pid (escape clears)
   s      next sort order                      p  freeze the view (collection goes on)
+  f      follow the selected process          g G  first/last row (home, end)
   R      start/stop recording (live)          ?  this help          q  quit
 [b]Replay[/b]
   space  pause/play    + -  faster/slower    n  next EMFILE/ENFILE, OOM kill or kill
