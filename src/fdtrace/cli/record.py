@@ -80,7 +80,8 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
             sinks.append(PrometheusSink(listen))
         except FdtraceError as error:
             fail(error)
-    source = LiveSource(LiveOptions(exiting=True,
+    # Exited processes' final counters are written once, as they exit: none are kept in memory.
+    source = LiveSource(LiveOptions(exiting=True, keep_exited=0,
         trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
         comms=comms, interval_s=interval, top_processes=top_processes, cmdline=cmdline,
         haproxy_sockets=haproxy_sockets))

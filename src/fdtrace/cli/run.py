@@ -53,7 +53,7 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
             recording = ParquetSink(Path(record_dir), sys.argv)
         except FdtraceError as error:
             fail(error)
-        pipeline = Pipeline(LiveSource(LiveOptions(exiting=True)), [recording])
+        pipeline = Pipeline(LiveSource(LiveOptions(exiting=True, keep_exited=0)), [recording])
         start(pipeline)
         note(f"recording to {record_dir}")
     shim = str(resources.files("fdtrace.integrations.phases") / "_shim")
