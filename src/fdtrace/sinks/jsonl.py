@@ -60,9 +60,12 @@ class JsonLinesSink:
             return
         self.kinds.update(count_kinds(events))
         for row in events.to_pylist():  # type: ignore[attr-defined]
-            self.stream.write(json.dumps({k: _plain(v) for k, v in row.items()}, separators=(",", ":")))
-            self.stream.write("\n")
+            self.stream.write(self.format(row) + "\n")
         self.stream.flush()
+
+    def format(self, row: dict[str, Any]) -> str:
+        """One event as one line."""
+        return json.dumps({k: _plain(v) for k, v in row.items()}, separators=(",", ":"))
 
     def close(self, failed: bool = False) -> None:
         """The stream belongs to the caller."""

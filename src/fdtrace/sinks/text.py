@@ -7,7 +7,7 @@ import time
 from typing import IO, Any
 
 from fdtrace.pipeline.update import SourceInfo, Update
-from fdtrace.sinks.jsonl import count_kinds, stream_summary
+from fdtrace.sinks.jsonl import JsonLinesSink
 
 HEADER = f"{'TIME':<12} {'PID':>7} {'TID':>7} {'COMM':<16} {'KIND':<13} {'SYSCALL':<13} {'RET':>6} {'ERRNO':<12} DETAIL"
 
@@ -43,38 +43,17 @@ def event_line(row: dict[str, Any]) -> str:
             f"{row['syscall'] or '':<13} {ret:>6} {row['errno'] or '':<12} {_detail(row)}").rstrip()
 
 
-class TextLinesSink:
+class TextLinesSink(JsonLinesSink):
     """Writes a header, then one aligned line per event, and counts them by kind."""
 
     name = "text lines"
-    required = True
-
-    def __init__(self, stream: IO[str]) -> None:
-        from collections import Counter
-
-        self.stream = stream
-        self.kinds: Counter[str] = Counter()
-        self.losses: dict[str, int] = {}
 
     def open(self, info: SourceInfo) -> None:
         self.stream.write(HEADER + "\n")
         self.stream.flush()
 
-    def write(self, update: Update) -> None:
-        self.losses = update.losses
-        if not update.events.num_rows:
-            return
-        self.kinds.update(count_kinds(update.events))
-        for row in update.events.to_pylist():  # type: ignore[attr-defined]
-            self.stream.write(event_line(row) + "\n")
-        self.stream.flush()
-
-    def close(self, failed: bool = False) -> None:
-        """The stream belongs to the caller."""
-
-    def summary(self) -> str:
-        """The last line of `trace`: events by kind and losses."""
-        return stream_summary(self.kinds, self.losses)
+    def format(self, row: dict[str, Any]) -> str:
+        return event_line(row)
 
 
 class ProcessSummarySink:
