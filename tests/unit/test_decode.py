@@ -115,3 +115,13 @@ def test_connect_destinations_decode_from_the_sockaddr() -> None:
     assert [(r["family"], r["peer_addr"], r["peer_port"]) for r in rows] == [
         ("AF_INET", "10.1.2.3", 8080), ("AF_INET6", "2001:db8::7", 443), ("AF_UNIX", None, None),
         (None, None, None), (None, None, None)]
+
+
+def test_a_comm_is_cut_at_its_first_nul() -> None:
+    """oom:mark_victim once gave the bytes after the name's NUL too ("python\\0gnu")."""
+    rows = [record(Kind.SOCKET, pid=1, syscall=SYSCALL_IDS["socket"]) for _ in range(2)]
+    rows[0]["comm"] = b"python\x00gnu"
+    rows[1]["comm"] = b"python"
+    table = decode_table(np.concatenate(rows))
+    assert table["comm"].cast(pa.string()).to_pylist() == ["python", "python"]
+    assert len(table["comm"].combine_chunks().dictionary) == 1

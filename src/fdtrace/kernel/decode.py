@@ -43,9 +43,18 @@ def _masked(values: np.ndarray, valid: np.ndarray, arrow_type: pa.DataType) -> p
 
 
 def _comm_column(comms: np.ndarray) -> pa.Array:
+    """Task names, each cut at its first NUL: a tracepoint may copy the bytes that follow it
+    (oom:mark_victim gave "python\\0gnu"). Names that are equal once cut share one entry."""
     unique, inverse = np.unique(comms, return_inverse=True)
-    names = [c.decode("utf-8", "replace") for c in unique]
-    return _dictionary(inverse.reshape(-1), names)
+    names: list[str] = []
+    index: dict[str, int] = {}
+    codes = np.empty(len(unique), dtype=np.int32)
+    for i, raw in enumerate(unique):
+        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        codes[i] = index.setdefault(name, len(names))
+        if codes[i] == len(names):
+            names.append(name)
+    return _dictionary(codes[inverse.reshape(-1)], names)
 
 
 _FAMILY_NAMES = _enum_names(socket.AddressFamily, range(256), "AF_")
