@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, host_dir, meta_path, part_files
+from fdtrace.recording.layout import TABLES, host_dir, part_files
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import is_regular, read_regular
 from fdtrace.schema import META_FIELDS, SCHEMA_VERSION, VERSIONS
@@ -98,25 +98,15 @@ def read_meta(root: Path, skipped: list[str] | None = None) -> dict[str, dict[st
     return metas
 
 
-def schema_version(root: Path, host: str) -> int:
-    """The schema version of one host's recording (read_meta has checked that it is known)."""
-    try:
-        version = json.loads(meta_path(root, host).read_text()).get("schema_version")
-    except (OSError, ValueError):
-        return SCHEMA_VERSION
-    return version if isinstance(version, int) else SCHEMA_VERSION
-
-
 def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: list[str] | None = None,
-               version: int | None = None) -> Any:
+               version: int = SCHEMA_VERSION) -> Any:
     """One host's part files of ``table`` as one ``pyarrow.Table`` of the current declaration of
     that table (None when there are none), whatever version wrote them: the one upgrade step.
-    Unreadable parts are named in ``skipped``. ``columns``: only these."""
+    Unreadable parts are named in ``skipped``. ``columns``: only these; ``version``: the schema
+    version its metadata gives."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if version is None:
-        version = schema_version(root, host)
     parts = []
     for path in part_files(host_dir(root, table, host)):
         if not is_regular(path):

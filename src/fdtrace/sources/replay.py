@@ -63,18 +63,18 @@ class EventPlayer:
     """
 
     def __init__(self, paths: str | Path | list[str | Path] | list[Path], speed: float = 1.0,
-                 clock: Callable[[], int] = time.monotonic_ns, skipped: list[str] | None = None) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns, skipped: list[str] | None = None,
+                 hosts: list[tuple[Path, str, int]] | None = None) -> None:
         roots = _roots(paths)
         self.skipped: list[str] = skipped if skipped is not None else []
         events, losses = [], []
-        for root in roots:
-            for host in read_meta(root, self.skipped):
-                part = read_parts(root, "events", host, self.skipped)
-                if part is not None:
-                    events.append(_with_host(part, host))
-                loss = read_parts(root, "losses", host, self.skipped)
-                if loss is not None:
-                    losses.append(loss)
+        for root, host, version in hosts if hosts is not None else recorded_hosts(roots, self.skipped):
+            part = read_parts(root, "events", host, self.skipped, version=version)
+            if part is not None:
+                events.append(_with_host(part, host))
+            loss = read_parts(root, "losses", host, self.skipped, version=version)
+            if loss is not None:
+                losses.append(loss)
         if not events:
             raise FdtraceError(f"{', '.join(map(str, roots))}: the recording holds no events to replay")
         table = pa.concat_tables(events)
@@ -207,6 +207,12 @@ class EventPlayer:
         return {name: int(totals[index]) if index >= 0 else 0 for name, totals in self._loss_totals.items()}
 
 
+def recorded_hosts(roots: list[Path], skipped: list[str]) -> list[tuple[Path, str, int]]:
+    """(recording, host, schema version) of every readable host, its metadata read once."""
+    return [(root, host, meta["schema_version"]) for root in roots
+            for host, meta in read_meta(root, skipped).items()]
+
+
 def _roots(paths: str | Path | list[str | Path] | list[Path]) -> list[Path]:
     return [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
 
@@ -225,17 +231,15 @@ class ReplaySource:
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         roots = _roots(paths)
         self.skipped: list[str] = []
-        self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped)
+        hosts = recorded_hosts(roots, self.skipped)
+        self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts)
         tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock")}
-        hosts: list[str] = []
-        for root in roots:
-            for host in read_meta(root, self.skipped):
-                hosts.append(host)
-                for name, bucket in tables.items():
-                    part = read_parts(root, name, host, self.skipped)
-                    if part is not None:
-                        bucket.append(part)
-        self._host = ",".join(dict.fromkeys(hosts))
+        for root, host, version in hosts:
+            for name, bucket in tables.items():
+                part = read_parts(root, name, host, self.skipped, version=version)
+                if part is not None:
+                    bucket.append(part)
+        self._host = ",".join(dict.fromkeys(host for _, host, _ in hosts))
         self._samples = _by_time(tables["samples"])
         self._system = _by_time(tables["system"])
         self._haproxy = _by_time(tables["haproxy"])
