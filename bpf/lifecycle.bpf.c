@@ -20,6 +20,9 @@ TRACEPOINT_PROBE(task, task_newtask)
         if (!e)
             return 0;
         e->extra[FDT_X_THREAD_START_CREATOR_TID] = (u32)id; /* the creating thread */
+#ifdef FDT_STACKS
+        e->extra[FDT_X_STACK] = fdt_user_stack(args, tgid);
+#endif
         fdt_submit(e);
         return 0;
     }
@@ -56,6 +59,9 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     struct fdt_counters *c = counters.lookup(&tgid);
     if (c)
         bpf_get_current_comm(&c->comm, sizeof(c->comm));
+#ifdef FDT_STACKS
+    fdt_fd_table_changed(tgid, FDT_FD_EXEC); /* its close-on-exec descriptors are closed */
+#endif
 #ifndef FDT_ERRORS_ONLY
     struct fdt_event *e = fdt_reserve(FDT_KIND_PROCESS_EXEC, 0, tgid, tgid);
     if (!e)
@@ -171,6 +177,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
             fdt_stat(FDT_STAT_EXITED_FULL);
         counters.delete(&tgid);
     }
+#ifdef FDT_STACKS
+    fdt_fd_table_changed(tgid, FDT_FD_GONE);
+#endif
 #ifdef FDT_FOLLOW_CHILDREN
     pid_filter.delete(&tgid); /* its pid, once reused, is another process's */
 #endif

@@ -1,7 +1,7 @@
 /* socket(), accept(), accept4(), connect() and close(): every call, counted exactly per process,
  * and streamed as events (only the failed ones under FDT_ERRORS_ONLY). */
 
-static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32 counter,
+static __always_inline int fdt_socket_call(void *ctx, long ret, u8 kind, u8 sc, s32 fd, u32 counter,
                                            const struct fdt_peer *peer)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -9,6 +9,17 @@ static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32
     if (fdt_skip(tgid))
         return 0;
     int failed = fdt_failed(ret);
+#ifdef FDT_STACKS
+    /* --stacks: the stack of a failed connect or accept and of any EMFILE/ENFILE goes with the
+     * event; a socket or accepted connection made is remembered with its own. */
+    u64 stack_id = 0;
+    if (failed && (kind == FDT_KIND_CONNECT || kind == FDT_KIND_ACCEPT || ret == -FDT_EMFILE || ret == -FDT_ENFILE))
+        stack_id = fdt_user_stack(ctx, tgid);
+    else if (ret >= 0 && (kind == FDT_KIND_SOCKET || kind == FDT_KIND_ACCEPT))
+        fdt_fd_made_now(ctx, tgid, (s32)ret);
+    else if (ret == 0 && kind == FDT_KIND_CLOSE && fd >= 0)
+        fdt_fd_forget(tgid, fd);
+#endif
     struct fdt_counters *c = fdt_counters_for(tgid);
     if (c) {
         lock_xadd(&c->n[counter], 1);
@@ -33,13 +44,16 @@ static __always_inline int fdt_socket_call(long ret, u8 kind, u8 sc, s32 fd, u32
         e->extra[FDT_X_CONNECT_SOCKADDR1] = peer->raw[1];
         e->extra[FDT_X_CONNECT_SOCKADDR2] = peer->raw[2];
     }
+#ifdef FDT_STACKS
+    e->extra[FDT_X_STACK] = stack_id;
+#endif
     fdt_submit(e);
     return 0;
 }
 
 int fdt_exit_socket(struct fdt_sys_exit_args *args)
 {
-    return fdt_socket_call(args->ret, FDT_KIND_SOCKET, FDT_SC_socket,
+    return fdt_socket_call(args, args->ret, FDT_KIND_SOCKET, FDT_SC_socket,
                            args->ret >= 0 ? (s32)args->ret : -1, FDT_C_SOCKETS, 0);
 }
 
@@ -59,7 +73,7 @@ int fdt_enter_accept(struct fdt_sys_enter_accept_args *args)
     return 0;
 }
 
-static __always_inline int fdt_accept_exit(long ret, u8 sc)
+static __always_inline int fdt_accept_exit(void *ctx, long ret, u8 sc)
 {
     s32 fd = ret >= 0 ? (s32)ret : -1;
 #ifdef FDT_ACCEPT_PEER
@@ -81,20 +95,20 @@ static __always_inline int fdt_accept_exit(long ret, u8 sc)
                 read = bpf_probe_read_user(&peer, 2, (void *)where.sockaddr);
         }
         if (read == 0)
-            return fdt_socket_call(ret, FDT_KIND_ACCEPT, sc, fd, FDT_C_ACCEPTS, &peer);
+            return fdt_socket_call(ctx, ret, FDT_KIND_ACCEPT, sc, fd, FDT_C_ACCEPTS, &peer);
     }
 #endif
-    return fdt_socket_call(ret, FDT_KIND_ACCEPT, sc, fd, FDT_C_ACCEPTS, 0);
+    return fdt_socket_call(ctx, ret, FDT_KIND_ACCEPT, sc, fd, FDT_C_ACCEPTS, 0);
 }
 
 int fdt_exit_accept(struct fdt_sys_exit_args *args)
 {
-    return fdt_accept_exit(args->ret, FDT_SC_accept);
+    return fdt_accept_exit(args, args->ret, FDT_SC_accept);
 }
 
 int fdt_exit_accept4(struct fdt_sys_exit_args *args)
 {
-    return fdt_accept_exit(args->ret, FDT_SC_accept4);
+    return fdt_accept_exit(args, args->ret, FDT_SC_accept4);
 }
 
 /* connect() and close() return no fd: their entry stores the fd argument in the thread's slot
@@ -155,10 +169,10 @@ int fdt_exit_connect(struct fdt_sys_exit_args *args)
     if (stored) {
         struct fdt_peer peer = *stored;
         entry_peer.delete(&tid);
-        return fdt_socket_call(args->ret, FDT_KIND_CONNECT, FDT_SC_connect, fd, FDT_C_CONNECTS, &peer);
+        return fdt_socket_call(args, args->ret, FDT_KIND_CONNECT, FDT_SC_connect, fd, FDT_C_CONNECTS, &peer);
     }
 #endif
-    return fdt_socket_call(args->ret, FDT_KIND_CONNECT, FDT_SC_connect, fd, FDT_C_CONNECTS, 0);
+    return fdt_socket_call(args, args->ret, FDT_KIND_CONNECT, FDT_SC_connect, fd, FDT_C_CONNECTS, 0);
 }
 
 /* FDT_CLOSE_FD: the loader attached sys_enter_close to carry the fd (not under --errors-only). */
@@ -169,5 +183,5 @@ int fdt_exit_close(struct fdt_sys_exit_args *args)
 #else
     s32 fd = -1;
 #endif
-    return fdt_socket_call(args->ret, FDT_KIND_CLOSE, FDT_SC_close, fd, FDT_C_CLOSES, 0);
+    return fdt_socket_call(args, args->ret, FDT_KIND_CLOSE, FDT_SC_close, fd, FDT_C_CLOSES, 0);
 }

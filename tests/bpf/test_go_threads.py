@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fdtrace.analysis import headroom, load
+from fdtrace.analysis import headroom, load, thread_sites, threads
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
@@ -34,6 +34,9 @@ import (
 func main() {
 	debug.SetMaxThreads(2000)
 	n, _ := strconv.Atoi(os.Args[1])
+	if len(os.Args) > 2 { // "wait": start once a byte comes on stdin (the tracer is attached)
+		os.Stdin.Read(make([]byte, 1))
+	}
 	for i := 0; i < n; i++ {
 		var fds [2]int
 		if err := syscall.Pipe(fds[:]); err != nil {
@@ -98,3 +101,48 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
     # Go's limit binds unless a cgroup or the user's RLIMIT_NPROC leaves even less room
     assert (mine["thread_headroom"] <= GO_DEFAULT_MAX_THREADS - mine["threads"]).all()
     assert mine["thread_limit_kind"].notna().all()
+
+
+def census_of(pid: int) -> dict[tuple[str, str | None], int]:
+    result = subprocess.run([FDTRACE, "threads", "--pid", str(pid), "--json"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return {(s["syscall"], s["fd_kind"]): s["threads"] for s in json.loads(result.stdout)["census"]}
+
+
+def test_threads_counts_the_goroutines_blocked_in_read_on_pipes(tmp_path: Path) -> None:
+    binary = build(tmp_path)
+    program = subprocess.Popen([str(binary), str(GOROUTINES), "wait"], stdin=subprocess.PIPE)
+    out = tmp_path / "rec"
+    recorder = subprocess.Popen([FDTRACE, "record", "-o", str(out), "--pid", str(program.pid), "--stacks",
+                                 "--interval", "0.5"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert recorder.stderr is not None
+        for line in recorder.stderr:
+            if "recording to" in line:
+                break
+        assert program.stdin is not None
+        program.stdin.write(b"x")
+        program.stdin.flush()
+        deadline = time.monotonic() + 30
+        census = census_of(program.pid)
+        while census.get(("read", "pipe"), 0) < GOROUTINES and time.monotonic() < deadline:
+            time.sleep(0.3)
+            census = census_of(program.pid)
+        assert census.get(("read", "pipe")) == GOROUTINES  # each goroutine's thread, and no other thread
+        time.sleep(1.5)  # rounds of the recorder take the census too
+    finally:
+        program.kill()
+        program.wait()
+        recorder.send_signal(signal.SIGINT)
+        recorder.communicate(timeout=60)
+    rec = load(out)
+    recorded = threads(rec, pid=program.pid)
+    last = recorded[recorded["time"] == recorded["time"].max()]
+    reading = last[(last["syscall"] == "read") & (last["fd_kind"] == "pipe")]
+    assert reading["threads"].tolist() == [GOROUTINES]
+    started = rec.events[(rec.events["pid"] == program.pid) & (rec.events["kind"] == "thread_start")]
+    sites = thread_sites(rec, pid=program.pid)
+    assert started["stack_id"].notna().all()
+    assert sites["threads"].sum() == len(started) > GOROUTINES // 2  # threads idle before may take some goroutines
+    assert any(frame.startswith("runtime.newm+") for frame in sites["frames"].iloc[0]), sites["frames"].iloc[0]

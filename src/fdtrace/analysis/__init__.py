@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from fdtrace.analysis import binning as _rates
+from fdtrace.analysis import call_sites as _sites
 from fdtrace.analysis import destinations as _destinations
 from fdtrace.analysis import failures as _incidents
 from fdtrace.analysis import headroom_series as _headroom
@@ -15,8 +16,8 @@ from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
 from fdtrace.recording import Recording, load
 
-__all__ = ["Recording", "align", "destinations", "failures", "headroom", "incidents", "least_headroom", "load",
-           "phase_stats", "rates", "spikes"]
+__all__ = ["Recording", "align", "destinations", "failures", "headroom", "incidents", "least_headroom", "leaks",
+           "load", "phase_stats", "rates", "spikes", "thread_sites", "threads"]
 
 
 def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
@@ -143,3 +144,45 @@ def phase_stats(recording: Recording) -> pd.DataFrame:
     ``threads_started`` by that rank's process while in it (events counted in their innermost
     phase, as ``align`` labels them)."""
     return _phases.phase_stats(recording.events, recording.phases)
+
+
+def _end_ns(recording: Any) -> int | None:
+    """CLOCK_MONOTONIC ns of a recording's last round (its losses table has one row per round)."""
+    losses = getattr(recording, "losses", None)
+    if losses is not None and len(losses):
+        return int(losses["ts_ns"].max())
+    return None
+
+
+def leaks(recording: Any, pid: int | None = None, window_s: float = 60.0) -> pd.DataFrame:
+    """Open descriptors per process and call site at the end of a recording made with --stacks.
+
+    Args:
+        recording: a Recording.
+        pid: only this process.
+        window_s: growth per minute is measured over this much time before the end.
+
+    Returns:
+        One row per site still holding descriptors, most open first: host, pid, comm, ``site``
+        (the first frame outside libc), ``open``, ``opened`` and ``closed`` there since tracing
+        began, ``oldest_age_s``, ``growth_per_min``, ``frames``, ``truncated``; descriptors older
+        than the tracing last, as the site "(from before tracing)". Sites whose descriptors were
+        all closed are not listed.
+    """
+    return _sites.leaks(recording.fd_sites, recording.stacks, end_ns=_end_ns(recording), window_s=window_s, pid=pid)
+
+
+def threads(recording: Any, pid: int | None = None) -> pd.DataFrame:
+    """What the threads of the processes nearest a thread limit were doing, over time.
+
+    Returns one row per (time, process, syscall, fd kind): ``threads`` of the process blocked in
+    that syscall on that kind of descriptor ("running" and "user" for threads in no syscall)."""
+    return _sites.thread_census(recording.thread_census, pid=pid)
+
+
+def thread_sites(recording: Any, pid: int | None = None) -> pd.DataFrame:
+    """Threads started per process and creating call site (a recording made with --stacks).
+
+    Returns one row per site: ``site``, ``threads`` started there, ``first`` and ``last`` start
+    times and the ``frames``, most threads first."""
+    return _sites.thread_sites(recording.events, recording.stacks, pid=pid)

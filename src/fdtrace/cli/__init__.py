@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from fdtrace import __version__
+from fdtrace.cli.call_sites import leaks, threads
 from fdtrace.cli.doctor import doctor
 from fdtrace.cli.export import export
 from fdtrace.cli.info import info
@@ -21,5 +22,5 @@ def main() -> None:
     """Trace sockets, FD exhaustion (EMFILE/ENFILE), threads and OOM kills with eBPF."""
 
 
-for command in (trace, record, info, top, replay, doctor, export, report, run):
+for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads):
     main.add_command(command)

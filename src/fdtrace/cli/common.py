@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -37,8 +37,11 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
-def check_trace_options(pids: tuple[int, ...], follow: bool, ring_pages: int) -> None:
+def check_trace_options(pids: tuple[int, ...], follow: bool, ring_pages: int, max_stacks: int = 1,
+                        max_fds: int = 1) -> None:
     """The options every tracing command shares, checked before anything is compiled."""
+    if max_stacks < 1 or max_fds < 1:
+        fail(FdtraceError("--max-stacks and --max-tracked-fds must be positive"))
     if ring_pages < 1 or ring_pages & (ring_pages - 1):
         fail(FdtraceError("--ring-pages must be a power of two"))
     if follow and not pids:
@@ -74,3 +77,15 @@ follow_option = click.option(
 ring_pages_option = click.option("--ring-pages", type=int, default=4096, show_default=True,
                                  help="Ring buffer size in pages (a power of two).")
 duration_option = click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+
+
+def stacks_options(command: Any) -> Any:
+    """--stacks and the sizes of its kernel tables."""
+    command = click.option("--max-tracked-fds", "max_fds", type=int, default=262144, show_default=True,
+                           help="With --stacks: descriptors remembered at once (more: fds_full).")(command)
+    command = click.option("--max-stacks", type=int, default=16384, show_default=True,
+                           help="With --stacks: distinct stacks kept (more are counted as stacks_full).")(command)
+    return click.option(
+        "--stacks", is_flag=True,
+        help="Take the user stack of every EMFILE/ENFILE, failed connect/accept and thread creation, and "
+             "remember which call site made each descriptor (see `fdtrace leaks`).")(command)

@@ -17,6 +17,7 @@ from fdtrace.cli.common import (
     pid_option,
     ring_pages_option,
     run,
+    stacks_options,
     start,
 )
 from fdtrace.errors import FdtraceError
@@ -45,10 +46,12 @@ from fdtrace.errors import FdtraceError
 @click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
               help="Sample HAProxy's `show info` from this stats socket every interval (repeatable).")
 @ring_pages_option
+@stacks_options
 def record(output: str, duration: float | None, pids: tuple[int, ...], follow: bool, comms: tuple[str, ...],
            errors_only: bool, interval: float, top_processes: int, cmdline: bool, shared: bool,
            rotate: float | None, max_size: str | None, listen: str | None, haproxy_sockets: tuple[str, ...],
-           ring_pages: int) -> None:
+           ring_pages: int,
+        stacks: bool, max_stacks: int, max_fds: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
 
     Runs until --duration, SIGINT or SIGTERM; every file on disk is complete at any moment.
@@ -58,7 +61,7 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     from fdtrace.sinks.parquet import ParquetSink
     from fdtrace.sources.live import LiveOptions, LiveSource
 
-    check_trace_options(pids, follow, ring_pages)
+    check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
     if rotate is not None and rotate < interval:
         fail(FdtraceError("--rotate must be at least --interval"))
     max_bytes = None
@@ -82,7 +85,8 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
             fail(error)
     # Exited processes' final counters are written once, as they exit: none are kept in memory.
     source = LiveSource(LiveOptions(exiting=True, keep_exited=0,
-        trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
+        trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages,
+            stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
         comms=comms, interval_s=interval, top_processes=top_processes, cmdline=cmdline,
         haproxy_sockets=haproxy_sockets))
     pipeline = Pipeline(source, sinks)

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from fdtrace.cli.common import check_trace_options, fail, follow_option, note, pid_option, ring_pages_option
+from fdtrace.cli.common import (
+    check_trace_options,
+    fail,
+    follow_option,
+    note,
+    pid_option,
+    ring_pages_option,
+    stacks_options,
+)
 from fdtrace.errors import FdtraceError
 
 
@@ -22,14 +30,17 @@ from fdtrace.errors import FdtraceError
 @click.option("--keep-exited", type=float, default=300.0, show_default=True,
               help="Seconds a process that ended stays in the table (and one not seen, without alerts).")
 @ring_pages_option
+@stacks_options
 def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str | None,
-        haproxy_sockets: tuple[str, ...], keep_exited: float, ring_pages: int) -> None:
+        haproxy_sockets: tuple[str, ...], keep_exited: float, ring_pages: int,
+        stacks: bool, max_stacks: int, max_fds: int) -> None:
     """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.sources.live import LiveOptions, LiveSource
 
-    check_trace_options(pids, follow, ring_pages)
-    source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages),
+    check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
+    source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages,
+            stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,
                                     live_phases=True, keep_exited=0))
     try:

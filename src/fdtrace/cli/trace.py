@@ -14,6 +14,7 @@ from fdtrace.cli.common import (
     pid_option,
     ring_pages_option,
     run,
+    stacks_options,
     start,
 )
 
@@ -34,8 +35,10 @@ from fdtrace.cli.common import (
 @click.option("-s", "--summary", "per_process", is_flag=True,
               help="At the end, a table of each process's exact counts and failures (on stderr with --json).")
 @ring_pages_option
+@stacks_options
 def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_only: bool, duration: float | None,
-          totals_path: str | None, shared: bool, as_json: bool, per_process: bool, ring_pages: int) -> None:
+          totals_path: str | None, shared: bool, as_json: bool, per_process: bool, ring_pages: int,
+        stacks: bool, max_stacks: int, max_fds: int) -> None:
     """Stream events until Ctrl-C, SIGTERM or --duration: one aligned line per event on a
     terminal, JSON lines when piped or with --json.
 
@@ -47,7 +50,7 @@ def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_on
     from fdtrace.sinks.text import ProcessSummarySink, TextLinesSink
     from fdtrace.sources.live import LiveOptions, LiveSource
 
-    check_trace_options(pids, follow, ring_pages)
+    check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
     stop = Stop(duration)
     json_lines = as_json or not sys.stdout.isatty()
     output: JsonLinesSink | TextLinesSink = JsonLinesSink(sys.stdout) if json_lines else TextLinesSink(sys.stdout)
@@ -57,7 +60,8 @@ def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_on
     if per_process:
         sinks.append(ProcessSummarySink(sys.stderr if json_lines else sys.stdout, comms))
     source = LiveSource(LiveOptions(exiting=True,
-        trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages),
+        trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages,
+            stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
         comms=comms, sample=False, keep_exited=100_000 if totals_path or per_process else 0))
     pipeline = Pipeline(source, sinks)
     start(pipeline)

@@ -11,7 +11,16 @@ import pyarrow as pa
 
 from fdtrace.kernel.clock import ClockOffsets
 from fdtrace.procfs import StartTimeResolver
-from fdtrace.schema import KIND_LABELS, RAW_EVENT_DTYPE, SYSCALL_NAMES, Kind, arrow_schema, slot
+from fdtrace.schema import (
+    KIND_LABELS,
+    RAW_EVENT_DTYPE,
+    STACK_KINDS,
+    STACK_SLOT,
+    SYSCALL_NAMES,
+    Kind,
+    arrow_schema,
+    slot,
+)
 
 _KIND_DICT = [KIND_LABELS.get(i, "") for i in range(max(KIND_LABELS) + 1)]
 _ERRNO_DICT = [""] + [errno_module.errorcode.get(i, f"E{i}") for i in range(1, 4096)]
@@ -119,6 +128,15 @@ def _slot(extra: np.ndarray, kind: Kind, name: str, dtype: type = np.int32) -> n
     return extra[:, slot(kind, name)].astype(dtype)
 
 
+def _stack_ids(raw: np.ndarray, kinds: np.ndarray) -> pa.Array:
+    """--stacks: the stack id in the last slot of the kinds that have one (0: none)."""
+    ids = np.ascontiguousarray(raw["extra"][:, STACK_SLOT]).view(np.int64)
+    return _masked(ids, np.isin(kinds, _STACK_KINDS) & (ids != 0), pa.int64())
+
+
+_STACK_KINDS = np.array([int(k) for k in STACK_KINDS], dtype=np.uint8)
+
+
 def decode(
     raw: bytes | np.ndarray, host: str, offsets: ClockOffsets, resolver: StartTimeResolver
 ) -> pa.Table:
@@ -170,6 +188,7 @@ def decode(
         "file_rss_kb": _masked(_slot(extra, Kind.OOM_KILL, "file_rss_kb", np.int64), is_oom, pa.int64()),
         "shmem_rss_kb": _masked(_slot(extra, Kind.OOM_KILL, "shmem_rss_kb", np.int64), is_oom, pa.int64()),
         "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()),
+        "stack_id": _stack_ids(raw, kinds),
     }
     schema = arrow_schema()
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)

@@ -119,6 +119,11 @@ class KernelFeatures:
     oom_details: bool = False
     connect_peer: bool = False
     accept_peer: bool = False  # sys_enter_accept{,4} have the address arguments where expected
+    #: --stacks: entries whose arguments say where a descriptor goes (pipe, socketpair) or whether
+    #: one is made (fcntl), found with the argument at the expected offset; close_range's exit
+    descriptor_enters: list[str] = field(default_factory=list)
+    close_range: bool = False
+    stack_top: bool = False  # has_task_pt_regs(), looked up only for --stacks
     missing: list[str] = field(default_factory=list)
 
     def cflags(self) -> list[str]:
@@ -138,6 +143,22 @@ def _syscall_arg_at_16(category_event: str, field_name: str) -> bool:
     return fields is not None and fields.get(field_name, (0, 0))[0] == 16
 
 
+#: (syscall, the argument the --stacks entry program reads, its offset in the entry's format)
+DESCRIPTOR_ENTER_ARGS: tuple[tuple[str, str, int], ...] = (
+    ("pipe", "fildes", 16), ("pipe2", "fildes", 16), ("socketpair", "usockvec", 40), ("fcntl", "cmd", 24),
+)
+
+
+def has_task_pt_regs(kallsyms: Path = Path("/proc/kallsyms")) -> bool:
+    """Whether this kernel has the bpf_task_pt_regs helper (Linux 5.15), which lets --stacks read
+    the user stack pointer and so name the caller of a frameless libc syscall wrapper."""
+    try:
+        with kallsyms.open("rb") as symbols:
+            return any(line.rstrip().endswith(b" bpf_task_pt_regs") for line in symbols)
+    except OSError:
+        return False
+
+
 def probe_kernel() -> KernelFeatures:
     """Find which of the tracepoints fdtrace uses this kernel has, with the layouts expected."""
     features = KernelFeatures()
@@ -151,6 +172,11 @@ def probe_kernel() -> KernelFeatures:
             features.syscall_enters.append(name)
         else:
             features.missing.append(f"syscalls:sys_enter_{name}")
+    for name, arg, offset in DESCRIPTOR_ENTER_ARGS:
+        entry = tracepoint_fields("syscalls", f"sys_enter_{name}") or {}
+        if entry.get(arg, (0, 0))[0] == offset and name in features.syscall_exits:
+            features.descriptor_enters.append(name)
+    features.close_range = _syscall_arg_at_16("sys_exit_close_range", "ret")
     connect = tracepoint_fields("syscalls", "sys_enter_connect") or {}
     features.connect_peer = (connect.get("uservaddr", (0, 0))[0], connect.get("addrlen", (0, 0))[0]) == (24, 32)
     accepts = [tracepoint_fields("syscalls", f"sys_enter_{name}") or {} for name in ("accept", "accept4")]

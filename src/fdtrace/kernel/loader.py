@@ -10,6 +10,7 @@ import ctypes
 import mmap
 import os
 import sys
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -23,7 +24,7 @@ from fdtrace.kernel.features import KernelFeatures
 from fdtrace.kernel.ringbuf import RingReader, bulk_read_supported
 from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
 
-BPF_SOURCES = ("sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c")
+BPF_SOURCES = ("descriptors.bpf.c", "sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class TraceOptions:
     max_error_keys: int = 16384
     max_peers: int = 65536  # connect() calls in flight whose destination is kept until they return
     bulk_read: bool = True  # read the ring buffer's memory directly where the CPU allows it
+    stacks: bool = False  # user stacks of failures and thread starts; descriptors remembered by call site
+    max_stacks: int = 16384  # distinct (process, stack) pairs kept; more are counted as stacks_full
+    max_fds: int = 262144  # descriptors remembered at once; more are counted as fds_full
 
 
 def bpf_source_dir() -> Path:
@@ -88,6 +92,10 @@ def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]
     ]
     if options.errors_only:
         flags.append("-DFDT_ERRORS_ONLY")
+    if options.stacks:
+        flags += ["-DFDT_STACKS", f"-DFDT_MAX_STACKS={options.max_stacks}", f"-DFDT_MAX_FDS={options.max_fds}"]
+        if features.stack_top:
+            flags.append("-DFDT_STACK_TOP")
     if carries_close_fd(options):
         flags.append("-DFDT_CLOSE_FD")
     if carries_accept_peer(options, features):
@@ -109,9 +117,9 @@ def carries_accept_peer(options: TraceOptions, features: KernelFeatures) -> bool
 def carries_close_fd(options: TraceOptions) -> bool:
     """Whether close() events carry their fd, which takes a second probe on every close().
 
-    Under --errors-only that probe is left out: about 4 % of a socket()+close() loop's speed,
-    for the fd of failed closes only."""
-    return not options.errors_only
+    Under --errors-only that probe is left out (about 4 % of a socket()+close() loop's speed,
+    for the fd of failed closes only), unless --stacks needs it to forget closed descriptors."""
+    return not options.errors_only or options.stacks
 
 
 def _import_bcc() -> Any:
@@ -180,6 +188,12 @@ class BpfTracer:
             for name in ("accept", "accept4"):
                 if name in self.features.syscall_exits:
                     self._attach(f"syscalls:sys_enter_{name}", "fdt_enter_accept")
+        if self.options.stacks:
+            for name in self.features.descriptor_enters:
+                fn = {"socketpair": "fdt_enter_socketpair", "fcntl": "fdt_enter_fcntl"}.get(name, "fdt_enter_pipe")
+                self._attach(f"syscalls:sys_enter_{name}", fn)
+            if self.features.close_range:
+                self._attach("syscalls:sys_exit_close_range", "fdt_exit_close_range")
         for name in self.features.syscall_exits:
             self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
 
@@ -230,6 +244,96 @@ class BpfTracer:
         for instance in instances:
             for key in self._error_keys.pop(instance, []):
                 del table[key]
+
+    def read_stack(self, stack_id: int) -> tuple[int, list[int], list[int]] | None:
+        """One kept stack (--stacks): (pid, the words from its stack pointer up, return addresses
+        innermost first), or None when the id is unknown."""
+        try:
+            value = self._bpf[b"stacks"][ctypes.c_uint64(stack_id)]
+        except KeyError:
+            return None
+        depth = min(int(value.depth), len(value.ips))
+        return int(value.tgid), [int(w) for w in value.scan], [int(value.ips[i]) for i in range(depth)]
+
+    def live_fds(self) -> list[tuple[int, int, int, int]]:
+        """The descriptors remembered now (--stacks): (pid, fd, stack id, CLOCK_MONOTONIC ns made)."""
+        return [(int(k.tgid), int(k.fd), int(v.stack_id), int(v.ts)) for k, v in _items(self._bpf[b"live_fds"])]
+
+    def forget_fds(self, keys: list[tuple[int, int]]) -> None:
+        """Remove remembered descriptors (pid, fd) that are known to be closed."""
+        table = self._bpf[b"live_fds"]
+        for pid, fd in keys:
+            try:
+                del table[table.Key(pid, fd)]
+            except KeyError:
+                pass  # closed (or replaced and closed) in the meantime
+
+    def take_fd_site_counts(self) -> dict[int, tuple[int, int]]:
+        """Descriptors made and closed per stack id since the last call (--stacks): each entry is
+        read and deleted in one step, so no count is lost to a race with the programs."""
+        table = self._bpf[b"fd_sites"]
+        try:
+            taken = list(table.items_lookup_and_delete_batch())
+        except Exception:  # kernels before 5.6: read, then delete (a count made in between is lost)
+            taken = list(table.items())
+            for key, _value in taken:
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
+        return {int(getattr(k, "value", k)): (int(v.opened), int(v.closed)) for k, v in taken}
+
+    def forget_stacks(self, stack_ids: Iterable[int]) -> None:
+        """Remove kept stacks (read already, or no longer needed) from the kernel's table."""
+        table = self._bpf[b"stacks"]
+        for stack_id in stack_ids:
+            try:
+                del table[ctypes.c_uint64(stack_id)]
+            except KeyError:
+                pass
+
+    def take_fd_changes(self) -> dict[int, tuple[int, int, int]]:
+        """Bulk changes of descriptor tables since the last call (--stacks): pid -> (CLOCK_MONOTONIC
+        ns of its last exec or close_range, of its exit, of its last exec; 0 when none). Exited
+        ones are removed."""
+        table = self._bpf[b"fd_changes"]
+        changes = {}
+        for key, value in _items(table):
+            pid = int(getattr(key, "value", key))
+            changes[pid] = (int(value.changed_ts), int(value.gone_ts), int(value.exec_ts))
+            if value.gone_ts:
+                try:
+                    del table[table.Key(pid)]
+                except KeyError:
+                    pass
+        return changes
+
+    def symbol_cache(self, pid: int) -> Any:
+        """bcc's symbol cache of one process (a new one: the caller frees it with
+        ``free_symbol_cache``)."""
+        from bcc.libbcc import lib  # type: ignore[import-not-found,unused-ignore]
+
+        return lib.bcc_symcache_new(pid, None)
+
+    def resolve(self, cache: Any, address: int) -> tuple[str | None, int, str | None]:
+        """(function, offset in it or in its module, module path) of an address in a symbol cache."""
+        from bcc.libbcc import bcc_symbol, lib  # type: ignore[import-not-found,unused-ignore]
+
+        symbol = bcc_symbol()
+        found = lib.bcc_symcache_resolve(cache, address, ctypes.byref(symbol)) >= 0
+        module = ctypes.cast(symbol.module, ctypes.c_char_p).value if symbol.module else None
+        module_name = module.decode("utf-8", "replace") if module else None
+        if not found:
+            return None, int(symbol.offset) if module_name else address, module_name
+        name = symbol.demangle_name or symbol.name
+        lib.bcc_symbol_free_demangle_name(ctypes.byref(symbol))
+        return (name.decode("utf-8", "replace") if name else None), int(symbol.offset), module_name
+
+    def free_symbol_cache(self, cache: Any, pid: int) -> None:
+        """Free a symbol cache made by ``symbol_cache``."""
+        from bcc.libbcc import lib  # type: ignore[import-not-found,unused-ignore]
+
+        lib.bcc_free_symcache(cache, pid)
 
     def close(self) -> None:
         """Detach everything and free the maps.

@@ -7,6 +7,7 @@ import os
 import resource
 import socket
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,14 +15,17 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.clock import sample_offsets
 from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.decode import decode
+from fdtrace.kernel.descriptors import MAX_REMEMBERED, DescriptorTracker, SiteRow
 from fdtrace.kernel.features import (
     KernelFeatures,
     check_kernel_headers,
     check_privileges,
     ensure_tracefs,
+    has_task_pt_regs,
     probe_kernel,
 )
 from fdtrace.kernel.loader import BpfTracer, TraceOptions
+from fdtrace.kernel.stacks import Stack, Symbolizer, symbolize
 from fdtrace.procfs import StartTimeResolver
 from fdtrace.schema import arrow_schema
 
@@ -34,11 +38,13 @@ class EventBatch:
         events: a ``pyarrow.Table`` with the schema of ``schema.arrow_schema()``.
         mono_ns: the time of the poll (CLOCK_MONOTONIC).
         losses: cumulative loss and overflow counters (``schema.STATS``) at the poll.
+        stacks: --stacks: the stacks these events name that no earlier batch gave.
     """
 
     events: Any
     mono_ns: int
     losses: dict[str, int] = field(default_factory=dict)
+    stacks: list[Stack] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.events.num_rows)
@@ -62,7 +68,8 @@ OWN_DESCRIPTORS = 40
 def check_nofile(features: KernelFeatures) -> None:
     """Refuse in one line, before bcc opens anything, a hard RLIMIT_NOFILE too low for the probes
     (bcc would fail with dozens of lines of errors, or fail later, mid-recording)."""
-    probes = len(features.syscall_exits) + len(features.syscall_enters) + len(features.lifecycle)
+    probes = (len(features.syscall_exits) + len(features.syscall_enters) + len(features.lifecycle)
+              + len(features.descriptor_enters) + 1)
     needed = 2 * probes + OWN_DESCRIPTORS
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < needed:
@@ -93,6 +100,11 @@ class KernelSession:
         self._empty = arrow_schema().empty_table()
         self._last_losses: dict[str, int] = {}
         self._losses_read_ns = -(10**18)
+        self._symbolizer: Symbolizer | None = None
+        self._descriptors: DescriptorTracker | None = None
+        self._site_ids: OrderedDict[int, int | None] = OrderedDict()  # kernel stack id -> site
+        self._frames_seen: OrderedDict[tuple[int, tuple[str, ...], str | None], int] = OrderedDict()
+        self._pending_stacks: list[Stack] = []
 
     def start(self) -> None:
         """Check the environment, compile and attach. Raises FdtraceError with the reason."""
@@ -104,7 +116,16 @@ class KernelSession:
         check_kernel_headers()
         features = probe_kernel()
         check_nofile(features)
+        if self.options.stacks:
+            features.stack_top = has_task_pt_regs()
+            if not features.stack_top:
+                self.notes.append("this kernel lacks bpf_task_pt_regs (Linux 5.15): stacks skip the caller of "
+                                  "libc's syscall wrappers")
         self._tracer = BpfTracer(self.options, features)
+        if self.options.stacks:
+            self._symbolizer = Symbolizer(self._tracer)
+            self._descriptors = DescriptorTracker(self._tracer, self._resolve_sites,
+                                                  before_tracing_pids=self.options.pids)
         if self._tracer.skipped:
             self.notes.append("running without probes this kernel lacks: " + ", ".join(self._tracer.skipped))
 
@@ -133,7 +154,82 @@ class KernelSession:
             return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
         offsets = sample_offsets()
         table = decode(raw, self.host, offsets, self._resolver)
-        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns))
+        stacks: list[Stack] = []
+        if self._symbolizer is not None:
+            self._symbolizer.begin()
+            table, stacks = self._new_stacks(table, offsets.mono_ns)
+        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks)
+
+    def _new_stacks(self, events: Any, mono_ns: int) -> tuple[Any, list[Stack]]:
+        """The events with their stack ids as sites (see ``_site_of``), and the stacks they name
+        that no earlier batch gave, symbolized now (while their processes are likeliest to live)."""
+        column = events["stack_id"]
+        if column.null_count == len(column):
+            return events, []
+        import pyarrow as pa
+
+        stacks: list[Stack] = []
+        comms = events["comm"].to_pylist()
+        pids = events["pid"].to_pylist()
+        sites = []
+        for stack_id, comm, pid in zip(column.to_pylist(), comms, pids, strict=True):
+            sites.append(None if stack_id is None else self._site_of(stack_id & (2**64 - 1), pid, comm, False,
+                                                                     mono_ns, stacks))
+        index = events.schema.get_field_index("stack_id")
+        return events.set_column(index, events.schema.field(index), pa.array(sites, type=pa.int64())), stacks
+
+    def _site_of(self, stack_id: int, pid: int, comm: str, stale: bool, mono_ns: int, out: list[Stack]) -> int | None:
+        """The id of a kernel stack's symbolized stack: the first kernel id that gave the same frames
+        in that process (a walk gone astray gives a new kernel id per call). New stacks go to
+        ``out``; a stack read is removed from the kernel's table. None: the stack was not kept."""
+        if stack_id in self._site_ids:
+            self._site_ids.move_to_end(stack_id)
+            return self._site_ids[stack_id]
+        raw = self.tracer.read_stack(stack_id)
+        if raw is None:
+            return None
+        self.tracer.forget_stacks([stack_id])
+        owner, scan, addresses = raw
+        if stale:
+            stack = Stack(_signed(stack_id), owner, comm, tuple(f"{a:#x}" for a in addresses),
+                          "the process exec'd before this stack was read: addresses of the old program", mono_ns)
+        else:
+            assert self._symbolizer is not None
+            stack = symbolize(self._symbolizer, _signed(stack_id), owner, scan, addresses, comm, mono_ns)
+        key = (owner, stack.frames, stack.truncated)
+        site = self._frames_seen.get(key)
+        if site is None:
+            site = self._frames_seen[key] = stack.stack_id
+            out.append(stack)
+            while len(self._frames_seen) > MAX_REMEMBERED:
+                self._frames_seen.popitem(last=False)
+        self._site_ids[stack_id] = site
+        while len(self._site_ids) > MAX_REMEMBERED:
+            self._site_ids.popitem(last=False)
+        return site
+
+    def _resolve_sites(self, ids: dict[int, tuple[int, int]]) -> dict[int, int | None]:
+        """DescriptorTracker's resolver: the sites of kernel stack ids of live descriptors."""
+        assert self._symbolizer is not None and self._descriptors is not None
+        self._symbolizer.begin()
+        comms = {t.pid: t.comm for t in self.counters.live.values()}
+        sites = {}
+        for stack_id, (pid, oldest_ns) in ids.items():
+            stale = oldest_ns < self._descriptors.exec_ts.get(pid, 0)
+            sites[stack_id] = self._site_of(stack_id, pid, comms.get(pid, ""), stale, time.monotonic_ns(),
+                                            self._pending_stacks)
+        return sites
+
+    def read_fd_sites(self) -> tuple[list[SiteRow], list[Stack]]:
+        """--stacks: the call sites whose open descriptors changed since the last call, and the
+        stacks of those sites not given before. Call it once per round."""
+        if self._descriptors is None or self._symbolizer is None:
+            return [], []
+        comms = {t.pid: t.comm for t in self.counters.live.values()}
+        rows = self._descriptors.sweep(comms)
+        stacks, self._pending_stacks = self._pending_stacks, []
+        self._symbolizer.forget()
+        return rows, stacks
 
     def _losses(self, now_ns: int) -> dict[str, int]:
         """Loss counters, read from the kernel at most every 100 ms."""
@@ -170,8 +266,16 @@ class KernelSession:
             return
         if exiting:
             _hand_off_detaching()
+        if self._symbolizer is not None:
+            self._symbolizer.close()
+            self._symbolizer = None
         self._tracer.close()
         self._tracer = None
+
+
+def _signed(stack_id: int) -> int:
+    """A stack id as the int64 columns hold it."""
+    return stack_id - (1 << 64) if stack_id >= 1 << 63 else stack_id
 
 
 def _hand_off_detaching() -> None:

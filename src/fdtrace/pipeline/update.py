@@ -9,7 +9,10 @@ if TYPE_CHECKING:
     from fdtrace.integrations.phases.live import PhaseNow
     from fdtrace.kernel.clock import ClockOffsets
     from fdtrace.kernel.counters import CounterStore
+    from fdtrace.kernel.descriptors import SiteRow
+    from fdtrace.kernel.stacks import Stack
     from fdtrace.procfs.sampler import ProcessSample
+    from fdtrace.procfs.threads import ThreadState
 
 #: A row of system figures (the ``system`` table's columns but ts_ns and time).
 SystemFigures = dict[str, "int | None"]
@@ -26,6 +29,15 @@ class ArrowTable(Protocol):
     def __getitem__(self, key: str) -> Any: ...
 
 
+@dataclass(frozen=True)
+class ThreadCensus:
+    """What one process's threads were doing at a round (a group of ``thread_census`` rows)."""
+
+    pid: int
+    comm: str
+    states: list[ThreadState]
+
+
 @dataclass
 class SampleRound:
     """One sampling round of /proc (and of HAProxy's stats sockets).
@@ -37,6 +49,8 @@ class SampleRound:
         system: the system figures (None when the round had none).
         haproxy: `show info` rows (--haproxy-socket).
         clock: the clock offsets measured at the round (live only).
+        fd_sites: --stacks: call sites whose open descriptors changed since the last round.
+        threads: thread census of the processes nearest a thread limit.
     """
 
     mono_ns: int
@@ -45,6 +59,8 @@ class SampleRound:
     system: SystemFigures | None
     haproxy: list[HaproxyRow] = field(default_factory=list)
     clock: ClockOffsets | None = None
+    fd_sites: list[SiteRow] = field(default_factory=list)
+    threads: list[ThreadCensus] = field(default_factory=list)
 
 
 @dataclass
@@ -62,6 +78,7 @@ class Update:
         reset: the source jumped back (a replay's seek): forget what was shown, start from here.
         boot_wall_ns: wall time of the traced machine's boot, for process start times.
         final: the last update before the pipeline stops.
+        stacks: --stacks: symbolized stacks the events or rounds name, each given once.
     """
 
     now_ns: int
@@ -73,6 +90,7 @@ class Update:
     reset: bool = False
     boot_wall_ns: int | None = None
     final: bool = False
+    stacks: list[Stack] = field(default_factory=list)
 
     def then(self, later: Update) -> Update:
         """This update and a later one as one (for a consumer that fell behind): events one
@@ -88,7 +106,7 @@ class Update:
                       counters=later.counters if later.counters is not None else self.counters,
                       phases=later.phases if later.phases is not None else self.phases,
                       reset=self.reset, boot_wall_ns=later.boot_wall_ns or self.boot_wall_ns,
-                      final=later.final)
+                      final=later.final, stacks=[*self.stacks, *later.stacks])
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,62 @@ class ProcFS:
         finally:
             os.close(fd_dir)
 
+    def fd_numbers(self, pid: int) -> set[int]:
+        """The numbers of the process's open FDs."""
+        try:
+            return {int(name) for name in os.listdir(self.root / str(pid) / "fd") if name.isdigit()}
+        except OSError as exc:
+            raise _translate(exc, pid) from None
+
+    def fd_target(self, pid: int, fd: int) -> str | None:
+        """Where one FD points (``socket:[123]``, ``pipe:[45]``, a path); None once it is closed."""
+        try:
+            return os.readlink(f"{self._prefix}{pid}/fd/{fd}")
+        except OSError:
+            return None
+
+    def fd_mode(self, pid: int, fd: int) -> int | None:
+        """The ``st_mode`` of the file an FD has open (the magic link is followed without a path
+        lookup, so a planted FIFO is neither opened nor waited on); None once it is closed."""
+        try:
+            return os.stat(f"{self._prefix}{pid}/fd/{fd}").st_mode
+        except OSError:
+            return None
+
+    def thread_ids(self, pid: int) -> list[int]:
+        """The process's thread ids."""
+        try:
+            return [int(name) for name in os.listdir(self.root / str(pid) / "task") if name.isdigit()]
+        except OSError as exc:
+            raise _translate(exc, pid) from None
+
+    def thread_syscall(self, pid: int, tid: int) -> str | None:
+        """/proc/PID/task/TID/syscall: "NR ARG1 ... SP PC" while blocked in a syscall, "-1 SP PC"
+        when blocked elsewhere, "running"; None when the thread is gone or unreadable."""
+        try:
+            with open(f"{self._prefix}{pid}/task/{tid}/syscall", "rb", buffering=0) as file:
+                return file.read(512).decode(errors="replace").strip()
+        except OSError:
+            return None
+
+    def executable_maps(self, pid: int) -> list[tuple[int, int, int, int, int, str]]:
+        """The process's executable mappings: (start, end, file offset, device, inode, path),
+        sorted by start; anonymous ones have inode 0."""
+        maps = []
+        for line in self.read_bytes(pid, "maps").decode(errors="replace").splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 5 or "x" not in parts[1]:
+                continue
+            try:
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                major, minor = (int(x, 16) for x in parts[3].split(":"))
+                maps.append((start, end, int(parts[2], 16), os.makedev(major, minor), int(parts[4]),
+                             parts[5].strip() if len(parts) > 5 else ""))
+            except ValueError:
+                continue
+        maps.sort()
+        return maps
+
     def start_ns(self, pid: int) -> int | None:
         """Process start in CLOCK_BOOTTIME ns, None if it is gone or unreadable."""
         try:

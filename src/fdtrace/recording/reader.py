@@ -29,6 +29,9 @@ class Recording:
         clock: CLOCK_REALTIME/BOOTTIME - CLOCK_MONOTONIC offsets sampled during the recording.
         haproxy: HAProxy `show info` samples (with --haproxy-socket).
         phases: training phases per rank (recordings made by `fdtrace run --record`).
+        stacks: user stacks of failures, descriptors and thread creations (--stacks).
+        fd_sites: open descriptors per process and call site, when they changed (--stacks).
+        thread_census: threads of the processes nearest a thread limit, by blocking syscall.
         meta: run metadata by host.
         skipped: part files that could not be read, with the reason (the rest was loaded).
     """
@@ -41,6 +44,9 @@ class Recording:
     clock: Any
     haproxy: Any
     phases: Any
+    stacks: Any = None
+    fd_sites: Any = None
+    thread_census: Any = None
     meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
@@ -123,14 +129,20 @@ def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: l
 
 def _read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str], columns: list[str] | None) -> Any:
     import pandas as pd
+    import pyarrow as pa
 
     frames = []
     for host, version in sorted(hosts.items()):
         data = read_parts(root, table, host, skipped, columns, version)
         if data is None:
             continue
+        # 64-bit stack ids do not survive float64 (pandas' type for an int column with nulls)
+        ids = data["stack_id"].to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get) \
+            if "stack_id" in data.column_names else None
         frame = data.to_pandas(split_blocks=True, self_destruct=True)  # frees Arrow memory as it goes
         del data
+        if ids is not None:
+            frame["stack_id"] = ids.values
         frame.insert(0, "host", host)
         frames.append(frame)
     if not frames:  # no rows: still the declared columns, so an empty recording reports as empty

@@ -81,6 +81,8 @@ STATS: tuple[str, ...] = (
     "errors_full",      # errors not counted because the error table was full
     "peers_full",       # connect() calls whose destination could not be kept (table of calls in flight full)
     "followed_full",    # processes started by traced ones (--follow) not traced: the pid table was full
+    "stacks_full",      # --stacks: user stacks not kept (the stack table was full, or the stack unreadable)
+    "fds_full",         # --stacks: descriptors made but not remembered (the descriptor table was full)
 )
 
 #: Signals whose default action does not end the process (ignored or stop signals).
@@ -114,6 +116,15 @@ EXTRA_SLOTS: dict[Kind, tuple[str, ...]] = {
     Kind.PROCESS_EXIT: ("exit_known", "exit_code", "signal"),
     Kind.OOM_KILL: ("total_vm_kb", "anon_rss_kb", "file_rss_kb", "shmem_rss_kb"),
 }
+
+
+#: With --stacks, the last ``extra`` slot of these kinds holds the id of the user stack that made
+#: the call (0: none): of failures (socket, accept, connect, fd_error) and of thread creation.
+STACK_KINDS: tuple[Kind, ...] = (Kind.SOCKET, Kind.ACCEPT, Kind.CONNECT, Kind.FD_ERROR, Kind.THREAD_START)
+STACK_SLOT = 3
+
+#: Frames kept per user stack (``bpf_get_stack``); a deeper stack is cut there and says so.
+STACK_DEPTH = 48
 
 
 def slot(kind: Kind, name: str) -> int:
@@ -151,6 +162,8 @@ EVENT_FIELDS: tuple[Field, ...] = (
     Field("file_rss_kb", "int64", True, "oom_kill: the victim's file-backed resident memory"),
     Field("shmem_rss_kb", "int64", True, "oom_kill: the victim's shared-memory resident memory"),
     Field("oom_score_adj", "int16", True, "oom_kill: the victim's oom_score_adj"),
+    Field("stack_id", "int64", True,
+          "--stacks: the user stack of a failed call or of a thread's creation (the stacks table)"),
 )
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(f.name for f in EVENT_FIELDS)
@@ -166,6 +179,8 @@ def bpf_cflags() -> list[str]:
     flags.append(f"-DFDT_N_STATS={len(STATS)}")
     for kind, names in EXTRA_SLOTS.items():
         flags += [f"-DFDT_X_{kind.name}_{name.upper()}={i}" for i, name in enumerate(names)]
+    flags.append(f"-DFDT_X_STACK={STACK_SLOT}")
+    flags.append(f"-DFDT_STACK_DEPTH={STACK_DEPTH}")
     mask = sum(1 << s for s in NONFATAL_SIGNALS)
     flags.append(f"-DFDT_NONFATAL_SIGNAL_MASK={mask}U")
     return flags

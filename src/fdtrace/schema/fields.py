@@ -27,6 +27,7 @@ class Field:
 #: The Arrow types columns are declared with.
 ARROW_TYPE_NAMES: tuple[str, ...] = (
     "int64", "int32", "int16", "string", "bool", "timestamp_utc", "dict_string", "errors_list",
+    "string_list",
 )
 
 
@@ -42,6 +43,7 @@ def arrow_type(name: str) -> Any:
         "bool": pa.bool_(),
         "timestamp_utc": pa.timestamp("ns", tz="UTC"),
         "dict_string": pa.dictionary(pa.int32(), pa.string()),
+        "string_list": pa.list_(pa.string()),
         # counters: failed calls of one process by (syscall, errno)
         "errors_list": pa.list_(pa.struct([("syscall", pa.string()), ("errno", pa.string()), ("count", pa.int64())])),
     }

@@ -12,7 +12,7 @@ from fdtrace.schema.fields import Field, arrow_type
 
 #: Version of the tables' layout. Bump it whenever a column is added, removed or changes type,
 #: and say in :data:`VERSIONS` what changed; the reader upgrades any older version it knows.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: What each version changed, for the reader's upgrade step and for people.
 VERSIONS: dict[int, str] = {
@@ -20,6 +20,7 @@ VERSIONS: dict[int, str] = {
        "added over its life (peers of connect/accept, thread limits, threads_total, phase source, "
        "peers_full and followed_full), so a version 1 recording may lack any nullable column",
     2: "every table declared in fdtrace.schema.tables; writers cast to it",
+    3: "--stacks: the events' stack_id column and the stacks, fd_sites and thread_census tables",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
@@ -157,9 +158,43 @@ PHASES = Table("phases", (
     _TIME,
 ), "training phases per rank (fdtrace run --record)")
 
+STACKS = Table("stacks", (
+    _TS,
+    Field("stack_id", "int64", False, "the stack's id, as events.stack_id and fd_sites.stack_id name it"),
+    Field("pid", "int32", False, "the process whose stack it is (its addresses mean something only there)"),
+    Field("comm", "string", False, "its task name when the stack was read"),
+    Field("frames", "string_list", False, "innermost first, each 'function+0xoffset [module]'"),
+    Field("truncated", "string", True, "why the stack may lack its outer frames (null: it reaches the thread's start)"),
+    _TIME,
+), "--stacks: user stacks, symbolized while their process lived, each written once")
+
+FD_SITES = Table("fd_sites", (
+    _TS,
+    Field("pid", "int32", False, "process id"),
+    Field("comm", "string", False, "task name"),
+    Field("origin", "string", False, "traced: made while fdtrace traced (stack_id says where); before_tracing"),
+    Field("stack_id", "int64", True, "the call site that made the descriptors (null: before tracing, or no stack)"),
+    Field("open", "int64", False, "descriptors made there that are still open"),
+    Field("opened", "int64", True, "descriptors made there since tracing began"),
+    Field("closed", "int64", True, "of those, closed since (by close(), dup2 over them, close_range, exec, exit)"),
+    Field("oldest_ns", "int64", True, "CLOCK_MONOTONIC ns when the oldest still-open one was made"),
+    _TIME,
+), "--stacks: open descriptors per process and call site, written when they change")
+
+THREAD_CENSUS = Table("thread_census", (
+    _TS,
+    Field("pid", "int32", False, "process id"),
+    Field("comm", "string", False, "task name"),
+    Field("syscall", "string", False, "what its threads are in: a syscall's name, 'running', or 'user' (no syscall)"),
+    Field("fd_kind", "string", True, "for a syscall on a descriptor: socket, pipe, file, directory, device, anon "
+                                     "(eventfd, epoll, ...) or unknown"),
+    Field("threads", "int64", False, "threads of the process in that state"),
+    _TIME,
+), "threads of the processes nearest a thread limit, by the syscall they are blocked in, every interval")
+
 #: Every table, in the order of docs/recording.md.
 TABLES: dict[str, Table] = {t.name: t for t in (EVENTS, SAMPLES, SYSTEM, LOSSES, COUNTERS_TABLE, CLOCK, HAPROXY,
-                                                   PHASES)}
+                                                   PHASES, STACKS, FD_SITES, THREAD_CENSUS)}
 
 
 #: The fields of a recording's metadata (meta/host=NAME.json) and their JSON types; a reader

@@ -48,6 +48,13 @@ def _wall(ts: list[int], realtime_offset: int) -> pa.Array:
     return pa.array([t + realtime_offset for t in ts], type=pa.int64()).cast(arrow_type("timestamp_utc"))
 
 
+def _rows(table: str, rows: list[dict[str, Any]], offset: int) -> pa.Table:
+    """Rows of one declared table (all columns but ``time``), with their wall time added."""
+    declared = TABLES[table].arrow_schema()
+    data = pa.Table.from_pylist(rows, schema=declared.remove(declared.get_field_index("time")))
+    return data.append_column("time", _wall(data["ts_ns"].to_pylist(), offset))
+
+
 _SAMPLE_FIELDS = tuple(c for c in TABLES["samples"].columns if c not in ("ts_ns", "time", "cmdline"))
 
 
@@ -108,6 +115,11 @@ class ParquetSink:
         if update.events.num_rows:
             writer.add("events", update.events.drop_columns(["host"]))  # type: ignore[attr-defined]
             self.events += update.events.num_rows
+        if update.stacks:
+            offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+            writer.add("stacks", _rows("stacks", [
+                {"ts_ns": s.mono_ns, "stack_id": s.stack_id, "pid": s.pid, "comm": s.comm, "frames": list(s.frames),
+                 "truncated": s.truncated} for s in update.stacks], offset))
         for sample_round in update.rounds:
             self._round(sample_round, update)
         if update.rounds:
@@ -157,6 +169,14 @@ class ParquetSink:
             table = pa.Table.from_pylist(rows, schema=TABLES["haproxy"].arrow_schema().remove(
                 TABLES["haproxy"].columns.index("time")))
             writer.add("haproxy", table.append_column("time", _wall([now] * len(rows), offset)))
+        if sample_round.fd_sites:
+            writer.add("fd_sites", _rows("fd_sites", [{"ts_ns": now, **vars(site)} for site in sample_round.fd_sites],
+                                         offset))
+        if sample_round.threads:
+            writer.add("thread_census", _rows("thread_census", [
+                {"ts_ns": now, "pid": census.pid, "comm": census.comm, "syscall": state.syscall,
+                 "fd_kind": state.fd_kind, "threads": state.threads}
+                for census in sample_round.threads for state in census.states], offset))
         if update.counters is not None:
             self._counters(now, update.counters)
         row: dict[str, list[Any]] = {"ts_ns": [now]}

@@ -53,7 +53,8 @@ class TextLinesSink(JsonLinesSink):
         self.stream.flush()
 
     def format(self, row: dict[str, Any]) -> str:
-        return event_line(row)
+        """The event's line, then its stack's frames (--stacks), one per line."""
+        return "\n".join([event_line(row), *(f"{'':>12} at {frame}" for frame in row.get("stack", ()))])
 
 
 class ProcessSummarySink:

@@ -13,8 +13,12 @@ from fdtrace.kernel.clock import sample_offsets
 from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.kernel.session import KernelSession
-from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
-from fdtrace.procfs.sampler import ProcSampler
+from fdtrace.kernel.syscalls import syscall_name
+from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
+from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.sampler import ProcessSample, ProcSampler
+from fdtrace.procfs.thread_limits import binding_limit
+from fdtrace.procfs.threads import thread_census
 from fdtrace.sources.filters import keep_comms
 
 #: How often the live view reads the ranks' phase state files.
@@ -37,6 +41,8 @@ class LiveOptions:
         keep_exited: exited processes whose final counters are kept (for --totals).
         exiting: the process ends when the source stops (a command): the slow detaching of the
             probes is left to a helper (see ``KernelSession.stop``).
+        census_processes: each round takes a thread census of this many sampled processes, those
+            nearest a thread limit (and of every process traced with --pid).
     """
 
     trace: TraceOptions = TraceOptions()
@@ -49,6 +55,7 @@ class LiveOptions:
     live_phases: bool = False
     keep_exited: int = 100_000
     exiting: bool = False
+    census_processes: int = 3
 
 
 class LiveSource:
@@ -62,6 +69,7 @@ class LiveSource:
         self.haproxy = (HaproxySampler(list(self.options.haproxy_sockets), interval_s=self.options.interval_s)
                         if self.options.haproxy_sockets else None)
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
+        self._procfs = ProcFS()
         self._pids_with_events: set[int] = set()
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
@@ -90,7 +98,7 @@ class LiveSource:
             host=self.kernel.host, live=True, probes_attached=tuple(self.kernel.probes),
             probes_skipped=tuple(self.kernel.tracer.skipped),
             options={"pids": list(trace.pids), "follow": trace.follow, "errors_only": trace.errors_only,
-                     "ring_pages": trace.ring_pages},
+                     "ring_pages": trace.ring_pages, "stacks": trace.stacks},
             interval_s=self.options.interval_s, cmdline=self.options.cmdline)
 
     def start(self) -> None:
@@ -126,7 +134,8 @@ class LiveSource:
         events = keep_comms(batch.events, self.options.comms)
         if events.num_rows:
             self._pids_with_events.update(events["pid"].unique().to_pylist())
-        return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns)
+        return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns,
+                      stacks=batch.stacks)
 
     def _round(self, update: Update) -> None:
         """Counters, losses and clock, and (when sampling) /proc and HAProxy, into the update."""
@@ -137,7 +146,33 @@ class LiveSource:
             system = self.sampler.system()
         self._pids_with_events.clear()
         haproxy = self.haproxy.sample() if self.haproxy is not None else []
-        update.rounds.append(SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
-                                         system, haproxy, offsets))
+        sample_round = SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
+                                   system, haproxy, offsets)
         update.counters = self.kernel.read_counters()
         update.losses = self.kernel.read_losses()
+        if self.options.sample:
+            sample_round.threads = self._census(samples)
+        if self.options.trace.stacks:
+            sample_round.fd_sites, stacks = self.kernel.read_fd_sites()
+            update.stacks.extend(stacks)
+        update.rounds.append(sample_round)
+
+    def _census(self, samples: list[ProcessSample]) -> list[ThreadCensus]:
+        """The thread census of the processes nearest a thread limit (and of those under --pid)."""
+        def nearness(sample: ProcessSample) -> float:
+            limit = binding_limit(sample)
+            return limit[1] / limit[2] if limit and limit[2] > 0 else 0.0
+
+        chosen = [s for s in sorted(samples, key=nearness, reverse=True) if s.threads > 1]
+        chosen = chosen[:self.options.census_processes]
+        wanted = {s.pid: s.comm for s in chosen}
+        for sample in samples:
+            if sample.pid in self.options.trace.pids:
+                wanted[sample.pid] = sample.comm
+        census = []
+        for pid, comm in wanted.items():
+            try:
+                census.append(ThreadCensus(pid, comm, thread_census(self._procfs, pid, syscall_name)))
+            except (ProcessGoneError, ProcessAccessDeniedError):
+                continue
+        return census

@@ -1,0 +1,271 @@
+"""`fdtrace leaks` and `fdtrace threads`: which code holds a process's descriptors, and what its
+threads are doing (live, or from a recording made with --stacks)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import click
+
+from fdtrace.cli.common import check_trace_options, fail, note, run, start
+from fdtrace.errors import FdtraceError
+
+#: How many frames under a site the text output shows.
+SHOWN_FRAMES = 6
+
+
+def _check_pid(pid: int) -> str:
+    """The process's name, or a one-line error when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as file:
+            return file.read(64).decode(errors="replace").strip()
+    except OSError:
+        fail(FdtraceError(f"no process {pid}"))
+
+
+def _trace(pid: int, duration: float, interval: float, max_stacks: int, max_fds: int, sample: bool,
+           thread_starts: bool = False) -> Any:
+    """Trace one process with --stacks for ``duration`` seconds; returns the call-sites sink.
+    Only failures are streamed from the kernel, and thread starts with ``thread_starts``."""
+    from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.pipeline import Pipeline, Stop
+    from fdtrace.sinks.call_sites import CallSitesSink
+    from fdtrace.sources.live import LiveOptions, LiveSource
+
+    check_trace_options((pid,), False, 4096, max_stacks, max_fds)
+    sites = CallSitesSink()
+    source = LiveSource(LiveOptions(
+        exiting=True, keep_exited=0, interval_s=interval, sample=sample, top_processes=0,
+        trace=TraceOptions(pids=(pid,), errors_only=not thread_starts, ring_pages=1024, stacks=True,
+                           max_stacks=max_stacks, max_fds=max_fds)))
+    gone = Stop(duration, condition=lambda: not os.path.exists(f"/proc/{pid}"))
+    pipeline = Pipeline(source, [sites])
+    start(pipeline)
+    note(f"tracing pid {pid} for {duration:g} s; Ctrl-C to stop sooner")
+    run(pipeline, gone)
+    if not os.path.exists(f"/proc/{pid}"):
+        fail(FdtraceError(f"process {pid} exited while it was traced: its descriptors went with it"))
+    return sites
+
+
+def _losses_line(losses: dict[str, int]) -> str:
+    lost = {name: n for name, n in losses.items() if n}
+    return "lost: nothing" if not lost else "lost: " + ", ".join(f"{name} {n}" for name, n in sorted(lost.items()))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _records(frame: Any) -> list[dict[str, Any]]:
+    return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _number(value: Any) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else str(int(value))
+
+
+def print_leaks(table: Any, header: str, losses: dict[str, int]) -> None:
+    """The leak report in text: one block per site, most open first."""
+    click.echo(header)
+    if not len(table):
+        click.echo("no descriptors made during the tracing are still open")
+    else:
+        click.echo(f"{'OPEN':>7} {'OPENED':>7} {'CLOSED':>7} {'OLDEST':>7} {'GROWTH/MIN':>10}  SITE")
+        for row in table.to_dict("records"):
+            growth = row["growth_per_min"]
+            shown = "-" if growth is None or math.isnan(growth) else f"{growth:+.1f}"
+            click.echo(f"{row['open']:>7} {_number(row['opened']):>7} {_number(row['closed']):>7} "
+                       f"{_age(row['oldest_age_s']):>7} {shown:>10}  {row['site']}")
+            frames = list(row["frames"] or [])
+            for frame in frames[:SHOWN_FRAMES]:
+                click.echo(f"{'':>44}at {frame}")
+            if len(frames) > SHOWN_FRAMES:
+                click.echo(f"{'':>44}... {len(frames) - SHOWN_FRAMES} more frames")
+            if row["truncated"]:
+                click.echo(f"{'':>44}(stack may be incomplete: {row['truncated']})")
+    click.echo(_losses_line(losses))
+
+
+@click.command()
+@click.option("--pid", type=int, default=None, help="The process to trace (live), or to pick from --from.")
+@click.option("--from", "recording", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Report from a recording made with --stacks instead of tracing now.")
+@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds to trace (live).")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between sweeps (live).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+@click.option("--max-stacks", type=int, default=16384, show_default=True, help="Distinct stacks kept.")
+@click.option("--max-tracked-fds", "max_fds", type=int, default=262144, show_default=True,
+              help="Descriptors remembered at once.")
+def leaks(pid: int | None, recording: str | None, duration: float, interval: float, as_json: bool, max_stacks: int,
+          max_fds: int) -> None:
+    """Which call sites made a process's descriptors that are still open.
+
+    Live (--pid): traces the process for --duration with stacks, then lists its open descriptors
+    made meanwhile, grouped by the code that made them, with their count, oldest age and growth
+    per minute; those older than the tracing are counted apart. Sites whose descriptors were all
+    closed again are not listed.
+    """
+    if recording is not None:
+        from fdtrace.analysis import leaks as recorded_leaks
+        from fdtrace.recording import load
+
+        try:
+            loaded = load(recording, columns={"events": ["ts_ns"]})
+        except FdtraceError as error:
+            fail(error)
+        table = recorded_leaks(loaded, pid=pid)
+        losses = {} if not len(loaded.losses) else {
+            c[:-len("_total")]: int(loaded.losses[c].max()) for c in loaded.losses.columns if c.endswith("_total")}
+        if loaded.fd_sites is None or not len(loaded.fd_sites):
+            fail(FdtraceError(f"{recording} has no call sites: record with --stacks"))
+        _emit_leaks(table, f"fdtrace leaks: {recording}" + (f", pid {pid}" if pid else ""), losses, as_json,
+                    {"recording": recording, "pid": pid})
+        return
+    if pid is None:
+        fail(FdtraceError("give --pid PID (trace it now) or --from RECORDING"))
+    if duration <= 0 or interval <= 0:
+        fail(FdtraceError("--duration and --interval must be positive"))
+    comm = _check_pid(pid)
+    sites = _trace(pid, duration, interval, max_stacks, max_fds, sample=False)
+    table = sites.leaks(pid)
+    traced = table[table["site"] != "(from before tracing)"]["open"].sum() if len(table) else 0
+    header = (f"fdtrace leaks: pid {pid} ({comm}), traced {sites.traced_s:.1f} s: {traced} descriptors made then "
+              "are still open")
+    _emit_leaks(table, header, sites.losses, as_json, {"pid": pid, "comm": comm, "traced_s": sites.traced_s})
+
+
+def _emit_leaks(table: Any, header: str, losses: dict[str, int], as_json: bool, about: dict[str, Any]) -> None:
+    if as_json:
+        json.dump({**about, "sites": _records(table), "losses": losses}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print_leaks(table, header, losses)
+
+
+@click.command()
+@click.option("--pid", type=int, default=None, help="The process (live), or to pick from --from.")
+@click.option("--from", "recording", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The census recorded over time (and thread creation sites, with --stacks).")
+@click.option("--stacks", is_flag=True, help="Also trace thread creation for --duration and group it by stack.")
+@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds to trace with --stacks.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
+def threads(pid: int | None, recording: str | None, stacks: bool, duration: float, as_json: bool) -> None:
+    """What a process's threads are doing: a census by the syscall each is blocked in (and, for
+    a descriptor, what kind of file), with the process's thread limits; with --stacks, where
+    the threads it starts meanwhile are created."""
+    if recording is not None:
+        _recorded_threads(recording, pid, as_json)
+        return
+    if pid is None:
+        fail(FdtraceError("give --pid PID (look now) or --from RECORDING"))
+    comm = _check_pid(pid)
+    sites = None
+    if stacks:
+        if duration <= 0:
+            fail(FdtraceError("--duration must be positive"))
+        sites = _trace(pid, duration, 1.0, 16384, 1, sample=True, thread_starts=True).thread_sites(pid)
+    from fdtrace.kernel.syscalls import syscall_name
+    from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+    from fdtrace.procfs.sampler import ProcSampler
+    from fdtrace.procfs.thread_limits import binding_limit
+    from fdtrace.procfs.threads import describe_state, thread_census
+
+    try:
+        census = thread_census(ProcFS(), pid, syscall_name)
+    except ProcessGoneError:
+        fail(FdtraceError(f"process {pid} is gone"))
+    except ProcessAccessDeniedError:
+        fail(FdtraceError(f"no access to the threads of process {pid}: run as root"))
+    sample = ProcSampler().sample(pid)
+    limit = binding_limit(sample) if sample is not None else None
+    total = sum(state.threads for state in census)
+    if as_json:
+        out: dict[str, Any] = {
+            "pid": pid, "comm": comm, "threads": total,
+            "limit": None if limit is None else {"name": limit[0], "count": limit[1], "limit": limit[2]},
+            "census": [{"syscall": s.syscall, "fd_kind": s.fd_kind, "threads": s.threads} for s in census]}
+        if sites is not None:
+            out["creation_sites"] = _records(sites)
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    limit_text = "no thread limit applies" if limit is None else \
+        f"{limit[0]} limit {limit[2]}: {limit[1]} counted ({100 * limit[1] / max(limit[2], 1):.0f} %)"
+    click.echo(f"pid {pid} ({comm}): {total} threads; {limit_text}")
+    for state in census:
+        click.echo(f"  {describe_state(state)}")
+    if sites is not None:
+        _print_thread_sites(sites, duration)
+
+
+def _print_thread_sites(sites: Any, duration: float) -> None:
+    if not len(sites):
+        click.echo(f"no thread started in {duration:g} s")
+        return
+    click.echo(f"threads started in {duration:g} s, by creating site:")
+    for row in sites.to_dict("records"):
+        click.echo(f"{row['threads']:>7}  {row['site']}")
+        for frame in list(row["frames"])[:SHOWN_FRAMES]:
+            click.echo(f"{'':>9}at {frame}")
+
+
+def _recorded_threads(recording: str, pid: int | None, as_json: bool) -> None:
+    from fdtrace.analysis import thread_sites
+    from fdtrace.analysis import threads as census_over_time
+    from fdtrace.procfs.threads import ThreadState, describe_state
+    from fdtrace.recording import load
+
+    try:
+        loaded = load(recording)
+    except FdtraceError as error:
+        fail(error)
+    census = census_over_time(loaded, pid=pid)
+    sites = thread_sites(loaded, pid=pid)
+    if as_json:
+        census_out = census.assign(time=census["time"].astype(str)) if len(census) else census
+        sites_out = sites.assign(first=sites["first"].astype(str), last=sites["last"].astype(str)) \
+            if len(sites) else sites
+        json.dump({"recording": recording, "pid": pid, "census": _records(census_out),
+                   "creation_sites": _records(sites_out)}, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    if not len(census) and not len(sites):
+        fail(FdtraceError(f"{recording} has no thread census" + (f" of pid {pid}" if pid else "")))
+    for (host, process), rows in census.groupby(["host", "pid"], sort=True, observed=True):
+        peak_time = rows.groupby("time")["threads"].sum().idxmax()
+        last_time = rows["time"].max()
+        for label, when in (("at its most threads", peak_time), ("last", last_time)):
+            at = rows[rows["time"] == when]
+            click.echo(f"{host} pid {process} ({at['comm'].iloc[0]}), {label} ({when}): "
+                       f"{int(at['threads'].sum())} threads")
+            for row in at.itertuples(index=False):
+                state = ThreadState(row.syscall, None if row.fd_kind is None or row.fd_kind != row.fd_kind
+                                    else row.fd_kind, int(row.threads))
+                click.echo(f"  {describe_state(state)}")
+            if peak_time == last_time:
+                break
+    if len(sites):
+        click.echo("threads started, by creating site:")
+        for row in sites.to_dict("records"):
+            click.echo(f"{row['threads']:>7}  {row['site']}  (pid {row['pid']} {row['comm']})")

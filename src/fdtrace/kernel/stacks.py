@@ -1,0 +1,211 @@
+"""User stacks kept by the BPF programs (--stacks), symbolized while their process lives.
+
+Each address is symbolized once per mapped binary: the cache is keyed by the file (device, inode)
+and the address's offset in it, so the hundred workers of one haproxy share their frames. bcc's
+per-process symbol caches are only made for addresses not seen before, and freed when the
+process is gone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.schema import STACK_DEPTH
+
+#: Functions a thread's stack starts from: a walk that ends in one of them is whole.
+OUTERMOST_FUNCTIONS: frozenset[str] = frozenset({
+    "_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "__clone", "clone3",
+    "__clone3", "__clone_internal", "runtime.goexit", "runtime.goexit.abi0", "runtime.rt0_go",
+    "runtime.rt0_go.abi0", "runtime.mstart", "runtime.mstart.abi0", "runtime.mstart0", "thread_start",
+})
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One symbolized stack.
+
+    Attributes:
+        stack_id: the BPF programs' id (a hash of the process and its addresses).
+        pid: the process it belongs to.
+        comm: its task name when read.
+        frames: innermost first, "function+0xoffset [module]".
+        truncated: why outer frames may be missing, or None when the walk reached a thread's start.
+        mono_ns: when it was read.
+    """
+
+    stack_id: int
+    pid: int
+    comm: str
+    frames: tuple[str, ...]
+    truncated: str | None
+    mono_ns: int
+
+
+class Symbolizer:
+    """Addresses of a process to "function+0xoffset [module]", cached per binary."""
+
+    def __init__(self, tracer: Any, procfs: ProcFS | None = None, max_frames: int = 200_000) -> None:
+        self._tracer = tracer
+        self._procfs = procfs or ProcFS()
+        self._frames: OrderedDict[tuple[int, int, int], str] = OrderedDict()
+        self._max_frames = max_frames
+        self._caches: dict[int, Any] = {}
+        self._calls: dict[tuple[int, int, int], bool] = {}
+        self._maps: dict[int, list[tuple[int, int, int, int, int, str]]] = {}
+
+    def begin(self) -> None:
+        """Forget the mappings read so far (call once per poll: they change with dlopen and exec)."""
+        self._maps.clear()
+
+    def _mapping(self, pid: int, address: int) -> tuple[int, int, int, int, int, str] | None:
+        maps = self._maps.get(pid)
+        if maps is None:
+            try:
+                maps = self._procfs.executable_maps(pid)
+            except (ProcessGoneError, ProcessAccessDeniedError):
+                maps = []
+            self._maps[pid] = maps
+        i = bisect.bisect_right(maps, (address, 1 << 64)) - 1
+        if i >= 0 and maps[i][0] <= address < maps[i][1]:
+            return maps[i]
+        return None
+
+    def frame(self, pid: int, address: int) -> tuple[str, str | None]:
+        """(the frame's text, its function or None)."""
+        mapping = self._mapping(pid, address)
+        key = None
+        if mapping is not None and mapping[4]:
+            key = (mapping[3], mapping[4], address - mapping[0] + mapping[2])
+            text = self._frames.get(key)
+            if text is not None:
+                self._frames.move_to_end(key)
+                return text, _function(text)
+        cache = self._caches.get(pid)
+        if cache is None:
+            cache = self._caches[pid] = self._tracer.symbol_cache(pid)
+        name, offset, module = self._tracer.resolve(cache, address)
+        module_name = os.path.basename(module) if module else (os.path.basename(mapping[5]) if mapping else None)
+        if name:
+            text = f"{name}+{offset:#x}" + (f" [{module_name}]" if module_name else "")
+        elif module_name:
+            text = f"[{module_name}]+{offset:#x}"
+        else:
+            text = f"{address:#x}"
+        if key is not None:
+            self._frames[key] = text
+            if len(self._frames) > self._max_frames:
+                self._frames.popitem(last=False)
+        return text, name
+
+    def executable(self, pid: int, address: int) -> bool:
+        """Whether ``address`` lies in an executable mapping of the process (code, JIT code too)."""
+        return self._mapping(pid, address) is not None
+
+    def after_call(self, pid: int, address: int) -> bool:
+        """Whether ``address`` in the process follows a call instruction (so it can be a return
+        address): a near call ``e8 rel32``, or an indirect ``ff /2`` of 2 to 7 bytes."""
+        mapping = self._mapping(pid, address)
+        if mapping is None or not mapping[4]:
+            return False
+        key = (mapping[3], mapping[4], address - mapping[0] + mapping[2])
+        known = self._calls.get(key)
+        if known is not None:
+            return known
+        try:
+            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            before = os.pread(fd, 7, address - 7)
+        except OSError:
+            before = b""
+        finally:
+            os.close(fd)
+        follows = len(before) == 7 and (before[2] == 0xE8 or any(
+            before[7 - k] == 0xFF and (before[8 - k] >> 3) & 7 == 2 for k in (2, 3, 4, 6, 7)))
+        self._calls[key] = follows
+        if len(self._calls) > self._max_frames:
+            self._calls.clear()
+        return follows
+
+    def forget(self) -> None:
+        """Free the symbol caches of processes that are gone."""
+        for pid in [p for p in self._caches if not os.path.exists(f"/proc/{p}")]:
+            self._tracer.free_symbol_cache(self._caches.pop(pid), pid)
+
+    def close(self) -> None:
+        """Free every symbol cache."""
+        for pid in list(self._caches):
+            self._tracer.free_symbol_cache(self._caches.pop(pid), pid)
+
+
+def symbolize(symbolizer: Symbolizer, stack_id: int, pid: int, scan: list[int], addresses: list[int], comm: str,
+              mono_ns: int) -> Stack:
+    """One kept stack as frames, with the callers a frame-pointer walk skipped put back.
+
+    A walk that starts in a libc wrapper, which makes no frame (or keeps no frame pointer), skips
+    the wrapper's caller: its return address lies in the wrapper's part of the stack, among the
+    ``scan`` words from the stack pointer up. Scanning them, a word counts as a return address
+    when it points into a mapped binary right after a call instruction; those found before the
+    first one outside the wrapper's module are put back after the first frame."""
+    frames: list[str] = []
+    functions: list[str | None] = []
+    astray = False
+    for i, address in enumerate(addresses):
+        if i and not symbolizer.executable(pid, address):
+            astray = True  # a frame pointer that was not one: the rest is data, not code
+            break
+        text, function = symbolizer.frame(pid, address)
+        frames.append(text)
+        functions.append(function)
+    recovered = _skipped_callers(symbolizer, pid, scan, addresses)
+    frames[1:1] = [text for text, _ in recovered]
+    functions[1:1] = [function for _, function in recovered]
+    if astray:
+        truncated: str | None = (f"the walk went astray after {frames[-1]}: code without frame pointers "
+                                 "(outer frames unknown)")
+    elif len(addresses) >= STACK_DEPTH:
+        truncated = f"cut at {STACK_DEPTH} frames"
+    elif functions and functions[-1] in OUTERMOST_FUNCTIONS:
+        truncated = None
+    else:
+        truncated = (f"the walk stopped at {frames[-1] if frames else 'the first frame'}, not at a thread's start: "
+                     "code without frame pointers")
+    return Stack(stack_id, pid, comm, tuple(frames), truncated, mono_ns)
+
+
+def _skipped_callers(symbolizer: Symbolizer, pid: int, scan: list[int], addresses: list[int]) -> list[tuple[str, str]]:
+    if not addresses or not any(scan):
+        return []
+    first_module = _module(symbolizer.frame(pid, addresses[0])[0])
+    following = addresses[1] if len(addresses) > 1 else None
+    found: list[tuple[str, str]] = []
+    for word in scan:
+        if word == following:
+            break  # the walk already has this caller
+        if word < 4096 or word == addresses[0] or not symbolizer.after_call(pid, word):
+            continue
+        text, function = symbolizer.frame(pid, word)
+        if function is None or text.startswith(f"{function}+0x0 "):
+            continue  # a function's own address (a pointer kept on the stack) returns nowhere
+        found.append((text, function))
+        if _module(text) != first_module or len(found) >= 4:
+            break
+    if found and _module(found[-1][0]) == first_module:
+        return []  # nothing outside the wrapper's own module: not what the walk skipped
+    return found
+
+
+def _module(text: str) -> str:
+    return text.rsplit(" [", 1)[1] if " [" in text else ""
+
+
+def _function(text: str) -> str | None:
+    if text.startswith(("[", "0x")):
+        return None
+    return text.split("+", 1)[0]

@@ -1,0 +1,118 @@
+"""What a process's threads are doing: a census by the syscall each is blocked in and, for a
+syscall on a descriptor, what kind of file that descriptor is."""
+
+from __future__ import annotations
+
+import stat
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fdtrace.procfs.reader import ProcFS
+
+#: Syscalls whose first argument is the descriptor they wait on.
+FD_SYSCALLS: frozenset[str] = frozenset({
+    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2", "pwritev2",
+    "recvfrom", "recvmsg", "recvmmsg", "sendto", "sendmsg", "sendmmsg", "accept", "accept4", "connect",
+    "epoll_wait", "epoll_pwait", "epoll_pwait2", "ioctl", "fsync", "fdatasync", "flock", "fcntl",
+    "sendfile", "splice", "tee", "getdents64", "ftruncate", "fallocate", "sync_file_range", "io_uring_enter",
+})
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """One group of a census.
+
+    Attributes:
+        syscall: the syscall's name, "running" (on a CPU), or "user" (blocked outside any syscall,
+            a page fault for instance).
+        fd_kind: for syscalls on a descriptor: socket, pipe, file, directory, device, anon:<name>
+            (eventfd, eventpoll, ...) or unknown; None otherwise.
+        threads: how many threads are in it.
+    """
+
+    syscall: str
+    fd_kind: str | None
+    threads: int
+
+
+def fd_kind(procfs: ProcFS, pid: int, fd: int) -> str:
+    """What an open descriptor is, from its /proc link (and the file's type for paths)."""
+    target = procfs.fd_target(pid, fd)
+    if target is None:
+        return "unknown"
+    if target.startswith("socket:"):
+        return "socket"
+    if target.startswith("pipe:"):
+        return "pipe"
+    if target.startswith("anon_inode:"):
+        return "anon:" + target[len("anon_inode:"):].strip("[]")
+    mode = procfs.fd_mode(pid, fd)
+    if mode is None:
+        return "unknown"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISFIFO(mode):
+        return "pipe"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "unknown"
+
+
+def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str]) -> list[ThreadState]:
+    """The process's threads grouped by what they are in, largest group first.
+
+    ``syscall_name`` names a syscall number of this machine's architecture. Raises
+    ProcessGoneError or ProcessAccessDeniedError for the process; threads that end while they
+    are read are left out."""
+    groups: Counter[tuple[str, str | None]] = Counter()
+    kinds: dict[int, str] = {}
+    for tid in procfs.thread_ids(pid):
+        text = procfs.thread_syscall(pid, tid)
+        if not text:
+            continue
+        if text == "running":
+            groups["running", None] += 1
+            continue
+        fields = text.split()
+        try:
+            number = int(fields[0])
+        except ValueError:
+            continue
+        if number < 0:
+            groups["user", None] += 1
+            continue
+        name = syscall_name(number)
+        kind = None
+        if name in FD_SYSCALLS and len(fields) > 1:
+            try:
+                fd = int(fields[1], 16)
+            except ValueError:
+                fd = -1
+            if 0 <= fd < 1 << 31:
+                kind = kinds.get(fd) or kinds.setdefault(fd, fd_kind(procfs, pid, fd))
+        groups[name, kind] += 1
+    return [ThreadState(name, kind, n) for (name, kind), n in
+            sorted(groups.items(), key=lambda item: (-item[1], item[0][0], item[0][1] or ""))]
+
+
+def describe_state(state: ThreadState) -> str:
+    """A group in words: "412 threads blocked in read() on pipes"."""
+    threads = f"{state.threads} thread{'s' if state.threads != 1 else ''}"
+    if state.syscall == "running":
+        return f"{threads} running"
+    if state.syscall == "user":
+        return f"{threads} blocked outside a syscall"
+    on = f" on {_plural(state.fd_kind)}" if state.fd_kind else ""
+    return f"{threads} blocked in {state.syscall}(){on}"
+
+
+def _plural(kind: str) -> str:
+    if kind.startswith("anon:"):
+        return kind[len("anon:"):] + " descriptors"
+    return {"file": "regular files", "directory": "directories", "device": "devices",
+            "unknown": "descriptors of unknown kind"}.get(kind, kind + "s")

@@ -1,0 +1,115 @@
+"""The call-sites sink: what `fdtrace leaks` and `fdtrace threads` report at their end, kept in
+memory while they trace (bounded: the latest figures per site, and the rows of one growth window)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from fdtrace.analysis.call_sites import leaks, site_name
+from fdtrace.pipeline.update import SourceInfo, ThreadCensus, Update
+
+
+@dataclass
+class _ThreadSite:
+    comm: str
+    threads: int
+    first_ns: int
+    last_ns: int
+
+
+class CallSitesSink:
+    """Keeps the fd_sites rows of the last ``window_s``, every stack, the latest thread census and
+    the thread starts per creating stack.
+
+    Attributes:
+        end_ns: CLOCK_MONOTONIC ns of the last round.
+        losses: the source's cumulative losses.
+        census: the latest thread census per process.
+    """
+
+    name = "call sites"
+    required = True
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_ns = int(window_s * 1e9)
+        self.end_ns: int | None = None
+        self.start_ns: int | None = None
+        self.losses: dict[str, int] = {}
+        self.census: dict[int, ThreadCensus] = {}
+        self._sites: dict[tuple[int, str, int | None], deque[dict[str, Any]]] = {}
+        self._stacks: dict[int, dict[str, Any]] = {}
+        self._thread_sites: dict[tuple[int, int], _ThreadSite] = {}
+
+    def open(self, info: SourceInfo) -> None:
+        """Nothing to prepare."""
+
+    def write(self, update: Update) -> None:
+        self.losses = update.losses
+        for stack in update.stacks:
+            self._stacks[stack.stack_id] = {"stack_id": stack.stack_id, "pid": stack.pid, "comm": stack.comm,
+                                            "frames": list(stack.frames), "truncated": stack.truncated}
+        self._thread_starts(update.events)
+        for sample_round in update.rounds:
+            now = sample_round.mono_ns
+            self.end_ns = now
+            if self.start_ns is None:
+                self.start_ns = now
+            for census in sample_round.threads:
+                self.census[census.pid] = census
+            for site in sample_round.fd_sites:
+                rows = self._sites.setdefault((site.pid, site.origin, site.stack_id), deque())
+                rows.append({"ts_ns": now, **vars(site)})
+                while len(rows) > 1 and rows[1]["ts_ns"] <= now - self.window_ns:
+                    rows.popleft()  # the last row before the window stays: growth is measured from it
+
+    def _thread_starts(self, events: Any) -> None:
+        if not events.num_rows:
+            return
+        import pyarrow.compute as pc
+
+        starts = events.filter(pc.and_(pc.equal(events["kind"].cast("string"), "thread_start"),
+                                       pc.is_valid(events["stack_id"])))
+        for row in starts.select(["pid", "comm", "stack_id", "ts_ns"]).to_pylist():
+            key = (row["pid"], row["stack_id"])
+            site = self._thread_sites.get(key)
+            if site is None:
+                self._thread_sites[key] = _ThreadSite(row["comm"], 1, row["ts_ns"], row["ts_ns"])
+            else:
+                site.threads += 1
+                site.last_ns = row["ts_ns"]
+
+    def close(self, failed: bool = False) -> None:
+        """Nothing to release."""
+
+    @property
+    def traced_s(self) -> float:
+        """Seconds from the first round to the last."""
+        return 0.0 if self.start_ns is None or self.end_ns is None else (self.end_ns - self.start_ns) / 1e9
+
+    def stacks(self) -> pd.DataFrame:
+        """The stacks seen, as the ``stacks`` table's columns."""
+        return pd.DataFrame(list(self._stacks.values()), columns=["stack_id", "pid", "comm", "frames", "truncated"])
+
+    def leaks(self, pid: int | None = None) -> pd.DataFrame:
+        """``fdtrace.analysis.leaks`` over what was traced."""
+        rows = [row for site_rows in self._sites.values() for row in site_rows]
+        sites = pd.DataFrame(rows)
+        if len(sites):
+            sites["stack_id"] = pd.array([row["stack_id"] for row in rows], dtype="Int64")  # no float64 on the way
+        return leaks(sites, self.stacks(), end_ns=self.end_ns, window_s=self.window_ns / 1e9, pid=pid)
+
+    def thread_sites(self, pid: int | None = None) -> pd.DataFrame:
+        """Threads started per process and creating stack, most first."""
+        rows = []
+        for (site_pid, stack_id), site in self._thread_sites.items():
+            if pid is not None and site_pid != pid:
+                continue
+            frames = self._stacks.get(stack_id, {}).get("frames", [])
+            rows.append({"pid": site_pid, "comm": site.comm, "threads": site.threads, "stack_id": stack_id,
+                         "site": site_name(frames) if frames else "(stack not kept)", "frames": frames})
+        frame = pd.DataFrame(rows, columns=["pid", "comm", "site", "threads", "stack_id", "frames"])
+        return frame.sort_values(["threads", "pid"], ascending=[False, True], kind="stable", ignore_index=True)

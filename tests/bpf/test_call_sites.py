@@ -1,0 +1,224 @@
+"""--stacks on real programs: which function leaks sockets, which one hit EMFILE, where threads are
+created and what they are blocked in; exec, close_range and fork make no false leaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import pandas as pd
+import pytest
+
+from fdtrace.analysis import leaks, load
+
+pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")]
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+SOURCE = Path(__file__).parents[1] / "data" / "call_sites" / "sites.c"
+
+
+@pytest.fixture(scope="module")
+def sites_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    binary = tmp_path_factory.mktemp("sites") / "sites"
+    subprocess.run(["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(binary), str(SOURCE)],
+                   check=True, capture_output=True, timeout=120)
+    return binary
+
+
+class Program:
+    """The test program in one mode: started waiting for a byte on stdin."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.process.pid
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("x")
+        self.process.stdin.flush()
+
+    def line(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def finish(self) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def wait_for(stream: IO[str] | None, marker: str) -> list[str]:
+    """Lines of a stream up to the one holding ``marker``."""
+    assert stream is not None
+    seen = []
+    for line in stream:
+        seen.append(line)
+        if marker in line:
+            return seen
+    raise AssertionError(f"no {marker!r} in: {''.join(seen)}")
+
+
+def traced(program: Program, argv: list[str], marker: str = "tracing pid") -> subprocess.Popen[str]:
+    tracer = subprocess.Popen([FDTRACE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(tracer.stderr, marker)
+    return tracer
+
+
+def leaks_json(program: Program, duration: float, after_go: list[str]) -> dict[str, Any]:
+    tracer = traced(program, ["leaks", "--pid", str(program.pid), "--duration", str(duration), "--interval", "0.5",
+                              "--json"])
+    try:
+        program.go()
+        for expected in after_go:
+            assert program.line() == expected
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        if tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
+    assert tracer.returncode == 0, err
+    data: dict[str, Any] = json.loads(out)
+    assert not any(data["losses"].values()), data["losses"]
+    return data
+
+
+def frames_of(data: dict[str, Any]) -> list[str]:
+    return [frame for site in data["sites"] for frame in site["frames"]]
+
+
+def test_leaks_names_the_function_that_never_closes_and_not_the_one_that_does(sites_binary: Path) -> None:
+    program = Program([str(sites_binary), "leak", "7", "5"])
+    try:
+        before = len(os.listdir(f"/proc/{program.pid}/fd"))
+        data = leaks_json(program, 3, ["done"])
+    finally:
+        program.finish()
+    made = [site for site in data["sites"] if site["site"] != "(from before tracing)"]
+    assert len(made) == 1, data["sites"]
+    site = made[0]
+    assert site["site"].startswith("leak_sockets+"), site
+    assert (site["open"], site["opened"], site["closed"]) == (7, 7, 0)
+    assert site["frames"][0].startswith("__socket+") or "libc" in site["frames"][0]
+    assert any(frame.startswith("main+") for frame in site["frames"])
+    assert site["truncated"] is None  # frame pointers all the way to libc's start of main
+    assert site["oldest_age_s"] > 0
+    assert not any("balanced_sockets" in frame for frame in frames_of(data))
+    older = [s for s in data["sites"] if s["site"] == "(from before tracing)"]
+    assert [s["open"] for s in older] == [before]
+
+
+def test_emfile_failures_carry_the_stack_of_the_function_that_failed(sites_binary: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    program = Program(["prlimit", "--nofile=24:24", str(sites_binary), "emfile"])
+    recorder = traced(program, ["record", "-o", str(out), "--pid", str(program.pid), "--stacks", "--interval", "0.5"],
+                      marker="recording to")
+    try:
+        program.go()
+        made, failed = (int(part.split("=")[1]) for part in program.line().split())
+        time.sleep(1)  # stacks are symbolized while their process lives: within a poll or a round
+        program.finish()
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        _out, err = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, err
+    assert failed == 4  # one socket(), three open()
+    rec = load(out)
+    failures = rec.events[(rec.events["pid"] == program.pid) & (rec.events["errno"] == "EMFILE")]
+    assert len(failures) == failed
+    assert sorted(failures["syscall"].astype(str)) == ["openat", "openat", "openat", "socket"]
+    assert failures["stack_id"].notna().all()
+    stacks = rec.stacks.set_index("stack_id")
+    for syscall, stack_id in zip(failures["syscall"].astype(str), failures["stack_id"], strict=True):
+        frames = list(stacks.loc[int(stack_id), "frames"])
+        # the wrapper's caller, which a frame-pointer walk skips, is put back second
+        assert frames[1].startswith("exhaust_descriptors+"), frames
+        if syscall == "socket":  # glibc's socket() leaves the frame pointer alone: the walk reaches main's caller
+            assert frames[2].startswith("main+") and pd.isna(stacks.loc[int(stack_id), "truncated"]), frames
+        else:  # open() uses it as a register: the walk goes astray above the caller, and says so
+            assert "frame pointers" in stacks.loc[int(stack_id), "truncated"]
+    mine = rec.fd_sites[rec.fd_sites["pid"] == program.pid]
+    exhausted = mine[mine["stack_id"].isin([i for i, s in stacks["frames"].items()
+                                            if any(f.startswith("exhaust_descriptors+") for f in s)])]
+    assert exhausted["open"].max() == made  # every socket it made, while it lived
+    assert leaks(rec, pid=program.pid)["site"].tolist() == []  # its exit closed them all
+    assert int(rec.losses["stacks_full_total"].max()) == 0 and int(rec.losses["fds_full_total"].max()) == 0
+
+
+def test_exec_keeps_only_the_descriptors_without_close_on_exec(sites_binary: Path) -> None:
+    program = Program([str(sites_binary), "exec"])
+    try:
+        data = leaks_json(program, 4.5, ["opened", "exec'd"])
+    finally:
+        program.finish()
+    made = [site for site in data["sites"] if site["site"] != "(from before tracing)"]
+    assert len(made) == 1, data["sites"]
+    site = made[0]
+    assert site["site"].startswith("open_before_exec+"), site
+    assert (site["open"], site["opened"], site["closed"]) == (2, 5, 3)
+
+
+def test_close_range_and_fork_leave_no_false_leaks(sites_binary: Path) -> None:
+    for mode, function in (("close_range", "open_then_close_range"), ("fork", "before_fork")):
+        program = Program([str(sites_binary), mode])
+        try:
+            data = leaks_json(program, 2.5, ["done"])
+        finally:
+            program.finish()
+        made = [site for site in data["sites"] if site["site"] != "(from before tracing)"]
+        assert made == [], (mode, made)
+        assert not any(function in frame for frame in frames_of(data))
+
+
+def test_leaks_text_output(sites_binary: Path) -> None:
+    program = Program([str(sites_binary), "leak", "3", "1"])
+    tracer = traced(program, ["leaks", "--pid", str(program.pid), "--duration", "2", "--interval", "0.5"])
+    try:
+        program.go()
+        assert program.line() == "done"
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        program.finish()
+    assert tracer.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"fdtrace leaks: pid {program.pid} (sites), traced ")
+    assert lines[0].endswith(": 3 descriptors made then are still open")
+    site = next(line for line in lines if "leak_sockets+" in line and "at " not in line)
+    assert site.split()[:3] == ["3", "3", "0"]
+    assert lines[-1] == "lost: nothing"
+
+
+def test_threads_census_and_creation_sites(sites_binary: Path) -> None:
+    workers = 12
+    program = Program([str(sites_binary), "threads", str(workers)])
+    tracer = traced(program, ["threads", "--pid", str(program.pid), "--stacks", "--duration", "2", "--json"])
+    try:
+        program.go()
+        assert program.line() == "started"
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        program.finish()
+    assert tracer.returncode == 0, err
+    data = json.loads(out)
+    assert data["threads"] == workers + 1
+    census = {(s["syscall"], s["fd_kind"]): s["threads"] for s in data["census"]}
+    assert census[("read", "pipe")] == workers + 1  # the workers on their pipe, main on its stdin pipe
+    sites = data["creation_sites"]
+    assert sites[0]["site"].startswith("spawn_workers+"), sites
+    assert sites[0]["threads"] == workers
+    assert sum(site["threads"] for site in sites) == workers
+
+
+def test_leaks_refuses_a_missing_process() -> None:
+    result = subprocess.run([FDTRACE, "leaks", "--pid", "999999999"], capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["fdtrace: error: no process 999999999"]

@@ -1,0 +1,153 @@
+/* Test program of fdtrace's --stacks: each mode makes descriptors or threads in a function of a
+ * known name, once it has read a byte from stdin (so the tracer is attached by then), prints a
+ * line when done, and waits for end of file on stdin before it exits. Built with frame pointers. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void wait_byte(void)
+{
+    char c;
+    if (read(0, &c, 1) != 1)
+        exit(3);
+}
+
+static void wait_eof(void)
+{
+    char c;
+    while (read(0, &c, 1) == 1)
+        ;
+}
+
+__attribute__((noinline)) static void leak_sockets(int n)
+{
+    for (int i = 0; i < n; i++)
+        socket(AF_INET, SOCK_STREAM, 0);
+}
+
+__attribute__((noinline)) static void balanced_sockets(int n)
+{
+    for (int i = 0; i < n; i++)
+        close(socket(AF_INET, SOCK_STREAM, 0));
+}
+
+__attribute__((noinline)) static void exhaust_descriptors(int *made, int *failed)
+{
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_DGRAM, 0);
+        if (fd < 0) {
+            if (errno == EMFILE)
+                (*failed)++;
+            break;
+        }
+        (*made)++;
+    }
+    for (int i = 0; i < 3; i++)
+        if (open("/dev/null", O_RDONLY) < 0 && errno == EMFILE)
+            (*failed)++;
+}
+
+__attribute__((noinline)) static void open_before_exec(void)
+{
+    for (int i = 0; i < 3; i++)
+        socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    for (int i = 0; i < 2; i++)
+        socket(AF_INET, SOCK_STREAM, 0);
+}
+
+__attribute__((noinline)) static void open_then_close_range(void)
+{
+    int first = socket(AF_INET, SOCK_STREAM, 0);
+    for (int i = 0; i < 3; i++)
+        socket(AF_INET, SOCK_STREAM, 0);
+    syscall(SYS_close_range, first, ~0U, 0);
+}
+
+__attribute__((noinline)) static void child_work(void)
+{
+    for (int i = 0; i < 3; i++)
+        socket(AF_INET, SOCK_STREAM, 0);
+}
+
+__attribute__((noinline)) static void before_fork(void)
+{
+    int a = socket(AF_INET, SOCK_STREAM, 0), b = socket(AF_INET, SOCK_STREAM, 0);
+    pid_t child = fork();
+    if (child == 0) {
+        child_work();
+        _exit(0); /* its three sockets are closed by its exit, without close() */
+    }
+    waitpid(child, NULL, 0);
+    close(a);
+    close(b);
+}
+
+static int block_pipe[2];
+
+static void *blocked_worker(void *arg)
+{
+    char c;
+    (void)arg;
+    read(block_pipe[0], &c, 1);
+    return NULL;
+}
+
+__attribute__((noinline)) static void spawn_workers(int n)
+{
+    pthread_t t;
+    for (int i = 0; i < n; i++)
+        pthread_create(&t, NULL, blocked_worker, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "after-exec") == 0) {
+        printf("exec'd\n");
+        fflush(stdout);
+        wait_eof();
+        return 0;
+    }
+    wait_byte();
+    if (strcmp(mode, "leak") == 0) {
+        leak_sockets(atoi(argv[2]));
+        balanced_sockets(atoi(argv[3]));
+        printf("done\n");
+    } else if (strcmp(mode, "emfile") == 0) {
+        int made = 0, failed = 0;
+        exhaust_descriptors(&made, &failed);
+        printf("made=%d failed=%d\n", made, failed);
+    } else if (strcmp(mode, "exec") == 0) {
+        open_before_exec();
+        printf("opened\n");
+        fflush(stdout);
+        sleep(2); /* the tracer reads the stacks while this program's addresses are its own */
+        execl("/proc/self/exe", argv[0], "after-exec", (char *)NULL);
+        return 4;
+    } else if (strcmp(mode, "close_range") == 0) {
+        open_then_close_range();
+        printf("done\n");
+    } else if (strcmp(mode, "fork") == 0) {
+        before_fork();
+        printf("done\n");
+    } else if (strcmp(mode, "threads") == 0) {
+        if (pipe(block_pipe) != 0)
+            return 5;
+        spawn_workers(atoi(argv[2]));
+        printf("started\n");
+    } else {
+        return 2;
+    }
+    fflush(stdout);
+    wait_eof();
+    return 0;
+}
