@@ -222,3 +222,62 @@ def test_leaks_refuses_a_missing_process() -> None:
     result = subprocess.run([FDTRACE, "leaks", "--pid", "999999999"], capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["fdtrace: error: no process 999999999"]
+
+
+def test_replay_shows_a_recorded_leak_in_the_process_detail(sites_binary: Path, tmp_path: Path) -> None:
+    import asyncio
+
+    from textual.widgets import Static
+
+    from fdtrace.sources.replay import ReplaySource
+    from fdtrace.tui.app import make_app
+    from fdtrace.tui.screens import ProcessScreen
+
+    out = tmp_path / "rec"
+    program = Program([str(sites_binary), "leak", "6", "2"])
+    recorder = traced(program, ["record", "-o", str(out), "--pid", str(program.pid), "--stacks", "--interval", "0.5"],
+                      marker="recording to")
+    try:
+        program.go()
+        assert program.line() == "done"
+        time.sleep(1.5)  # rounds: the site's figures, its stack, a thread census
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.communicate(timeout=60)
+        program.finish()
+    recorded = leaks(load(out), pid=program.pid)
+    assert recorded["site"].str.startswith("leak_sockets+").tolist() == [True, False]
+    assert recorded["site"].iloc[1] == "(from before tracing)"
+    assert recorded["open"].iloc[0] == 6
+    report = tmp_path / "report.md"
+    result = subprocess.run([FDTRACE, "report", str(out), "-o", str(report)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    section = report.read_text().split("## Open descriptors by call site", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in section.splitlines() if "leak_sockets+" in line)
+    assert [cell.strip() for cell in row.strip("|").split("|")][3:6] == ["6", "6", "0"]
+    census = report.read_text().split("## What the threads were doing", 1)[1].split("\n## ", 1)[0]
+    assert "| read |" in census and "| pipe |" in census
+
+    now = [0]
+    feed = ReplaySource(out, clock=lambda: now[0])
+    app = make_app(feed)
+
+    async def main() -> None:
+        async with app.run_test(size=(180, 50)) as pilot:
+            for _ in range(100):
+                if feed.player.finished:
+                    break
+                now[0] += 500_000_000
+                await pilot.pause(0.05)
+            now[0] += 3_000_000_000
+            await pilot.pause(0.3)
+            app.push_screen(ProcessScreen(program.pid))
+            await pilot.pause(0.5)
+            text = str(app.screen.query_one("#detail", Static).render())
+            assert "open descriptors by call site (--stacks):" in text, text
+            line = next(line for line in text.splitlines() if "leak_sockets+" in line)
+            assert line.split()[0] == "6"
+            assert "threads now: 1 thread blocked in read() on pipes" in text
+
+    asyncio.run(main())

@@ -11,6 +11,7 @@ import pytest
 
 from fdtrace.analysis import load
 from fdtrace.errors import FdtraceError
+from fdtrace.schema import SCHEMA_VERSION
 
 
 def fdtrace_info(path: Path) -> subprocess.CompletedProcess[str]:
@@ -29,7 +30,7 @@ def test_directory_that_is_not_a_recording(tmp_path: Path) -> None:
 def test_wrong_schema_version_is_refused(tmp_path: Path) -> None:
     (tmp_path / "meta").mkdir()
     (tmp_path / "meta" / "host=a.json").write_text(json.dumps({"schema_version": 99, "host": "a"}))
-    with pytest.raises(FdtraceError, match="schema version 99, this fdtrace reads versions 1 to 2"):
+    with pytest.raises(FdtraceError, match=f"schema version 99, this fdtrace reads versions 1 to {SCHEMA_VERSION}"):
         load(tmp_path)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from fdtrace.analysis import call_sites
 from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.binning import rates
 from fdtrace.analysis.destinations import destinations
@@ -24,7 +25,7 @@ from fdtrace.schema import STATS
 
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
-                 "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port")
+                 "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid", "stack_id")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
 
 
@@ -44,6 +45,9 @@ class Report:
     recommendations: list[str] = field(default_factory=list)
     phase_stats: pd.DataFrame = field(default_factory=pd.DataFrame)
     destinations: pd.DataFrame = field(default_factory=pd.DataFrame)
+    leaks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    threads: pd.DataFrame = field(default_factory=pd.DataFrame)  # census at each process's most threads
+    thread_sites: pd.DataFrame = field(default_factory=pd.DataFrame)
     bands: list[tuple[pd.Timestamp, pd.Timestamp, str]] = field(default_factory=list)  # phases of one rank
 
 
@@ -88,8 +92,36 @@ def build(recording: Recording, top: int = 3) -> Report:
         summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
         spikes=spike_table, headroom=least, incidents=incidents(recording), losses=loss_rows,
         recommendations=recommendations(recording, least), phase_stats=stats, bands=bands,
-        destinations=destinations(recording),
+        destinations=destinations(recording), leaks=_leaks(recording), threads=_census_at_peak(recording),
+        thread_sites=_thread_sites(recording),
     )
+
+
+def _leaks(recording: Recording) -> pd.DataFrame:
+    sites = getattr(recording, "fd_sites", None)
+    if sites is None or not len(sites):
+        return pd.DataFrame(columns=SITE_COLUMNS)
+    end = int(recording.losses["ts_ns"].max()) if len(recording.losses) else None
+    found = call_sites.leaks(sites, recording.stacks, end_ns=end)
+    return found[SITE_COLUMNS].head(30)
+
+
+def _census_at_peak(recording: Recording) -> pd.DataFrame:
+    """Each process's thread census at the round where it had the most threads."""
+    census = call_sites.thread_census(getattr(recording, "thread_census", None))
+    if not len(census):
+        return census
+    totals = census.groupby(["host", "pid", "time"], observed=True)["threads"].sum().reset_index()
+    peaks = totals.loc[totals.groupby(["host", "pid"], observed=True)["threads"].idxmax()]
+    at_peak = census.merge(peaks[["host", "pid", "time"]], on=["host", "pid", "time"])
+    return at_peak[["time", "pid", "comm", "syscall", "fd_kind", "threads"]].head(40)
+
+
+def _thread_sites(recording: Recording) -> pd.DataFrame:
+    if "stack_id" not in recording.events.columns:
+        return pd.DataFrame()
+    return call_sites.thread_sites(recording.events, getattr(recording, "stacks", None))[
+        ["pid", "comm", "site", "threads", "first", "last"]].head(20)
 
 
 def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
@@ -250,7 +282,10 @@ def _frame_md(frame: pd.DataFrame, empty: str) -> str:
 
 SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", "FD headroom",
             "Incidents: first failure and symptoms", "Connect destinations", "Losses during the recording",
-            "What to change")
+            "What to change", "Open descriptors by call site", "What the threads were doing")
+NO_SITES = "No call sites in this recording (record with --stacks to have them)."
+NO_CENSUS = "No thread census in this recording."
+SITE_COLUMNS = ["pid", "comm", "site", "open", "opened", "closed", "oldest_age_s", "growth_per_min"]
 NO_DESTINATIONS = "No connect() with a destination in this recording."
 NO_PHASES = "No training phases in this recording (record with fdtrace run --record to have them)."
 BAND_PHASES = ("init_process_group", "forward", "backward", "optimizer", "checkpoint_save", "checkpoint_load",
@@ -277,6 +312,9 @@ def to_html(report: Report) -> str:
               f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
               f"<h2>{SECTIONS[5]}</h2>", _frame_html(report.incidents, NO_INCIDENTS),
               f"<h2>{SECTIONS[6]}</h2>", _frame_html(report.destinations.head(20), NO_DESTINATIONS),
+              f"<h2>{SECTIONS[9]}</h2>", _frame_html(report.leaks, NO_SITES),
+              f"<h2>{SECTIONS[10]}</h2>", _frame_html(report.threads, NO_CENSUS),
+              *([_frame_html(report.thread_sites, "")] if len(report.thread_sites) else []),
               f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES),
               f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
               "</ul></body></html>"]
@@ -294,6 +332,9 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
               "", f"## {SECTIONS[5]}", "", _frame_md(report.incidents, NO_INCIDENTS),
               "", f"## {SECTIONS[6]}", "", _frame_md(report.destinations.head(20), NO_DESTINATIONS),
+              "", f"## {SECTIONS[9]}", "", _frame_md(report.leaks, NO_SITES),
+              "", f"## {SECTIONS[10]}", "", _frame_md(report.threads, NO_CENSUS),
+              *(["", _frame_md(report.thread_sites, "")] if len(report.thread_sites) else []),
               "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES),
               "", f"## {SECTIONS[8]}", ""]
     parts += [f"- {r}" for r in report.recommendations]

@@ -140,6 +140,8 @@ class LiveSource:
     def _round(self, update: Update) -> None:
         """Counters, losses and clock, and (when sampling) /proc and HAProxy, into the update."""
         offsets = sample_offsets()
+        # The call sites first: their rows carry the round's time, so they are read closest to it.
+        sites, stacks = self.kernel.read_fd_sites() if self.options.trace.stacks else ([], [])
         samples, system = [], None
         if self.options.sample:
             samples = self.sampler.round(self._pids_with_events, self.options.top_processes, exclude=os.getpid())
@@ -152,9 +154,8 @@ class LiveSource:
         update.losses = self.kernel.read_losses()
         if self.options.sample:
             sample_round.threads = self._census(samples)
-        if self.options.trace.stacks:
-            sample_round.fd_sites, stacks = self.kernel.read_fd_sites()
-            update.stacks.extend(stacks)
+        sample_round.fd_sites = sites
+        update.stacks.extend(stacks)
         update.rounds.append(sample_round)
 
     def _census(self, samples: list[ProcessSample]) -> list[ThreadCensus]:

@@ -16,9 +16,12 @@ import pyarrow.compute as pc
 
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.live import phases_at
-from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.kernel.descriptors import SiteRow
+from fdtrace.kernel.stacks import Stack
+from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.procfs.sampler import ProcessSample
+from fdtrace.procfs.threads import ThreadState
 from fdtrace.recording import read_meta, read_parts
 from fdtrace.schema import STATS, TABLES, arrow_schema
 
@@ -233,7 +236,8 @@ class ReplaySource:
         self.skipped: list[str] = []
         hosts = recorded_hosts(roots, self.skipped)
         self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts)
-        tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock")}
+        tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock",
+                                                                   "fd_sites", "thread_census", "stacks")}
         for root, host, version in hosts:
             for name, bucket in tables.items():
                 part = read_parts(root, name, host, self.skipped, version=version)
@@ -246,6 +250,13 @@ class ReplaySource:
         self._sample_times = _times(self._samples)
         self._system_times = _times(self._system)
         self._haproxy_times = _times(self._haproxy)
+        self._fd_sites = _by_time(tables["fd_sites"])
+        self._census = _by_time(tables["thread_census"])
+        self._fd_site_times = _times(self._fd_sites)
+        self._census_times = _times(self._census)
+        self._stacks = [Stack(row["stack_id"], row["pid"], row["comm"], tuple(row["frames"]), row["truncated"],
+                              row["ts_ns"]) for part in tables["stacks"] for row in part.to_pylist()]
+        self._stacks_given = False
         recorded_phases = _by_time(tables["phases"])
         self._phases = recorded_phases.to_pandas() if recorded_phases is not None else None
         first = next((c.slice(0, 1).to_pylist()[0] for c in tables["clock"] if c.num_rows), None)
@@ -268,6 +279,9 @@ class ReplaySource:
         now = batch.mono_ns
         update = Update(now_ns=now, events=batch.events, losses=batch.losses, reset=self._reset,
                         boot_wall_ns=self._boot_wall_ns)
+        if self._reset or not self._stacks_given:  # a reset view forgets them: all again (a few thousand at most)
+            update.stacks = list(self._stacks)
+            self._stacks_given = True
         self._reset = False
         if now > self._shown_until:
             update.rounds = self._rounds_between(self._shown_until, now)
@@ -295,6 +309,16 @@ class ReplaySource:
             at(row).samples.append(_sample(row))
         for row in _rows_between(self._haproxy, self._haproxy_times, start_ns, end_ns):
             at(row).haproxy.append(row)
+        for row in _rows_between(self._fd_sites, self._fd_site_times, start_ns, end_ns):
+            at(row).fd_sites.append(SiteRow(**row))
+        census: dict[tuple[int, int], ThreadCensus] = {}
+        for row in _rows_between(self._census, self._census_times, start_ns, end_ns):
+            when = row["time_ns"]
+            entry = census.get((when, row["pid"]))
+            if entry is None:
+                entry = census[(when, row["pid"])] = ThreadCensus(row["pid"], row["comm"], [])
+                at(dict(row)).threads.append(entry)
+            entry.states.append(ThreadState(row["syscall"], row["fd_kind"], row["threads"]))
         return [rounds[t] for t in sorted(rounds)]
 
     # Controls

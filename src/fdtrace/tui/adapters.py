@@ -8,6 +8,7 @@ from rich.text import Text
 
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN
+from fdtrace.procfs.threads import describe_state
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView
 
 #: (key, label, width) of the process table's columns, in order.
@@ -177,8 +178,10 @@ def chart_title(name: str, points: list[int], limit: int | None = None) -> str:
     return title + (f", soft limit {limit})" if limit is not None else ")")
 
 
-def process_detail(view: ProcessView, boot_wall_ns: int | None = None) -> Text:
-    """The detail screen's text for one process."""
+def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
+                   site_names: dict[int, str] | None = None) -> Text:
+    """The detail screen's text for one process (``site_names``: call sites by stack id)."""
+    site_names = site_names or {}
     text = Text()
     text.append(f"{view.comm} [{view.pid}]\n", style="bold")
     if view.start_ns is not None and boot_wall_ns is not None:
@@ -221,6 +224,19 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None) -> Text:
         for (syscall, errno), count in view.errors.most_common(12):
             style = "bold red" if errno in FD_EXHAUSTION_ERRNOS else ""
             text.append(f"  {syscall:<14} {errno:<14} {count}\n", style=style)
+    if view.census:
+        text.append("\nthreads now: ", style="bold")
+        text.append("; ".join(describe_state(state) for state in view.census[:4]) + "\n")
+        to_limit = view.seconds_to_thread_limit()
+        if to_limit is not None:
+            text.append(f"threads reach their limit in {duration(to_limit)} at the growth of the last minute\n",
+                        style="bold red")
+    if view.fd_sites:
+        text.append("\nopen descriptors by call site (--stacks):\n", style="bold")
+        for key, (count, growth) in sorted(view.fd_sites.items(), key=lambda item: -item[1][0])[:5]:
+            where = "(from before tracing)" if key is None else site_names.get(key, "(stack not read yet)")
+            trend = "" if growth is None else f"  {growth:+.0f}/min"
+            text.append(f"  {count:>7}{trend:<10}  {where}\n")
     if view.alerts:
         text.append("\nalerts: " + ", ".join(view.alerts) + "\n", style="bold red")
     return text

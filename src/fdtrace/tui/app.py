@@ -178,8 +178,14 @@ class FdtraceApp(App[None]):
         if update.phases is not None:
             self.state.apply_phases(update.phases)
         self.state.apply_events(update.events)
+        if update.stacks:
+            self.state.apply_stacks(update.stacks)
         for sample_round in update.rounds:
             self.state.apply_samples(sample_round.samples, sample_round.time_ns)
+            if sample_round.threads:
+                self.state.apply_census(sample_round.threads)
+            if sample_round.fd_sites:
+                self.state.apply_fd_sites(sample_round.fd_sites, sample_round.time_ns)
             if sample_round.system:
                 self.state.apply_system(sample_round.system)
             if sample_round.haproxy:

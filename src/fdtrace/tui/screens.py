@@ -71,7 +71,8 @@ class ProcessScreen(Screen[None]):
         self.query_one("#thread-title", Label).update(chart_title("threads", threads))
         self.query_one("#fd-chart", Sparkline).data = [float(v) for v in fds] or [0.0]
         self.query_one("#thread-chart", Sparkline).data = [float(v) for v in threads] or [0.0]
-        self.query_one("#detail", Static).update(process_detail(view, app.state.boot_wall_ns))
+        self.query_one("#detail", Static).update(process_detail(view, app.state.boot_wall_ns,
+                                                                      app.state.site_names))
 
 
 class HelpScreen(ModalScreen[None]):

@@ -12,15 +12,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fdtrace.analysis.call_sites import site_name
 from fdtrace.integrations.phases.live import PhaseNow
+from fdtrace.kernel.descriptors import SiteRow
+from fdtrace.kernel.stacks import Stack
+from fdtrace.pipeline.update import ThreadCensus
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
+from fdtrace.procfs.threads import ThreadState, describe_state
 from fdtrace.schema import NOT_FAILURES
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
 THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert
+THREAD_LIMIT_ALERT_S = 3600.0  # steady thread growth that reaches its limit within this alerts
 HISTORY_POINTS = 600
+MAX_SITES = 10_000  # call-site names kept for the detail screen (--stacks)
 RATE_KINDS = ("socket", "accept", "connect", "close", "thread_start")
 
 
@@ -49,6 +56,27 @@ class ProcessView:
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     ended_ns: int | None = None  # when it ended (wall)
     last_seen_ns: int = 0
+    census: list[ThreadState] = field(default_factory=list)  # what its threads are blocked in, last round
+    fd_sites: dict[int | None, tuple[int, float | None]] = field(default_factory=dict)  # stack -> (open, growth/min)
+    fd_site_history: dict[int | None, deque[tuple[int, int]]] = field(default_factory=dict)
+
+    def seconds_to_thread_limit(self, window_ns: int = 60_000_000_000) -> float | None:
+        """At the thread growth of the last ``window_ns``, seconds until the binding thread limit;
+        None unless the threads grew at every sample of at least 10 s of that window (steadily)."""
+        if self.thread_limit is None or len(self.thread_history) < 3:
+            return None
+        _kind, count, limit = self.thread_limit
+        end_t = self.thread_history[-1][0]
+        recent = [(t, v) for t, v in self.thread_history if t >= end_t - window_ns]
+        if len(recent) < 3 or recent[-1][0] - recent[0][0] < 10_000_000_000:
+            return None
+        if any(later < earlier for (_, earlier), (_, later) in zip(recent, recent[1:], strict=False)):
+            return None  # not steady: it also shrank
+        grown = recent[-1][1] - recent[0][1]
+        if grown <= 0:
+            return None
+        slope = grown / ((recent[-1][0] - recent[0][0]) / 1e9)
+        return max(limit - count, 0) / slope
 
     @property
     def usage(self) -> float | None:
@@ -94,6 +122,13 @@ class ProcessView:
             found.append(f"threads {count}/{limit} ({kind})")
         if self.rates.get("thread_start", 0.0) >= THREAD_BURST_PER_S:
             found.append(f"threads +{self.rates['thread_start']:.0f}/s")
+        to_limit = self.seconds_to_thread_limit()
+        if to_limit is not None and to_limit <= THREAD_LIMIT_ALERT_S and self.thread_limit is not None:
+            alert = f"thread limit ({self.thread_limit[0]}) in {_short_duration(to_limit)}"
+            dominant = next((s for s in self.census if s.syscall not in ("running", "user")), None)
+            if dominant is not None:
+                alert += f": {describe_state(dominant)}"
+            found.append(alert)
         return found
 
 
@@ -182,6 +217,7 @@ class IncidentState:
         self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
         self.haproxy: dict[str, HaproxyView] = {}
         self.phases: dict[int, PhaseNow] = {}  # training processes under `fdtrace run`, by pid
+        self.site_names: dict[int, str] = {}  # --stacks: stack id -> the call site it names
 
     def _log(self, entry: LogEntry) -> None:
         self.log.append(entry)
@@ -296,6 +332,38 @@ class IncidentState:
             view.history.append((time_ns, sample.open_fds))
             view.thread_history.append((time_ns, sample.threads))
             view.last_seen_ns = max(view.last_seen_ns, time_ns)
+
+    def apply_census(self, census: list[ThreadCensus]) -> None:
+        """Fold in a round's thread census."""
+        for entry in census:
+            view = self.processes.get(entry.pid)
+            if view is not None:
+                view.census = list(entry.states)
+
+    def apply_fd_sites(self, sites: list[SiteRow], time_ns: int) -> None:
+        """Fold in a round's changed call sites (--stacks): open count and growth per minute."""
+        for site in sites:
+            if not site.open and site.pid not in self.processes:
+                continue
+            view = self._process(site.pid, site.comm, None)
+            key = site.stack_id if site.origin == "traced" else None
+            history = view.fd_site_history.setdefault(key, deque(maxlen=120))
+            history.append((time_ns, site.open))
+            growth = None
+            if len(history) > 1 and history[-1][0] > history[0][0]:
+                growth = (history[-1][1] - history[0][1]) / ((history[-1][0] - history[0][0]) / 60e9)
+            if site.open:
+                view.fd_sites[key] = (site.open, growth)
+            else:
+                view.fd_sites.pop(key, None)
+                view.fd_site_history.pop(key, None)
+
+    def apply_stacks(self, stacks: list[Stack]) -> None:
+        """Remember the sites the stacks name (the most recent MAX_SITES)."""
+        for stack in stacks:
+            self.site_names[stack.stack_id] = site_name(stack.frames)
+        while len(self.site_names) > MAX_SITES:
+            self.site_names.pop(next(iter(self.site_names)))
 
     def apply_haproxy(self, rows: list[dict[str, Any]], time_ns: int) -> None:
         """Fold in `show info` samples: alert when CurrConns stays above 90 % of maxconn for 30 s,
@@ -437,3 +505,11 @@ def _strings(column: Any) -> list[str]:
 
 def _count_pairs(pids: np.ndarray, labels: list[str]) -> Counter[tuple[int, str]]:
     return Counter(zip(pids.tolist(), labels, strict=True))
+
+
+def _short_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
