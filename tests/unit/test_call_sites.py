@@ -1,0 +1,83 @@
+"""The pure parts of --stacks: site names, leaks and growth from fd_sites rows, the thread census
+in words, and the live view's thread-limit alert."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fdtrace.analysis.call_sites import leaks, site_name
+from fdtrace.procfs.threads import ThreadState, describe_state
+from fdtrace.tui.state import ProcessView
+
+S = 1_000_000_000
+
+
+def test_a_site_is_named_by_its_first_frame_outside_libc_and_go_plumbing() -> None:
+    assert site_name(["__socket+0x7 [libc.so.6]", "leak+0x27 [app]", "main+0x29 [app]"]) == "leak+0x27 [app]"
+    assert site_name(["syscall.Syscall+0x2a [app]", "net.sysSocket+0x40 [app]"]) == "net.sysSocket+0x40 [app]"
+    assert site_name(["clone3+0x19 [libc.so.6]"]) == "clone3+0x19 [libc.so.6]"
+    assert site_name([]) == "(no stack)"
+
+
+def rows(*entries: tuple[int, int | None, int, int]) -> pd.DataFrame:
+    """fd_sites rows: (seconds, stack_id, open, opened)."""
+    return pd.DataFrame([{"ts_ns": t * S, "pid": 7, "comm": "app", "origin": "traced" if sid else "before_tracing",
+                          "stack_id": sid, "open": n, "opened": o if sid else None, "closed": (o - n) if sid else None,
+                          "oldest_ns": S if sid else None} for t, sid, n, o in entries])
+
+
+STACKS = pd.DataFrame([{"stack_id": 11, "pid": 7, "comm": "app", "frames": ["__socket+0x7 [libc.so.6]",
+                                                                              "leak+0x27 [app]"], "truncated": None},
+                       {"stack_id": 12, "pid": 7, "comm": "app", "frames": ["__socket+0x7 [libc.so.6]",
+                                                                              "pool+0x10 [app]"], "truncated": None}])
+
+
+def test_leaks_takes_the_last_figures_and_the_growth_over_the_window() -> None:
+    sites = rows((1, 11, 10, 10), (31, 11, 40, 40), (61, 11, 70, 70), (1, 12, 5, 5), (61, 12, 0, 9), (1, None, 3, 0))
+    found = leaks(sites, STACKS, end_ns=61 * S, window_s=60)
+    assert found["site"].tolist() == ["leak+0x27 [app]", "(from before tracing)"]  # pool's were all closed
+    leak = found.iloc[0]
+    assert (leak["open"], leak["opened"], leak["closed"]) == (70, 70, 0)
+    assert leak["growth_per_min"] == 60.0  # 10 open at 1 s, 70 at 61 s
+    assert leak["oldest_age_s"] == 60.0
+    assert found.iloc[1]["open"] == 3
+
+
+def test_growth_counts_from_zero_for_a_site_first_seen_inside_the_window() -> None:
+    sites = rows((1, 12, 1, 1), (31, 11, 30, 30))
+    found = leaks(sites, STACKS, end_ns=31 * S, window_s=60)
+    leak = found[found["site"] == "leak+0x27 [app]"].iloc[0]
+    assert leak["growth_per_min"] == 60.0  # 30 in the 30 s the recording spans
+
+
+def test_the_census_in_words() -> None:
+    assert describe_state(ThreadState("read", "file", 412)) == "412 threads blocked in read() on regular files"
+    assert describe_state(ThreadState("futex", None, 1)) == "1 thread blocked in futex()"
+    assert describe_state(ThreadState("epoll_wait", "anon:eventpoll", 2)) == \
+        "2 threads blocked in epoll_wait() on eventpoll descriptors"
+    assert describe_state(ThreadState("running", None, 3)) == "3 threads running"
+
+
+def go_view(counts: list[int], limit: int = 10_000) -> ProcessView:
+    view = ProcessView(pid=9, comm="server")
+    for i, n in enumerate(counts):
+        view.thread_history.append((i * 5 * S, n))
+    view.threads = counts[-1]
+    view.thread_limit = ("Go default", counts[-1], limit)
+    view.census = [ThreadState("running", None, 2), ThreadState("read", "file", counts[-1] - 10)]
+    return view
+
+
+def test_steady_thread_growth_alerts_with_the_time_to_the_limit_and_the_dominant_syscall() -> None:
+    view = go_view([1000, 1500, 2000, 2500, 3000])  # 100 threads a second, 7000 to go
+    assert view.seconds_to_thread_limit() == 70.0
+    assert "thread limit (Go default) in 70 s: 2990 threads blocked in read() on regular files" in view.alerts
+
+
+def test_no_alert_for_threads_that_also_shrink_or_hold() -> None:
+    assert go_view([1000, 1500, 1400, 2500, 3000]).seconds_to_thread_limit() is None
+    assert go_view([1000, 1000, 1000, 1000]).seconds_to_thread_limit() is None
+    assert go_view([1000, 1001]).seconds_to_thread_limit() is None  # too short to call it steady
+    far = go_view([1000, 1001, 1002, 1003, 1004])  # hours away
+    assert far.seconds_to_thread_limit() is not None
+    assert not any("thread limit" in alert for alert in far.alerts)
