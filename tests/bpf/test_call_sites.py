@@ -281,3 +281,22 @@ def test_replay_shows_a_recorded_leak_in_the_process_detail(sites_binary: Path, 
             assert "threads now: 1 thread blocked in read() on pipes" in text
 
     asyncio.run(main())
+
+
+def test_trace_prints_the_stack_of_each_failure(sites_binary: Path) -> None:
+    program = Program(["prlimit", "--nofile=24:24", str(sites_binary), "emfile"])
+    tracer = traced(program, ["trace", "--pid", str(program.pid), "--stacks", "--errors-only", "--json"],
+                    marker="tracing (")
+    try:
+        program.go()
+        _made, failed = (int(part.split("=")[1]) for part in program.line().split())
+        time.sleep(1)
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        out, err = tracer.communicate(timeout=60)
+        program.finish()
+    events = [json.loads(line) for line in out.splitlines()]
+    failures = [e for e in events if e["errno"] == "EMFILE"]
+    assert len(failures) == failed == 4
+    for event in failures:
+        assert event["stack"][1].startswith("exhaust_descriptors+"), event

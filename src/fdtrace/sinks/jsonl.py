@@ -34,6 +34,10 @@ def stream_summary(kinds: dict[str, int], losses: dict[str, int]) -> str:
     return f"{sum(kinds.values())} events ({counted}); lost {lost}" + (f" ({detail})" if detail else "")
 
 
+#: Stacks a stream sink keeps for the events that name them (a stack is given once, before them).
+MAX_STACKS = 100_000
+
+
 class JsonLinesSink:
     """Writes each event as one JSON object per line, and counts them by kind.
 
@@ -49,17 +53,24 @@ class JsonLinesSink:
         self.stream = stream
         self.kinds: Counter[str] = Counter()
         self.losses: dict[str, int] = {}
+        self.stacks: dict[int, tuple[str, ...]] = {}  # the latest MAX_STACKS
 
     def open(self, info: SourceInfo) -> None:
         """Nothing to prepare."""
 
     def write(self, update: Update) -> None:
         self.losses = update.losses
+        for stack in update.stacks:
+            self.stacks[stack.stack_id] = stack.frames
+        while len(self.stacks) > MAX_STACKS:
+            del self.stacks[next(iter(self.stacks))]
         events = update.events
         if not events.num_rows:
             return
         self.kinds.update(count_kinds(events))
         for row in events.to_pylist():  # type: ignore[attr-defined]
+            if row.get("stack_id") is not None:
+                row["stack"] = list(self.stacks.get(row["stack_id"], ()))
             self.stream.write(self.format(row) + "\n")
         self.stream.flush()
 
