@@ -102,8 +102,12 @@ class DescriptorTracker:
         if unknown:
             for stack_id, site in self._resolve(unknown).items():
                 self._remember(stack_id, site)
-        # Stacks of descriptors all closed since the last sweep were never needed: free their slots.
-        tracer.forget_stacks([i for i in counts if i not in live and i not in self._sites])
+        # Stacks of descriptors all closed since the last sweep were never needed: free their slots,
+        # unless a call site known by its innermost frames names them (those of gone processes go).
+        prefixes = tracer.prefix_sites()
+        named = {stack_id for _key, stack_id, _pid in prefixes}
+        tracer.forget_prefixes([key for key, _stack_id, pid in prefixes if not os.path.exists(f"/proc/{pid}")])
+        tracer.forget_stacks([i for i in counts if i not in live and i not in self._sites and i not in named])
         self._fold(counts)
 
         current: dict[_Key, tuple[int, int | None, int | None]] = {}

@@ -283,6 +283,19 @@ class BpfTracer:
                     pass
         return {int(getattr(k, "value", k)): (int(v.opened), int(v.closed)) for k, v in taken}
 
+    def prefix_sites(self) -> list[tuple[Any, int, int]]:
+        """The call sites known by their innermost frames (--stacks): (key, stack id, pid)."""
+        return [(key, int(value.stack_id), int(value.tgid)) for key, value in _items(self._bpf[b"prefix_sites"])]
+
+    def forget_prefixes(self, keys: Iterable[Any]) -> None:
+        """Remove call sites known by their innermost frames (those of processes that are gone)."""
+        table = self._bpf[b"prefix_sites"]
+        for key in keys:
+            try:
+                del table[key if isinstance(key, ctypes._SimpleCData) else table.Key(key)]
+            except KeyError:
+                pass
+
     def forget_stacks(self, stack_ids: Iterable[int]) -> None:
         """Remove kept stacks (read already, or no longer needed) from the kernel's table."""
         table = self._bpf[b"stacks"]

@@ -139,9 +139,10 @@ class LiveSource:
 
     def _round(self, update: Update) -> None:
         """Counters, losses and clock, and (when sampling) /proc and HAProxy, into the update."""
-        offsets = sample_offsets()
-        # The call sites first: their rows carry the round's time, so they are read closest to it.
+        # The call sites first, then the round's time: their rows carry it, and no descriptor they
+        # count was made after it.
         sites, stacks = self.kernel.read_fd_sites() if self.options.trace.stacks else ([], [])
+        offsets = sample_offsets()
         samples, system = [], None
         if self.options.sample:
             samples = self.sampler.round(self._pids_with_events, self.options.top_processes, exclude=os.getpid())
