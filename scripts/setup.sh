@@ -12,7 +12,7 @@ fi
 
 arch=$(dpkg --print-architecture)
 packages=(python3-bpfcc bpfcc-tools "linux-headers-$arch" python3-venv util-linux iproute2 procps gcc
-          haproxy golang-go bpftrace strace linux-perf)
+          haproxy golang-go bpftrace strace linux-perf prometheus)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +20,13 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup.sh: installing ${missing[*]}"
     apt-get update -q
+    # Services the packages bring (prometheus) are not started: the tests start their own.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' > "$policy"
+        chmod +x "$policy"
+        trap 'rm -f "$policy"' EXIT
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 

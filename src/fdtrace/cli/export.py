@@ -24,10 +24,25 @@ from fdtrace.errors import FdtraceError
 @follow_option
 @click.option("--top", "top_processes", type=int, default=50, show_default=True,
               help="Processes with series: the ones with the most open FDs (bounds the label sets).")
+@click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
+              help="Also export HAProxy's current connections and maxconn from this stats socket (repeatable).")
+@click.option("--rules", "print_rules", is_flag=True,
+              help="Print fdtrace's Prometheus alerting rules (YAML for rule_files:) and exit.")
+@click.option("--dashboard", "print_dashboard", is_flag=True,
+              help="Print fdtrace's Grafana dashboard (JSON to import) and exit.")
 @duration_option
-def export(listen: str, pids: tuple[int, ...], follow: bool, top_processes: int, duration: float | None) -> None:
+def export(listen: str, pids: tuple[int, ...], follow: bool, top_processes: int, haproxy_sockets: tuple[str, ...],
+           print_rules: bool, print_dashboard: bool, duration: float | None) -> None:
     """Serve Prometheus metrics: process_open_fds / process_max_fds per process, exact counters of
-    sockets, accepts, connects, closes, FD errors and threads, OOM kills, file-nr and losses."""
+    sockets, accepts, connects, closes, FD errors and threads, thread limits, HAProxy's
+    connections, OOM kills, file-nr and losses. --rules and --dashboard print the alerting rules
+    and the Grafana dashboard made for these metrics."""
+    if print_rules or print_dashboard:
+        from importlib import resources
+
+        name = "fdtrace-alerts.yml" if print_rules else "fdtrace-dashboard.json"
+        click.echo((resources.files("fdtrace") / "data" / name).read_text(), nl=False)
+        return
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.pipeline import Pipeline, Stop
     from fdtrace.sinks.prometheus import PrometheusSink
@@ -40,7 +55,7 @@ def export(listen: str, pids: tuple[int, ...], follow: bool, top_processes: int,
     except FdtraceError as error:
         fail(error)
     source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, errors_only=True),
-                                    top_processes=top_processes, keep_exited=0))
+                                    top_processes=top_processes, keep_exited=0, haproxy_sockets=haproxy_sockets))
     pipeline = Pipeline(source, [exporter], poll_interval_s=0.1)
     start(pipeline)
     note(f"serving metrics on http://{exporter.address}:{exporter.port}/metrics")

@@ -14,8 +14,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
-from fdtrace.pipeline.update import SourceInfo, SystemFigures, Update
+from fdtrace.pipeline.update import HaproxyRow, SourceInfo, SystemFigures, Update
 from fdtrace.procfs.sampler import ProcessSample
+from fdtrace.procfs.thread_limits import binding_limit
 
 #: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).
 COUNTER_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -42,6 +43,7 @@ class _Snapshot:
     system: SystemFigures = field(default_factory=dict)
     losses: dict[str, int] = field(default_factory=dict)
     oom_kills: int = 0
+    haproxy: list[HaproxyRow] = field(default_factory=list)
 
 
 class PrometheusSink:
@@ -80,7 +82,8 @@ class PrometheusSink:
         self.observe(update.events)
         for sample_round in update.rounds:
             if update.counters is not None:
-                self.update(sample_round.samples, sample_round.system or {}, update.counters, update.losses)
+                self.update(sample_round.samples, sample_round.system or {}, update.counters, update.losses,
+                            sample_round.haproxy)
 
     def observe(self, events: Any) -> None:
         """Count what only the event stream tells (OOM kills)."""
@@ -90,11 +93,12 @@ class PrometheusSink:
             self._oom_kills += int(pc.sum(pc.equal(events["kind"].cast("string"), "oom_kill")).as_py() or 0)
 
     def update(self, samples: list[ProcessSample], system: SystemFigures, counters: CounterStore,
-               losses: dict[str, int]) -> None:
+               losses: dict[str, int], haproxy: list[HaproxyRow] | None = None) -> None:
         """Take the latest sampling round and counter reading."""
         top = sorted(samples, key=lambda s: s.open_fds, reverse=True)[: self.max_processes]
         live = sorted(counters.live.values(), key=lambda t: sum(t.counts.values()), reverse=True)
-        snapshot = _Snapshot(top, live[: self.max_processes], dict(system), dict(losses), self._oom_kills)
+        snapshot = _Snapshot(top, live[: self.max_processes], dict(system), dict(losses), self._oom_kills,
+                             list(haproxy or []))
         with self._lock:
             self._snapshot = snapshot
 
@@ -106,13 +110,33 @@ class PrometheusSink:
         max_fds = GaugeMetricFamily("process_max_fds", "Maximum number of open file descriptors (soft limit).",
                                     labels=["pid", "comm"])
         threads = GaugeMetricFamily("fdtrace_process_threads", "Threads of the process.", labels=["pid", "comm"])
+        thread_limit = GaugeMetricFamily(
+            "fdtrace_process_thread_limit", "The thread limit that leaves the process the fewest threads to spare "
+            "(Go default, RLIMIT_NPROC, cgroup pids.max).", labels=["pid", "comm", "limit"])
+        thread_used = GaugeMetricFamily(
+            "fdtrace_process_thread_limit_used", "What that limit counts now (the process's threads, its user's "
+            "threads, or its cgroup's tasks).", labels=["pid", "comm", "limit"])
         for sample in snap.processes:
             labels = [str(sample.pid), sample.comm]
             open_fds.add_metric(labels, sample.open_fds)
             if sample.fd_soft_limit is not None:
                 max_fds.add_metric(labels, sample.fd_soft_limit)
             threads.add_metric(labels, sample.threads)
-        yield from (open_fds, max_fds, threads)
+            binding = binding_limit(sample)
+            if binding is not None:
+                thread_limit.add_metric([*labels, binding[0]], binding[2])
+                thread_used.add_metric([*labels, binding[0]], binding[1])
+        yield from (open_fds, max_fds, threads, thread_limit, thread_used)
+        conns = GaugeMetricFamily("fdtrace_haproxy_curr_conns", "HAProxy's current connections (show info CurrConns).",
+                                  labels=["socket"])
+        maxconn = GaugeMetricFamily("fdtrace_haproxy_maxconn", "HAProxy's connection limit (show info Maxconn).",
+                                    labels=["socket"])
+        for row in snap.haproxy:
+            if row.get("curr_conns") is not None:
+                conns.add_metric([str(row["socket"])], float(row["curr_conns"] or 0))
+            if row.get("maxconn") is not None:
+                maxconn.add_metric([str(row["socket"])], float(row["maxconn"] or 0))
+        yield from (conns, maxconn)
         for counter, name, help_text in COUNTER_METRICS:
             family = CounterMetricFamily(name, f"Exact count of {help_text}, per process.", labels=["pid", "comm"])
             for totals in snap.counters:
