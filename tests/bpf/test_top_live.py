@@ -79,3 +79,31 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
     mine = rec.events[rec.events["pid"] == child_pid[0]]
     assert (mine["errno"] == "EMFILE").sum() == 4
     assert rec.samples[rec.samples["pid"] == child_pid[0]]["open_fds"].max() == 48
+
+
+def test_top_comm_shows_only_that_program() -> None:
+    source = LiveSource(LiveOptions(trace=TraceOptions(), top_processes=30, keep_exited=0, comms=("top-emfile",),
+                                    samples_of_comms_only=True))
+    source.start()
+    app = make_app(source)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(180, 40)) as pilot:
+            child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
+            try:
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    await pilot.pause(0.2)
+                    view = app.state.processes.get(child.pid)
+                    if view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48:
+                        break
+                await pilot.pause(1.2)
+                assert app.state.processes[child.pid].fd_exhaustion_errors == 4
+                assert {view.comm for view in app.state.processes.values()} == {"top-emfile"}
+                table = app.query_one("#processes", DataTable)
+                assert table.row_count == 1
+            finally:
+                child.kill()
+                child.wait()
+
+    asyncio.run(scenario())

@@ -56,6 +56,11 @@ def table_pids(app: FdtraceApp) -> list[int]:
     return [int(table.get_row_at(i)[0]) for i in range(table.row_count)]
 
 
+def ended_pids(app: FdtraceApp) -> list[int]:
+    """The rows of processes that ended, in table order."""
+    return [pid for pid in table_pids(app) if app.state.processes[pid].ended]
+
+
 def cell(app: FdtraceApp, pid: int, column: str) -> str:
     return str(app.query_one("#processes", DataTable).get_cell(str(pid), column))
 
@@ -64,7 +69,10 @@ def test_processes_sorted_by_headroom_with_alerts_on_the_right_rows() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await play_to_end(pilot, clock, feed)
         pids = table_pids(app)
-        assert pids[:3] == [PIDS["emfile-child"], PIDS["busy-85"], PIDS["quiet-10"]]
+        ended = ended_pids(app)
+        # the test's processes have all exited by the end: below every live one, still by headroom
+        assert ended[:3] == [PIDS["emfile-child"], PIDS["busy-85"], PIDS["quiet-10"]]
+        assert pids[-len(ended):] == ended and not any(app.state.processes[pid].ended for pid in pids[:-len(ended)])
         assert cell(app, PIDS["emfile-child"], "use") == "100%"
         assert "64/64" in cell(app, PIDS["emfile-child"], "fds")
         assert cell(app, PIDS["emfile-child"], "emfile") == "4"
@@ -84,13 +92,19 @@ def test_sort_by_clicking_a_header_and_by_key() -> None:
         table.post_message(DataTable.HeaderSelected(table, table.columns["fds"].key, 2, table.columns["fds"].label))
         await pilot.pause(0.2)
         assert app.sort == "fds"
-        pids = table_pids(app)
+        pids = ended_pids(app)
         fds = [app.state.processes[pid].open_fds or 0 for pid in pids]
         assert fds == sorted(fds, reverse=True) and pids[0] == PIDS["busy-85"]
         await pilot.press("s")
         assert app.sort == "sockets"
         await pilot.pause(0.2)
-        assert table_pids(app)[0] == PIDS["emfile-child"]  # 61 sockets
+        assert ended_pids(app)[0] == PIDS["emfile-child"]  # 61 sockets
+        await pilot.press("r")
+        await pilot.pause(0.2)
+        assert app.reverse and ended_pids(app)[-1] == PIDS["emfile-child"]  # fewest sockets first
+        assert "reversed" in str(app.query_one("#system", Static).render())
+        live = [pid for pid in table_pids(app) if not app.state.processes[pid].ended]
+        assert table_pids(app) == live + ended_pids(app)  # reversed, the ended still come last
 
     run(scenario)
 
@@ -111,13 +125,17 @@ def test_filter_keeps_matching_rows() -> None:
 def test_enter_opens_the_selected_process() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await play_to_end(pilot, clock, feed)
-        await pilot.press("down", "enter")
+        await pilot.press("slash", *"busy", "enter")  # the filter stays, the table has the focus again
+        await pilot.pause(0.2)
+        await pilot.press("enter")
         await pilot.pause(0.3)
         assert isinstance(app.screen, ProcessScreen) and app.screen.pid == PIDS["busy-85"]
         text = str(app.screen.query_one("#detail", Static).render())
         assert "busy-85" in text and "open FDs 870  soft limit 1024  hard limit 4096" in text
         await pilot.press("escape")
-        await pilot.press("up", "enter")
+        await pilot.press("slash", "escape", "slash", *"emfile", "enter")
+        await pilot.pause(0.2)
+        await pilot.press("enter")
         await pilot.pause(0.3)
         text = str(app.screen.query_one("#detail", Static).render())
         assert "emfile-child" in text and "socket         EMFILE         3" in text
@@ -146,9 +164,26 @@ def test_replay_controls_move_time() -> None:
         await pilot.pause(0.3)
         log = app.query_one("#log", RichLog)
         assert any("pipe2 failed with EMFILE" in line.text for line in log.lines)
+        events = RECORDING.events
+        problems = events[events["errno"].isin(["EMFILE", "ENFILE"]) | (events["kind"] == "oom_kill")
+                          | ((events["kind"] == "process_exit") & events["signal"].notna())]
+        now = feed.player.now_ns
+        await pilot.press("N")  # back to the last one before now
+        await pilot.pause(0.2)
+        expected = problems[problems["time"].map(lambda t: t.value) < now]["time"].iloc[-1].value
+        assert abs(feed.player.now_ns - expected) < 1_000
         await pilot.press("left_curly_bracket")  # a minute back: to the start, state rebuilt from there
         await pilot.pause(0.3)
         assert feed.player.now_ns == start
+
+    run(scenario)
+
+
+def test_the_footer_shows_the_replay_keys() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
+        await pilot.pause(0.2)
+        shown = {key for key, active in app.active_bindings.items() if active.binding.show and active.enabled}
+        assert {"space", "plus", "minus", "n", "N", "left_square_bracket", "right_square_bracket"} <= shown
 
     run(scenario)
 

@@ -27,12 +27,14 @@ from fdtrace.errors import FdtraceError
               help="Where the R key records (default: ./fdtrace-DATE-TIME).")
 @click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
               help="Show HAProxy's `show info` from this stats socket every second (repeatable).")
+@click.option("--comm", "comms", multiple=True,
+              help="Only processes with this task name, in the table and the log (repeatable).")
 @click.option("--keep-exited", type=float, default=300.0, show_default=True,
               help="Seconds a process that ended stays in the table (and one not seen, without alerts).")
 @ring_pages_option
 @stacks_options
 def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str | None,
-        haproxy_sockets: tuple[str, ...], keep_exited: float, ring_pages: int,
+        haproxy_sockets: tuple[str, ...], comms: tuple[str, ...], keep_exited: float, ring_pages: int,
         stacks: bool, max_stacks: int, max_fds: int) -> None:
     """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
     from fdtrace.kernel.loader import TraceOptions
@@ -42,7 +44,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
     source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages,
             stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,
-                                    live_phases=True, keep_exited=0))
+                                    live_phases=True, keep_exited=0, comms=comms, samples_of_comms_only=True))
     try:
         source.start()
     except FdtraceError as error:

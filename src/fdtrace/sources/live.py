@@ -43,6 +43,8 @@ class LiveOptions:
             probes is left to a helper (see ``KernelSession.stop``).
         census_processes: each round takes a thread census of this many sampled processes, those
             nearest a thread limit (and of every process traced with --pid).
+        samples_of_comms_only: with ``comms``, rounds sample only processes of those names too
+            (`top --comm`); otherwise ``comms`` filters the events only.
     """
 
     trace: TraceOptions = TraceOptions()
@@ -56,6 +58,7 @@ class LiveOptions:
     keep_exited: int = 100_000
     exiting: bool = False
     census_processes: int = 3
+    samples_of_comms_only: bool = False
 
 
 class LiveSource:
@@ -146,6 +149,8 @@ class LiveSource:
         samples, system = [], None
         if self.options.sample:
             samples = self.sampler.round(self._pids_with_events, self.options.top_processes, exclude=os.getpid())
+            if self.options.comms and self.options.samples_of_comms_only:
+                samples = [s for s in samples if s.comm in self.options.comms]
             system = self.sampler.system()
         self._pids_with_events.clear()
         haproxy = self.haproxy.sample() if self.haproxy is not None else []

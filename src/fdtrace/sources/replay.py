@@ -164,23 +164,35 @@ class EventPlayer:
         self._position = 0
         self._rebase(wall_ns)
 
-    def seek_next_problem(self) -> int | None:
-        """Jump to the next failure that matters after the current time: any call that failed
-        with EMFILE or ENFILE (socket, accept and fd_error alike), an OOM kill, or a process
-        killed by a signal. Returns its wall time, or None when there is none."""
-        after = int(np.searchsorted(self._times, self.now_ns, side="right"))
-        tail = self.events.slice(after)
-        kind = tail["kind"].cast(pa.string())
-        problem = pc.or_(
-            pc.or_(pc.is_in(tail["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS))),
-                   pc.equal(kind, "oom_kill")),
-            pc.and_(pc.equal(kind, "process_exit"), pc.is_valid(tail["signal"])))
-        hits = np.flatnonzero(problem.to_numpy(zero_copy_only=False))
-        if not len(hits):
-            return None
-        target = int(self._times[after + int(hits[0])])
+    def seek_next_problem(self, backwards: bool = False) -> int | None:
+        """Jump to the next failure that matters after the current time (``backwards``: the last
+        one before it): any call that failed with EMFILE or ENFILE (socket, accept and fd_error
+        alike), an OOM kill, or a process killed by a signal. Returns its wall time, or None
+        when there is none."""
+        if backwards:
+            end = int(np.searchsorted(self._times, self.now_ns, side="left"))
+            hits = self._problems(0, end)
+            if not len(hits):
+                return None
+            target = int(self._times[int(hits[-1])])
+        else:
+            after = int(np.searchsorted(self._times, self.now_ns, side="right"))
+            hits = self._problems(after, len(self._times))
+            if not len(hits):
+                return None
+            target = int(self._times[after + int(hits[0])])
         self.seek(target)
         return target
+
+    def _problems(self, start: int, end: int) -> np.ndarray:
+        """Indexes, from ``start``, of the problem events among events[start:end]."""
+        part = self.events.slice(start, max(end - start, 0))
+        kind = part["kind"].cast(pa.string())
+        problem = pc.or_(
+            pc.or_(pc.is_in(part["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS))),
+                   pc.equal(kind, "oom_kill")),
+            pc.and_(pc.equal(kind, "process_exit"), pc.is_valid(part["signal"])))
+        return np.flatnonzero(problem.to_numpy(zero_copy_only=False))
 
     def seek_next(self, kinds: set[str]) -> int | None:
         """Jump to the next event of one of ``kinds`` after the current time (e.g. the next
@@ -357,14 +369,18 @@ class ReplaySource:
         self._shown_until = self.player.start_ns - 1
         self._reset = True
 
-    def next_problem(self) -> bool:
-        """Jump to the next EMFILE/ENFILE of any call, OOM kill or kill by a signal; False when
-        there is none."""
-        target = self.player.seek_next_problem()
+    def next_problem(self, backwards: bool = False) -> bool:
+        """Jump to the next (``backwards``: the previous) EMFILE/ENFILE of any call, OOM kill or
+        kill by a signal; False when there is none."""
+        target = self.player.seek_next_problem(backwards)
         if target is None:
             return False
         self.seek(target)
         return True
+
+    def previous_problem(self) -> bool:
+        """Jump to the last EMFILE/ENFILE, OOM kill or kill by a signal before now; False when none."""
+        return self.next_problem(backwards=True)
 
 
 def _sample(row: dict[str, Any]) -> ProcessSample:

@@ -26,6 +26,8 @@ POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: 5,000 rows took over 100 ms here, too slow for ten redraws a second.
 MAX_ROWS = 300
 SORTS = tuple(SORT_KEYS)
+#: Keys that act on a replay (hidden in the live view).
+REPLAY_ACTIONS = frozenset({"toggle_play", "faster", "slower", "next_problem", "previous_problem", "seek"})
 
 
 class ViewSink:
@@ -82,12 +84,14 @@ class FdtraceApp(App[None]):
         Binding("end,G", "last_row", "Last", show=False),
         Binding("R", "record", "Record", show=False),
         Binding("question_mark", "help", "Help"),
-        Binding("space", "toggle_play", "Play/pause", show=False),
-        Binding("plus", "faster", "Faster", show=False),
-        Binding("minus", "slower", "Slower", show=False),
-        Binding("n", "next_problem", "Next error", show=False),
-        Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
-        Binding("right_square_bracket", "seek(10)", "+10s", show=False),
+        Binding("r", "reverse_sort", "Reverse", show=False),
+        Binding("space", "toggle_play", "Play/pause"),
+        Binding("plus", "faster", "Faster"),
+        Binding("minus", "slower", "Slower"),
+        Binding("n", "next_problem", "Next error"),
+        Binding("N", "previous_problem", "Prev error"),
+        Binding("left_square_bracket", "seek(-10)", "-10s"),
+        Binding("right_square_bracket", "seek(10)", "+10s"),
         Binding("left_curly_bracket", "seek(-60)", "-60s", show=False),
         Binding("right_curly_bracket", "seek(60)", "+60s", show=False),
     ]
@@ -102,6 +106,7 @@ class FdtraceApp(App[None]):
         self.record_dir = record_dir
         self.state = IncidentState(keep_exited_ns=self.keep_exited_ns)
         self.sort = "headroom"
+        self.reverse = False
         self.text_filter = ""
         self.frozen = False
         self.followed_pid: int | None = None
@@ -208,14 +213,15 @@ class FdtraceApp(App[None]):
         status = self.status()
         if self.state.forgotten:
             status += f", {self.state.forgotten:,} gone processes forgotten"
-        rows = self.state.rows(self.sort, self.text_filter)
+        rows = self.state.rows(self.sort, self.text_filter, reverse=self.reverse)
         if len(rows) > MAX_ROWS:
             status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
         try:
             header = self.query_one("#system", Static)
         except NoMatches:  # an update that arrived while the app was closing: nothing to draw on
             return
-        header.update(system_line(self.state.system, status, self.sort, self.frozen))
+        sort = self.sort + (" reversed" if self.reverse else "")
+        header.update(system_line(self.state.system, status, sort, self.frozen))
         haproxy = self.query_one("#haproxy", Static)
         haproxy.display = bool(self.state.haproxy)
         if self.state.haproxy:
@@ -280,6 +286,11 @@ class FdtraceApp(App[None]):
         """Enter: the selected process's detail screen."""
         if message.row_key.value is not None:
             self.push_screen(ProcessScreen(int(message.row_key.value)))
+
+    def action_reverse_sort(self) -> None:
+        """Best first instead of worst first (live processes stay above exited ones)."""
+        self.reverse = not self.reverse
+        self.redraw()
 
     def action_next_sort(self) -> None:
         self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
@@ -367,6 +378,8 @@ class FdtraceApp(App[None]):
             result = getattr(self.source, action)(*args)
         if action == "next_problem" and result is False:
             self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal after this point")
+        if action == "previous_problem" and result is False:
+            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal before this point")
 
     def action_toggle_play(self) -> None:
         self._replay("toggle_pause")
@@ -379,6 +392,15 @@ class FdtraceApp(App[None]):
 
     def action_next_problem(self) -> None:
         self._replay("next_problem")
+
+    def action_previous_problem(self) -> None:
+        self._replay("previous_problem")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The replay's keys exist (and show in the footer) only in a replay."""
+        if action in REPLAY_ACTIONS and not isinstance(self.source, ReplaySource):
+            return False
+        return True
 
     def action_seek(self, seconds: int) -> None:
         self._replay("seek_by", seconds)

@@ -19,7 +19,7 @@ HELP = """\
 [b]fdtrace[/b]: who is closest to an FD limit, what fails, since when, how fast.
 
 [b]Process table[/b] (sorted by FD headroom: fullest first, processes with EMFILE/ENFILE or an
-OOM kill on top)
+OOM kill on top; processes that ended below the live ones)
   FDS / SOFT LIMIT   open FDs against RLIMIT_NOFILE; the bar turns amber at 80 %, red at 95 %
   SOCK/s ACC/s ...   calls per second;  EMFILE  EMFILE+ENFILE failures of any syscall
   FULL IN            time until the soft limit at the FD growth of the last 30 s
@@ -27,11 +27,11 @@ OOM kill on top)
 
 [b]Keys[/b]
   enter  details of the selected process     /  filter by name or pid (escape clears)
-  s      next sort order                      p  freeze the view (collection goes on)
+  s      next sort order     r  reverse it    p  freeze the view (collection goes on)
   f      follow the selected process          g G  first/last row (home, end)
   R      start/stop recording (live)          ?  this help          q  quit
 [b]Replay[/b]
-  space  pause/play    + -  faster/slower    n  next EMFILE/ENFILE, OOM kill or kill
+  space  pause/play    + -  faster/slower    n N  next/previous EMFILE/ENFILE, OOM kill or kill
   [ ]    10 s back/forward                  { }  60 s back/forward
 """
 

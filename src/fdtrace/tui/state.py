@@ -451,12 +451,15 @@ class IncidentState:
         for pid in gone:
             del self.processes[pid]
         self.forgotten += len(gone)
-    def rows(self, sort: str = "headroom", text_filter: str = "") -> list[ProcessView]:
-        """The processes to show, filtered by name or pid and sorted (worst first)."""
+    def rows(self, sort: str = "headroom", text_filter: str = "", reverse: bool = False) -> list[ProcessView]:
+        """The processes to show, filtered by name or pid and sorted (worst first; ``reverse``:
+        best first). Processes that ended come after the live ones, in the same order."""
         wanted = text_filter.strip().lower()
         views = [v for v in self.processes.values()
                  if not wanted or wanted in v.comm.lower() or wanted == str(v.pid)]
-        return sorted(views, key=SORT_KEYS[sort])
+        live = sorted((v for v in views if v.ended is None), key=SORT_KEYS[sort], reverse=reverse)
+        ended = sorted((v for v in views if v.ended is not None), key=SORT_KEYS[sort], reverse=reverse)
+        return live + ended
 
 
 def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
