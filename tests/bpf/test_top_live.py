@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.widgets import DataTable, RichLog
@@ -33,6 +34,16 @@ time.sleep(4)
 """
 
 
+async def until_at_its_limit(app: Any, pilot: Any, pid: int) -> None:
+    """Wait (15 s at most) until the view shows the child's 4 failures and its 48 open FDs."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        await pilot.pause(0.2)
+        view = app.state.processes.get(pid)
+        if view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48:
+            return
+
+
 def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) -> None:
     source = LiveSource(LiveOptions(trace=TraceOptions(), top_processes=5, live_phases=True, keep_exited=0))
     source.start()
@@ -48,12 +59,7 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
             child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
             child_pid.append(child.pid)
             try:
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline:
-                    await pilot.pause(0.2)
-                    view = app.state.processes.get(child.pid)
-                    if view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48:
-                        break
+                await until_at_its_limit(app, pilot, child.pid)
                 view = app.state.processes[child.pid]
                 assert view.fd_exhaustion_errors == 4  # openat once, socket three times
                 assert view.errors == {("openat", "EMFILE"): 1, ("socket", "EMFILE"): 3}
@@ -91,12 +97,7 @@ def test_top_comm_shows_only_that_program() -> None:
         async with app.run_test(size=(180, 40)) as pilot:
             child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
             try:
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline:
-                    await pilot.pause(0.2)
-                    view = app.state.processes.get(child.pid)
-                    if view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48:
-                        break
+                await until_at_its_limit(app, pilot, child.pid)
                 await pilot.pause(1.2)
                 assert app.state.processes[child.pid].fd_exhaustion_errors == 4
                 assert {view.comm for view in app.state.processes.values()} == {"top-emfile"}

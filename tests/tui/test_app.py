@@ -179,6 +179,29 @@ def test_replay_controls_move_time() -> None:
     run(scenario)
 
 
+def test_the_log_shows_failures_hides_exits_until_asked_and_follows_the_filter() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
+        await play_to_end(pilot, clock, feed)
+
+        def lines() -> list[str]:
+            return [line.text for line in app.query_one("#log", RichLog).lines]
+
+        child = f"emfile-child[{PIDS['emfile-child']}]"
+        assert any(f"{child} pipe2 failed with EMFILE" in line for line in lines())
+        assert not any(line.endswith("exit 1") for line in lines())  # a non-zero exit: not by default
+        await pilot.press("e")
+        await pilot.pause(0.2)
+        assert any(line.endswith(f"{child} exit 1") for line in lines())
+        await pilot.press("slash", *"busy")
+        await pilot.pause(0.2)
+        assert lines() == []  # busy-85 failed nothing and exited 0
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert any(f"{child} pipe2 failed with EMFILE" in line for line in lines())
+
+    run(scenario)
+
+
 def test_the_footer_shows_the_replay_keys() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
         await pilot.pause(0.2)

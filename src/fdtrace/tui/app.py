@@ -19,7 +19,7 @@ from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.adapters import COLUMNS, haproxy_line, log_line, phases_line, process_cells, system_line
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
-from fdtrace.tui.state import SORT_KEYS, IncidentState, ProcessView
+from fdtrace.tui.state import SORT_KEYS, IncidentState, LogEntry, ProcessView
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
@@ -85,6 +85,7 @@ class FdtraceApp(App[None]):
         Binding("R", "record", "Record", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("r", "reverse_sort", "Reverse", show=False),
+        Binding("e", "toggle_exits", "Exits", show=False),
         Binding("space", "toggle_play", "Play/pause"),
         Binding("plus", "faster", "Faster"),
         Binding("minus", "slower", "Slower"),
@@ -113,6 +114,8 @@ class FdtraceApp(App[None]):
         self._shown_keys: list[str] = []
         self._shown_cells: dict[str, dict[str, Any]] = {}
         self._log_shown = 0
+        self._log_rebuild = False
+        self.show_exits = False
         self._last_roll_ns: int | None = None
         self._closed = False
 
@@ -232,9 +235,26 @@ class FdtraceApp(App[None]):
             phases.update(phases_line(self.state.phases, self.state.now_ns))
         self._redraw_table(rows[:MAX_ROWS])
         log = self.query_one("#log", RichLog)
-        for entry in self.state.new_log_entries(self._log_shown):
-            log.write(log_line(entry))
+        if self._log_rebuild:
+            log.clear()
+            entries = list(self.state.log)
+            self._log_rebuild = False
+        else:
+            entries = self.state.new_log_entries(self._log_shown)
+        for entry in entries:
+            if self._log_shows(entry):
+                log.write(log_line(entry))
         self._log_shown = self.state.logged
+
+    def _log_shows(self, entry: LogEntry) -> bool:
+        return (entry.severity != "exit" or self.show_exits) and entry.matches(self.text_filter)
+
+    def action_toggle_exits(self) -> None:
+        """e: show the non-zero exits in the event log too, or hide them again."""
+        self.show_exits = not self.show_exits
+        self._log_rebuild = True
+        self.notify("the log shows non-zero exits" if self.show_exits else "the log hides non-zero exits")
+        self.redraw()
 
     def status(self) -> str:
         """One line saying what the view shows: live (and recording), or where the replay is."""
@@ -311,6 +331,7 @@ class FdtraceApp(App[None]):
     @on(Input.Changed, "#filter")
     def filter_changed(self, message: Input.Changed) -> None:
         self.text_filter = message.value
+        self._log_rebuild = True  # the filter applies to the log as well
         self.redraw()
 
     def on_key(self, event: Any) -> None:

@@ -140,7 +140,12 @@ class LogEntry:
     pid: int
     comm: str
     text: str
-    severity: str  # "error", "warning"
+    severity: str  # "error", "warning", or "exit" (a non-zero exit: shown when asked)
+
+    def matches(self, text_filter: str) -> bool:
+        """Whether the line belongs to the processes a filter (name or pid) selects."""
+        wanted = text_filter.strip().lower()
+        return not wanted or wanted in self.comm.lower() or wanted == str(self.pid)
 
 
 #: Destinations kept per process (the first seen); a process connecting to more is rare.
@@ -316,8 +321,8 @@ class IncidentState:
             self._log(LogEntry(time_ns, view.pid, view.comm, f"killed by {row['signal']}", "error"))
         else:
             view.ended = "exited" if row["exit_code"] is None else f"exit {row['exit_code']}"
-            if row["exit_code"]:
-                self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "warning"))
+            if row["exit_code"]:  # shown only when asked: short-lived programs exit 1 all day
+                self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "exit"))
 
     def apply_samples(self, samples: list[ProcessSample], time_ns: int) -> None:
         """Fold in a sampling round of /proc (or its recorded copy)."""
