@@ -9,7 +9,7 @@ from rich.text import Text
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN
 from fdtrace.procfs.threads import describe_state
-from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView
+from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
 
 #: (key, label, width) of the process table's columns, in order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -51,19 +51,6 @@ def rate(value: float) -> str:
     if value >= 10_000:
         return f"{value / 1000:.0f}k"
     return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
-
-
-def duration(seconds: float | None) -> str:
-    """Time to exhaustion, short: 45s, 12m, 3h."""
-    if seconds is None:
-        return "·"
-    if seconds <= 0:
-        return "FULL"
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.0f}h"
 
 
 def _alert_style(view: ProcessView) -> str:

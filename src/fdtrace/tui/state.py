@@ -124,7 +124,8 @@ class ProcessView:
             found.append(f"threads +{self.rates['thread_start']:.0f}/s")
         to_limit = self.seconds_to_thread_limit()
         if to_limit is not None and to_limit <= THREAD_LIMIT_ALERT_S and self.thread_limit is not None:
-            alert = f"thread limit ({self.thread_limit[0]}) in {_short_duration(to_limit)}"
+            when = f"in {duration(to_limit)}" if to_limit > 0 else "reached"
+            alert = f"thread limit ({self.thread_limit[0]}) {when}"
             dominant = next((s for s in self.census if s.syscall not in ("running", "user")), None)
             if dominant is not None:
                 alert += f": {describe_state(dominant)}"
@@ -515,9 +516,15 @@ def _count_pairs(pids: np.ndarray, labels: list[str]) -> Counter[tuple[int, str]
     return Counter(zip(pids.tolist(), labels, strict=True))
 
 
-def _short_duration(seconds: float) -> str:
+
+def duration(seconds: float | None) -> str:
+    """Time to exhaustion, short: 45s, 12m, 3h."""
+    if seconds is None:
+        return "·"
+    if seconds <= 0:
+        return "FULL"
     if seconds < 120:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.0f}s"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
