@@ -300,3 +300,24 @@ def test_trace_prints_the_stack_of_each_failure(sites_binary: Path) -> None:
     assert len(failures) == failed == 4
     for event in failures:
         assert event["stack"][1].startswith("exhaust_descriptors+"), event
+
+
+def test_a_binary_replaced_by_a_fifo_does_not_hang_the_symbolizer(sites_binary: Path, tmp_path: Path) -> None:
+    """A traced program's file is deleted and a FIFO planted at its path: bcc opens modules by
+    path and would wait on the FIFO forever. fdtrace sees that the mapped file is not there and
+    gives module offsets instead of names."""
+    copy = tmp_path / "planted" / "sites"
+    copy.parent.mkdir()
+    shutil.copy(sites_binary, copy)
+    program = Program([str(copy), "leak", "4", "1"])
+    try:
+        time.sleep(0.2)
+        copy.unlink()
+        os.mkfifo(copy)
+        data = leaks_json(program, 2, ["done"])
+    finally:
+        program.finish()
+    made = [site for site in data["sites"] if site["site"] != "(from before tracing)"]
+    assert [site["open"] for site in made] == [4]
+    frames = made[0]["frames"]
+    assert frames and all(frame.startswith("[") for frame in frames), frames  # "[sites]+0x..." and no names

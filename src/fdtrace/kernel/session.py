@@ -166,17 +166,28 @@ class KernelSession:
         column = events["stack_id"]
         if column.null_count == len(column):
             return events, []
+        import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         stacks: list[Stack] = []
-        comms = events["comm"].to_pylist()
-        pids = events["pid"].to_pylist()
-        sites = []
-        for stack_id, comm, pid in zip(column.to_pylist(), comms, pids, strict=True):
-            sites.append(None if stack_id is None else self._site_of(stack_id & (2**64 - 1), pid, comm, False,
-                                                                     mono_ns, stacks))
+        # Once per distinct stack in the batch, not per event (an EMFILE storm repeats one stack).
+        named = events.filter(pc.is_valid(column)).select(["stack_id", "pid", "comm"])
+        named = named.set_column(2, "comm", named["comm"].cast(pa.string()))
+        firsts = named.group_by("stack_id", use_threads=False).aggregate([("pid", "first"), ("comm", "first")])
+        sites = {stack_id: self._site_of(stack_id & (2**64 - 1), pid, comm, False, mono_ns, stacks)
+                 for stack_id, pid, comm in zip(firsts["stack_id"].to_pylist(), firsts["pid_first"].to_pylist(),
+                                                firsts["comm_first"].to_pylist(), strict=True)}
+        ids = pc.fill_null(column, 0).to_numpy()  # int64 (with nulls, to_numpy would give float64)
+        keys = np.array(list(sites), dtype=np.int64)
+        values = np.array([sites[k] if sites[k] is not None else 0 for k in keys], dtype=np.int64)
+        valid = ~column.is_null().to_numpy(zero_copy_only=False)
+        mapped = np.zeros(len(ids), dtype=np.int64)
+        order = np.argsort(keys)
+        mapped[valid] = values[order][np.searchsorted(keys[order], ids[valid])]
         index = events.schema.get_field_index("stack_id")
-        return events.set_column(index, events.schema.field(index), pa.array(sites, type=pa.int64())), stacks
+        site_column = pa.array(mapped, type=pa.int64(), mask=mapped == 0)
+        return events.set_column(index, events.schema.field(index), site_column), stacks
 
     def _site_of(self, stack_id: int, pid: int, comm: str, stale: bool, mono_ns: int, out: list[Stack]) -> int | None:
         """The id of a kernel stack's symbolized stack: the first kernel id that gave the same frames

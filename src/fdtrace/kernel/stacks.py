@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,7 @@ class Symbolizer:
         self._max_frames = max_frames
         self._caches: dict[int, Any] = {}
         self._calls: dict[tuple[int, int, int], bool] = {}
+        self._unsafe: set[int] = set()  # processes whose mapped binaries bcc must not open
         self._maps: dict[int, list[tuple[int, int, int, int, int, str]]] = {}
 
     def begin(self) -> None:
@@ -86,9 +88,15 @@ class Symbolizer:
                 self._frames.move_to_end(key)
                 return text, _function(text)
         cache = self._caches.get(pid)
-        if cache is None:
-            cache = self._caches[pid] = self._tracer.symbol_cache(pid)
-        name, offset, module = self._tracer.resolve(cache, address)
+        if cache is None and pid not in self._unsafe:
+            if self._mapped_files_intact(pid):
+                cache = self._caches[pid] = self._tracer.symbol_cache(pid)
+            else:
+                self._unsafe.add(pid)
+        if cache is None:  # bcc would open a file that is not the one mapped: module and offset only
+            name, offset, module = None, (address - mapping[0] + mapping[2]) if mapping else address, None
+        else:
+            name, offset, module = self._tracer.resolve(cache, address)
         module_name = os.path.basename(module) if module else (os.path.basename(mapping[5]) if mapping else None)
         if name:
             text = f"{name}+{offset:#x}" + (f" [{module_name}]" if module_name else "")
@@ -101,6 +109,24 @@ class Symbolizer:
             if len(self._frames) > self._max_frames:
                 self._frames.popitem(last=False)
         return text, name
+
+    def _mapped_files_intact(self, pid: int) -> bool:
+        """Whether every binary the process maps is still, at its path, the regular file mapped
+        (a regular file, the same inode where the device is the same). bcc opens the modules by
+        path: a path the process replaced with a FIFO would hang it, another file would give
+        wrong names."""
+        for _start, _end, _offset, device, inode, path in self._maps.get(pid) or []:
+            if not inode or not path.startswith("/"):
+                continue
+            try:
+                found = os.stat(f"/proc/{pid}/root{path}")
+            except OSError:
+                return False
+            if not stat.S_ISREG(found.st_mode):
+                return False
+            if found.st_dev == device and found.st_ino != inode:  # replaced (an overlay shows other numbers)
+                return False
+        return True
 
     def executable(self, pid: int, address: int) -> bool:
         """Whether ``address`` lies in an executable mapping of the process (code, JIT code too)."""
@@ -137,6 +163,7 @@ class Symbolizer:
         """Free the symbol caches of processes that are gone."""
         for pid in [p for p in self._caches if not os.path.exists(f"/proc/{p}")]:
             self._tracer.free_symbol_cache(self._caches.pop(pid), pid)
+        self._unsafe = {p for p in self._unsafe if os.path.exists(f"/proc/{p}")}
 
     def close(self) -> None:
         """Free every symbol cache."""
