@@ -1,8 +1,13 @@
 """Analysis of recordings for postmortems. Every function returns a pandas DataFrame; nothing
-here plots (``fdtrace.analysis.plots`` does, and needs matplotlib)."""
+here plots (``fdtrace.analysis.plots`` does, and needs matplotlib).
+
+Each function takes what ``load()`` returns with any engine: the tables are reduced by the same
+SQL in DuckDB (over the loaded DataFrames, or over the Parquet files) or in Spark, and only the
+result comes back into pandas (``fdtrace.analysis.engines``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -14,10 +19,42 @@ from fdtrace.analysis import failures as _incidents
 from fdtrace.analysis import headroom_series as _headroom
 from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
-from fdtrace.recording import Recording, load
+from fdtrace.analysis.engines.dataset import EngineRecording, engine_for, load_with_engine, select_events
+from fdtrace.recording import Recording
+from fdtrace.recording import load as load_frames
+from fdtrace.recording.fleet import fleet_roots
 
-__all__ = ["Recording", "align", "destinations", "failures", "headroom", "incidents", "least_headroom", "leaks",
-           "load", "phase_stats", "rates", "spikes", "thread_sites", "threads"]
+__all__ = ["EngineRecording", "Recording", "align", "destinations", "failures", "headroom", "incidents",
+           "least_headroom", "leaks", "load", "phase_stats", "rates", "spikes", "thread_sites", "threads"]
+
+
+def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
+         phases: list[str | Path] | None = None, engine: str = "pandas", spark_master: str | None = None,
+         memory_limit: str | None = None) -> Any:
+    """Open recordings: one recording directory, several, or a fleet (any directory holding
+    recordings, up to 4 levels down).
+
+    Args:
+        columns: with ``engine="pandas"``, only these columns of these tables
+            (``{"events": ["time", "pid", ...]}``).
+        phases: with ``engine="pandas"``, phase files to add (``fdtrace run --phases-out`` files
+            or PyTorch profiler traces).
+        engine: ``"pandas"`` loads every table into DataFrames (a ``Recording``); ``"duckdb"``
+            leaves them in Parquet and queries them out of core; ``"spark"`` queries them in
+            Apache Spark; ``"auto"``: pandas below 256 MiB of events and samples, DuckDB above.
+            The engine recordings (``EngineRecording``) answer every function here and
+            ``recording.sql(...)``; they hold no events in memory.
+        spark_master: with ``engine="spark"``, the cluster (``spark://HOST:7077``); ``local[2]``
+            by default, or Spark Connect when SPARK_REMOTE is set.
+        memory_limit: with ``engine="duckdb"``, DuckDB's memory limit (``"1GB"``); it spills to
+            a private temporary folder beyond it.
+    """
+    if engine == "pandas" or (engine == "auto" and (columns or phases)):
+        return load_frames(list[str | Path](fleet_roots(paths)), columns=columns, phases=phases)
+    if columns or phases:
+        raise ValueError(f"load(engine={engine!r}) reads columns as queries need them and takes no phases= "
+                         "(load with engine='pandas' for those)")
+    return load_with_engine(paths, engine=engine, spark_master=spark_master, memory_limit=memory_limit)
 
 
 def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
@@ -143,7 +180,13 @@ def phase_stats(recording: Recording) -> pd.DataFrame:
     ``connects``, ``accepts``, failed calls (``errors``, not counting EAGAIN/EINPROGRESS) and
     ``threads_started`` by that rank's process while in it (events counted in their innermost
     phase, as ``align`` labels them)."""
-    return _phases.phase_stats(recording.events, recording.phases)
+    phases = recording.phases
+    if isinstance(recording, EngineRecording):
+        pids = ", ".join(str(int(p)) for p in sorted(set(phases["pid"].dropna()))) or "NULL"
+        events = select_events(recording.engine, f"pid IN ({pids})", ("host", "ts_ns", "time", "pid", "kind",
+                                                                      "syscall", "errno"))
+        return _phases.phase_stats(events, phases)
+    return _phases.phase_stats(recording.events, phases)
 
 
 def _end_ns(recording: Any) -> int | None:
@@ -185,4 +228,12 @@ def thread_sites(recording: Any, pid: int | None = None) -> pd.DataFrame:
 
     Returns one row per site: ``site``, ``threads`` started there, ``first`` and ``last`` start
     times and the ``frames``, most threads first."""
+    if isinstance(recording, EngineRecording):
+        with engine_for(recording) as engine:
+            if "stack_id" not in engine.columns("events"):
+                return _sites.thread_sites(pd.DataFrame(), None)
+            mine = "" if pid is None else f" AND pid = {int(pid)}"
+            events = select_events(engine, f"kind = 'thread_start' AND stack_id IS NOT NULL{mine}",
+                                   ("host", "ts_ns", "time", "pid", "tid", "comm", "kind", "stack_id"))
+        return _sites.thread_sites(events, recording.stacks, pid=pid)
     return _sites.thread_sites(recording.events, recording.stacks, pid=pid)

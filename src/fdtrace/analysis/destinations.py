@@ -6,36 +6,49 @@ from typing import Any
 
 import pandas as pd
 
+from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines.dataset import engine_for
+from fdtrace.analysis.failures import as_time
 from fdtrace.schema import NOT_FAILURES
 
 COLUMNS = ["host", "comm", "pid", "peer_addr", "peer_port", "calls", "failed", "errors", "first", "last"]
+KEYS = ["host", "comm", "pid", "peer_addr", "peer_port"]
+
+
+def destinations_on(engine: Engine) -> pd.DataFrame:
+    """``destinations()`` computed by ``engine``."""
+    if not {"peer_addr", "peer_port"} <= engine.columns("events"):
+        if engine.rows("events") == 0:
+            return pd.DataFrame(columns=COLUMNS)
+        raise ValueError("destinations() needs the events' peer_addr and peer_port: load them (load(columns=...))")
+    answers = ", ".join(quote(e) for e in NOT_FAILURES)
+    grouped = engine.query(
+        "SELECT host, comm, pid, peer_addr, peer_port, coalesce(errno, '') AS errno, "
+        f"coalesce(errno, '') NOT IN ({answers}) AS failed, count(*) AS n, min(time_ns) AS first, "
+        "max(time_ns) AS last FROM events WHERE kind = 'connect' AND peer_port IS NOT NULL "
+        "GROUP BY 1, 2, 3, 4, 5, 6, 7")
+    if grouped.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    grouped["peer_port"] = grouped["peer_port"].astype("int64")
+    grouped["pid"] = grouped["pid"].astype("int64")
+    grouped["peer_addr"] = grouped["peer_addr"].fillna("").astype(str)
+    grouped["failed_n"] = grouped["n"].where(grouped["failed"], 0)
+    table = grouped.groupby(KEYS, sort=False).agg(calls=("n", "sum"), failed=("failed_n", "sum"),
+                                                  first=("first", "min"), last=("last", "max")).reset_index()
+    errors: dict[tuple[Any, ...], dict[str, int]] = {}
+    for row in grouped[grouped["failed"]].sort_values(["n", "errno"], ascending=[False, True]).itertuples():
+        errors.setdefault((row.host, row.comm, row.pid, row.peer_addr, row.peer_port), {})[row.errno] = int(row.n)
+    table["errors"] = [errors.get(tuple(key), {}) for key in table[KEYS].itertuples(index=False)]
+    table["first"] = as_time(table["first"])
+    table["last"] = as_time(table["last"])
+    table[["calls", "failed"]] = table[["calls", "failed"]].astype("int64")
+    table = table.sort_values(["failed", "calls", "host", "pid", "peer_addr", "peer_port"],
+                              ascending=[False, False, True, True, True, True], kind="stable", ignore_index=True)
+    return table[COLUMNS]
 
 
 def destinations(recording: Any) -> pd.DataFrame:
     """One row per (process, destination address and port) of connect() calls, most failures
     first. See ``fdtrace.analysis.destinations`` for the columns."""
-    events = recording.events if hasattr(recording, "events") else recording
-    if events.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    if "peer_port" not in events.columns:
-        raise ValueError("destinations() needs the events' peer_addr and peer_port: load them (load(columns=...))")
-    connects = events[(events["kind"] == "connect") & events["peer_port"].notna()].copy()
-    if connects.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    connects["errno"] = connects["errno"].astype(str)
-    connects["failed"] = ~connects["errno"].isin(NOT_FAILURES)
-    keys = ["host", "comm", "pid", "peer_addr", "peer_port"]
-    for key in ("host", "comm", "peer_addr"):
-        connects[key] = connects[key].astype(str)
-    grouped = connects.groupby(keys, sort=False)
-    table = grouped.agg(calls=("kind", "size"), failed=("failed", "sum"), first=("time", "min"),
-                        last=("time", "max")).reset_index()
-    failures = connects[connects["failed"]]
-    errors = failures.groupby(keys, sort=False)["errno"].value_counts()
-    by_key: dict[tuple[Any, ...], dict[str, int]] = {}
-    for (*key, errno), count in errors.items():
-        by_key.setdefault(tuple(key), {})[errno] = int(count)
-    table["errors"] = [by_key.get(tuple(row), {}) for row in table[keys].itertuples(index=False)]
-    table["peer_port"] = table["peer_port"].astype(int)
-    table = table.sort_values(["failed", "calls"], ascending=False, kind="stable", ignore_index=True)
-    return table[COLUMNS]
+    with engine_for(recording) as engine:
+        return destinations_on(engine)

@@ -2,52 +2,86 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pandas as pd
 
+from fdtrace.analysis.binning import where
+from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
+
+COLUMNS = ["time", "host", "pid", "start_ns", "comm", "kind", "failure"]
+INCIDENT_COLUMNS = ["time", "host", "pid", "comm", "failure", "first_overall", "failures_of_process", "followed_by"]
+
+_FD = f"errno IN ({', '.join(quote(e) for e in FD_EXHAUSTION_ERRNOS)})"
+_KILLED = "kind = 'process_exit' AND signal IS NOT NULL AND signal <> ''"
+_BAD_EXIT = "kind = 'process_exit' AND coalesce(exit_code, 0) <> 0"
+
+#: What each failure is called, the first that applies (a kill also has a non-zero exit code).
+FAILURE_SQL = (f"CASE WHEN {_FD} THEN concat(syscall, ' ', errno) WHEN kind = 'oom_kill' THEN 'OOM kill' "
+               f"WHEN {_KILLED} THEN concat('killed by ', signal) "
+               f"WHEN {_BAD_EXIT} THEN concat('exit ', CAST(exit_code AS VARCHAR)) END")
+IS_FAILURE = f"({_FD}) OR kind = 'oom_kill' OR ({_KILLED}) OR ({_BAD_EXIT})"
+
+
+def is_symptom(alias: str) -> str:
+    """What counts as a symptom in the other processes: any failed call, any end, any OOM kill."""
+    return f"({alias}.errno IS NOT NULL AND {alias}.errno <> '') OR {alias}.kind IN ('process_exit', 'oom_kill')"
+
+
+def as_time(ns: pd.Series) -> pd.Series:
+    """UTC timestamps of integer ns."""
+    return pd.to_datetime(ns.astype("int64"), unit="ns", utc=True)
+
+
+def failures_on(engine: Engine) -> pd.DataFrame:
+    """``failures()`` computed by ``engine``."""
+    found = engine.query(f"SELECT time_ns, host, pid, start_ns, comm, kind, {FAILURE_SQL} AS failure FROM events "
+                         f"{where(IS_FAILURE)} ORDER BY time_ns, host, pid")
+    found.insert(0, "time", as_time(found.pop("time_ns")))
+    found["pid"] = found["pid"].astype("int64")
+    found["start_ns"] = found["start_ns"].astype("Int64")
+    return found[COLUMNS].reset_index(drop=True)
 
 
 def failures(recording_or_events: Any) -> pd.DataFrame:
     """Every failure that ends or cripples a process: EMFILE/ENFILE from any syscall, OOM kills,
     kills by a signal and non-zero exits, with what it was."""
-    events = getattr(recording_or_events, "events", recording_or_events)
-    fd = events["errno"].isin(FD_EXHAUSTION_ERRNOS)
-    oom = events["kind"] == "oom_kill"
-    exits = events["kind"] == "process_exit"
-    killed = exits & events["signal"].notna() & (events["signal"].astype(object) != "")
-    bad_exit = exits & events["exit_code"].fillna(0).ne(0)
-    chosen = events[fd | oom | killed | bad_exit].copy()
-    signal = chosen["signal"].astype(object).fillna("").astype(str)
-    what = pd.Series("", index=chosen.index)
-    what[fd[chosen.index]] = chosen["syscall"].astype(str) + " " + chosen["errno"].astype(str)
-    what[oom[chosen.index]] = "OOM kill"
-    what[killed[chosen.index]] = "killed by " + signal[killed[chosen.index]]
-    what[bad_exit[chosen.index]] = "exit " + chosen["exit_code"].astype("Int64").astype(str)
-    chosen["failure"] = what
-    return chosen[["time", "host", "pid", "start_ns", "comm", "kind", "failure"]].sort_values("time")
+    with engine_for(recording_or_events) as engine:
+        return failures_on(engine)
+
+
+def incidents_on(engine: Engine, window_s: float = 10.0) -> pd.DataFrame:
+    """``incidents()`` computed by ``engine``."""
+    all_failures = failures_on(engine)
+    if all_failures.empty:
+        return pd.DataFrame(columns=INCIDENT_COLUMNS)
+    keys = ["host", "pid", all_failures["start_ns"].fillna(-1)]
+    firsts = all_failures.groupby(keys, sort=False).head(1).reset_index(drop=True)
+    totals = all_failures.groupby(["pid"]).size()
+    window_ns = int(window_s * 1e9)
+    starts = pd.DataFrame({"incident": range(len(firsts)), "pid": firsts["pid"].astype("int64"),
+                           "time_ns": firsts["time"].astype("int64")})
+    label = "concat(e.comm, ': ', CASE WHEN e.errno IS NULL OR e.errno = '' THEN e.kind " \
+            "ELSE concat(e.syscall, ' ', e.errno) END)"
+    after = engine.query(
+        f"SELECT f.incident, {label} AS symptom, count(*) AS n FROM first_failures AS f JOIN events AS e "
+        f"ON e.time_ns > f.time_ns AND e.time_ns <= f.time_ns + {window_ns} AND e.pid <> f.pid "
+        f"WHERE {is_symptom('e')} GROUP BY 1, 2",
+        inputs={"first_failures": starts})
+    followed: dict[int, dict[str, int]] = {i: {} for i in range(len(firsts))}
+    for row in after.sort_values(["incident", "n", "symptom"], ascending=[True, False, True]).itertuples():
+        followed[int(row.incident)][str(row.symptom)] = int(row.n)
+    rows = [{"time": first.time, "host": first.host, "pid": first.pid, "comm": first.comm, "failure": first.failure,
+             "first_overall": order == 0, "failures_of_process": int(totals[first.pid]),
+             "followed_by": followed[order]}
+            for order, first in enumerate(firsts.itertuples(index=False))]
+    return pd.DataFrame(rows, columns=INCIDENT_COLUMNS)
 
 
 def incidents(recording_or_events: Any, window_s: float = 10.0) -> pd.DataFrame:
     """The first failure of each process, in time order, each with what followed it in the other
     processes within ``window_s``. See ``fdtrace.analysis`` for the full description."""
-    all_failures = failures(recording_or_events)
-    firsts = all_failures.groupby(["host", "pid", "start_ns"], observed=True, dropna=False).head(1)
-    events = getattr(recording_or_events, "events", recording_or_events)
-    symptoms = events[(events["errno"] != "") | events["kind"].isin(["process_exit", "oom_kill"])]
-    rows = []
-    for order, first in enumerate(firsts.itertuples(index=False)):
-        end = first.time + pd.Timedelta(seconds=window_s)
-        after = symptoms[(symptoms["time"] > first.time) & (symptoms["time"] <= end) & (symptoms["pid"] != first.pid)]
-        labels = Counter(
-            f"{comm}: {kind if not err else f'{sc} {err}'}"
-            for comm, kind, sc, err in zip(after["comm"].astype(str), after["kind"].astype(str),
-                                           after["syscall"].astype(str), after["errno"].astype(str), strict=True))
-        total = int((all_failures["pid"] == first.pid).sum())
-        rows.append({"time": first.time, "host": first.host, "pid": first.pid, "comm": first.comm,
-                     "failure": first.failure, "first_overall": order == 0, "failures_of_process": total,
-                     "followed_by": dict(labels.most_common())})
-    return pd.DataFrame(rows, columns=["time", "host", "pid", "comm", "failure", "first_overall",
-                                       "failures_of_process", "followed_by"])
+    with engine_for(recording_or_events) as engine:
+        return incidents_on(engine, window_s=window_s)

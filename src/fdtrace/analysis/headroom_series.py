@@ -5,99 +5,114 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines.dataset import engine_for
+from fdtrace.analysis.failures import as_time
 from fdtrace.procfs.thread_limits import THREAD_LIMITS
+
+#: Larger than any room a limit leaves (stands for "no such limit" in least()).
+NO_ROOM = 1 << 62
 
 COLUMNS = ["time", "host", "pid", "start_ns", "comm", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom",
            "usage", "seconds_to_exhaustion", "threads", "threads_per_s", "thread_limit_kind", "thread_limit",
            "thread_count", "thread_headroom", "thread_usage", "seconds_to_thread_limit"]
 
 
-def _window_slope(ts: np.ndarray, values: np.ndarray, window_ns: int) -> np.ndarray:
-    """Growth per second of ``values`` over the previous window at each sample (NaN at the first)."""
-    first = np.searchsorted(ts, ts - window_ns, side="left")
-    dt = (ts - ts[first]) / 1e9
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(dt > 0, (values - values[first]) / dt, np.nan)
+def headroom_sql(window_s: float) -> str:
+    """One row per sample with its headroom, binding thread limit and times to each limit."""
+    window_ns = int(window_s * 1e9)
+    rooms = [(name, limit, count, f"room_{i}") for i, (name, limit, count) in enumerate(THREAD_LIMITS)]
+    # The binding limit leaves the fewest threads to spare; the first in THREAD_LIMITS on a tie.
+    least = f"least({', '.join(f'coalesce({room}, {NO_ROOM})' for *_, room in rooms)})"
+    kind = " ".join(f"WHEN {room} = best THEN {quote(name)}" for name, _, _, room in rooms)
+    limit = " ".join(f"WHEN {room} = best THEN {lim}" for _, lim, _, room in rooms)
+    count = " ".join(f"WHEN {room} = best THEN {cnt}" for _, _, cnt, room in rooms)
+    window = (f"OVER (PARTITION BY host, pid, start_ns ORDER BY ts_ns "
+              f"RANGE BETWEEN {window_ns} PRECEDING AND CURRENT ROW)")
+
+    def slope(column: str) -> str:
+        return (f"CASE WHEN ts_ns > first_ts THEN CAST({column} - first_{column} AS DOUBLE) / "
+                f"(CAST(ts_ns - first_ts AS DOUBLE) / 1e9) END")
+
+    return f"""
+WITH sys AS (SELECT host, ts_ns, max(threads_max) AS threads_max, max(threads_total) AS threads_total
+             FROM system GROUP BY 1, 2),
+joined AS (SELECT s.host, s.ts_ns, s.time_ns, s.pid, s.start_ns, s.comm, s.open_fds, s.fd_soft_limit,
+                  s.fd_hard_limit, s.threads, s.go_max_threads, s.nproc_soft_limit, s.user_threads, s.pids_max,
+                  s.pids_current, y.threads_max, y.threads_total
+           FROM samples AS s LEFT JOIN sys AS y ON s.host = y.host AND s.ts_ns = y.ts_ns),
+roomy AS (SELECT *, {", ".join(f"{lim} - {cnt} AS {room}" for _, lim, cnt, room in rooms)} FROM joined),
+bound AS (SELECT *, CASE WHEN {least} < {NO_ROOM} THEN {least} END AS best FROM roomy),
+limited AS (SELECT *, fd_soft_limit - open_fds AS headroom,
+                   CASE WHEN fd_soft_limit > 0 THEN CAST(open_fds AS DOUBLE) / fd_soft_limit END AS usage,
+                   CASE {kind} END AS thread_limit_kind, CASE {limit} END AS thread_limit,
+                   CASE {count} END AS thread_count, best AS thread_headroom
+            FROM bound),
+windowed AS (SELECT *, first_value(ts_ns) {window} AS first_ts, first_value(open_fds) {window} AS first_open_fds,
+                    first_value(threads) {window} AS first_threads,
+                    first_value(thread_count) {window} AS first_thread_count
+             FROM limited),
+sloped AS (SELECT *, {slope("open_fds")} AS fd_slope, {slope("threads")} AS threads_per_s,
+                  {slope("thread_count")} AS count_slope FROM windowed)
+SELECT time_ns, host, pid, start_ns, comm, open_fds, fd_soft_limit, fd_hard_limit, headroom, usage,
+       CASE WHEN headroom <= 0 THEN 0.0 WHEN fd_slope > 0 THEN headroom / fd_slope END AS seconds_to_exhaustion,
+       threads, threads_per_s, thread_limit_kind, thread_limit, thread_count, thread_headroom,
+       CASE WHEN thread_limit > 0 THEN CAST(thread_count AS DOUBLE) / thread_limit END AS thread_usage,
+       CASE WHEN thread_headroom <= 0 THEN 0.0 WHEN count_slope > 0 THEN thread_headroom / count_slope END
+           AS seconds_to_thread_limit,
+       ts_ns
+FROM sloped"""
 
 
-def _with_system(frame: pd.DataFrame, system: pd.DataFrame) -> pd.DataFrame:
-    """The system's threads-max and task count joined to each sample taken in the same round."""
-    wanted = ["host", "ts_ns", "threads_max", "threads_total"]
-    if system is None or system.empty or not set(wanted) <= set(system.columns):
-        return frame.assign(threads_max=np.nan, threads_total=np.nan)
-    figures = system[wanted].drop_duplicates(["host", "ts_ns"])
-    figures = figures.assign(host=figures["host"].astype(str))
-    merged = frame.assign(host=frame["host"].astype(str)).merge(figures, on=["host", "ts_ns"], how="left")
-    return merged.assign(host=merged["host"].astype("category"))
+def _shaped(found: pd.DataFrame) -> pd.DataFrame:
+    """An engine's rows as ``headroom()`` gives them."""
+    found.insert(0, "time", as_time(found.pop("time_ns")))
+    for column in ("pid", "open_fds", "threads"):
+        found[column] = found[column].astype("int64")
+    found["start_ns"] = found["start_ns"].astype("Int64")
+    for column in ("fd_soft_limit", "fd_hard_limit", "headroom", "usage", "seconds_to_exhaustion", "threads_per_s",
+                   "thread_limit", "thread_count", "thread_headroom", "thread_usage", "seconds_to_thread_limit"):
+        found[column] = pd.to_numeric(found[column], errors="coerce").astype("float64")
+    found["thread_limit_kind"] = found["thread_limit_kind"].astype(object).where(found["thread_limit_kind"].notna(),
+                                                                                 None)
+    return found
 
 
-def _thread_limits(frame: pd.DataFrame) -> pd.DataFrame:
-    """The binding thread limit of every sample: the one with the least room left."""
-    rooms, limits, counts = [], [], []
-    for _, limit_column, count_column in THREAD_LIMITS:
-        limit = pd.to_numeric(frame.get(limit_column, pd.Series(np.nan, index=frame.index)), errors="coerce")
-        count = pd.to_numeric(frame.get(count_column, pd.Series(np.nan, index=frame.index)), errors="coerce")
-        limits.append(limit.to_numpy(dtype=float))
-        counts.append(count.to_numpy(dtype=float))
-        rooms.append((limit - count).to_numpy(dtype=float))
-    room = np.vstack(rooms)
-    known = ~np.isnan(room)
-    binding = np.argmin(np.where(known, room, np.inf), axis=0)
-    has_limit = known.any(axis=0)
-    rows = np.arange(len(frame))
-    names = np.array([name for name, _, _ in THREAD_LIMITS], dtype=object)
-    frame["thread_limit_kind"] = np.where(has_limit, names[binding], None)
-    frame["thread_limit"] = np.where(has_limit, np.vstack(limits)[binding, rows], np.nan)
-    frame["thread_count"] = np.where(has_limit, np.vstack(counts)[binding, rows], np.nan)
-    frame["thread_headroom"] = np.where(has_limit, room[binding, rows], np.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        frame["thread_usage"] = frame["thread_count"] / frame["thread_limit"]
-    return frame
+def headroom_on(engine: Engine, window_s: float = 30.0, where: str | None = None) -> pd.DataFrame:
+    """``headroom()`` computed by ``engine``; ``where``: only the rows that meet this SQL condition
+    (on the result's columns, e.g. some processes)."""
+    if "open_fds" not in engine.columns("samples"):
+        return pd.DataFrame(columns=COLUMNS)
+    chosen = f"WHERE {where}" if where else ""
+    found = engine.query(f"SELECT * FROM ({headroom_sql(window_s)}) AS series {chosen} "
+                         "ORDER BY host, pid, start_ns, ts_ns")
+    return _shaped(found)[COLUMNS].reset_index(drop=True)
+
+
+def least_headroom_on(engine: Engine, resource: str = "fds", window_s: float = 30.0) -> pd.DataFrame:
+    """``least_headroom()`` computed by ``engine``: the fullest sample of each process is chosen in
+    the engine, so only one row per process comes back."""
+    usage = {"fds": "usage", "threads": "thread_usage"}[resource]
+    if "open_fds" not in engine.columns("samples"):
+        return pd.DataFrame(columns=COLUMNS)
+    found = engine.query(
+        f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY host, pid, start_ns ORDER BY {usage} DESC "
+        f"NULLS LAST, ts_ns) AS fullness FROM ({headroom_sql(window_s)}) AS series) AS ranked WHERE fullness = 1 "
+        f"ORDER BY {usage} DESC NULLS LAST, time_ns, host, pid")
+    return _shaped(found)[COLUMNS].reset_index(drop=True)
 
 
 def headroom(recording: Any, window_s: float = 30.0) -> pd.DataFrame:
     """Per sample: open FDs and threads against their limits, and the estimated time to each
     limit. See ``fdtrace.analysis.headroom`` for the full description."""
-    samples = recording.samples
-    if samples.empty or "open_fds" not in samples.columns:
-        return pd.DataFrame(columns=COLUMNS)
-    frame = _with_system(samples, getattr(recording, "system", None))
-    frame = frame.sort_values(["host", "pid", "start_ns", "ts_ns"]).reset_index(drop=True)
-    frame["headroom"] = frame["fd_soft_limit"] - frame["open_fds"]
-    frame["usage"] = frame["open_fds"] / frame["fd_soft_limit"]
-    frame = _thread_limits(frame)
-    frame["seconds_to_exhaustion"] = np.nan
-    frame["threads_per_s"] = np.nan
-    frame["seconds_to_thread_limit"] = np.nan
-    window_ns = int(window_s * 1e9)
-    for _, group in frame.groupby(["host", "pid", "start_ns"], observed=True, sort=False):
-        ts = group["ts_ns"].to_numpy()
-        fd_slope = _window_slope(ts, group["open_fds"].to_numpy(dtype=float), window_ns)
-        room = group["headroom"].to_numpy(dtype=float)
-        thread_room = group["thread_headroom"].to_numpy(dtype=float)
-        # The count a shared limit compares with (the user's threads, the cgroup's tasks) grows
-        # with other processes too: its own growth, not this process's, says when it runs out.
-        count_slope = _window_slope(ts, group["thread_count"].to_numpy(dtype=float), window_ns)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            eta = np.where(room <= 0, 0.0, np.where(fd_slope > 0, room / fd_slope, np.nan))
-            thread_eta = np.where(thread_room <= 0, 0.0,
-                                  np.where(count_slope > 0, thread_room / count_slope, np.nan))
-        frame.loc[group.index, "seconds_to_exhaustion"] = eta
-        frame.loc[group.index, "threads_per_s"] = _window_slope(ts, group["threads"].to_numpy(dtype=float),
-                                                                window_ns)
-        frame.loc[group.index, "seconds_to_thread_limit"] = thread_eta
-    return frame[COLUMNS]
+    with engine_for(recording) as engine:
+        return headroom_on(engine, window_s=window_s)
 
 
 def least_headroom(recording: Any, resource: str = "fds") -> pd.DataFrame:
     """Per process, its fullest sample (highest usage of FDs, or of threads with
     ``resource="threads"``), fullest processes first."""
-    series = headroom(recording)
-    if series.empty:
-        return series
-    usage = {"fds": "usage", "threads": "thread_usage"}[resource]
-    fullest = series.sort_values(usage, ascending=False).groupby(["host", "pid", "start_ns"], observed=True).head(1)
-    return fullest.reset_index(drop=True)
+    with engine_for(recording) as engine:
+        return least_headroom_on(engine, resource=resource)

@@ -13,20 +13,24 @@ import pandas as pd
 
 from fdtrace.analysis import call_sites
 from fdtrace.analysis import headroom_series as headroom_module
-from fdtrace.analysis.binning import rates
-from fdtrace.analysis.destinations import destinations
-from fdtrace.analysis.failures import incidents
+from fdtrace.analysis.binning import rates_on
+from fdtrace.analysis.destinations import destinations_on
+from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines.dataset import engine_for, select_events
+from fdtrace.analysis.failures import as_time, incidents_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats
 from fdtrace.analysis.spike_finder import spikes
 from fdtrace.integrations.phases.collect import PHASE_COLOURS
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
-from fdtrace.recording import Recording
 from fdtrace.schema import STATS
 
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
                  "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid", "stack_id")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
+#: The event columns that phase_stats and thread_sites read.
+PHASE_EVENT_COLUMNS = ("host", "ts_ns", "time", "pid", "kind", "syscall", "errno")
+THREAD_EVENT_COLUMNS = ("host", "ts_ns", "time", "pid", "tid", "comm", "kind", "stack_id")
 
 
 @dataclass
@@ -51,36 +55,50 @@ class Report:
     bands: list[tuple[pd.Timestamp, pd.Timestamp, str]] = field(default_factory=list)  # phases of one rank
 
 
-def build(recording: Recording, top: int = 3) -> Report:
-    """Compute every section from a loaded recording."""
-    events = recording.events
-    socket_rate = rates(recording, kind=SOCKET_KINDS, by="kind")
-    error_rate = rates(recording, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
-    least = headroom_module.least_headroom(recording)
-    series = headroom_module.headroom(recording)
+def build(recording: Any, top: int = 3) -> Report:
+    """Compute every section from a recording: loaded (``load()``) or in an engine
+    (``load(..., engine="duckdb")``), whose tables are reduced there."""
+    with engine_for(recording) as engine:
+        return _build(recording, engine, top)
+
+
+def _build(recording: Any, engine: Engine, top: int) -> Report:
+    socket_rate = rates_on(engine, kind=SOCKET_KINDS, by="kind")
+    error_rate = rates_on(engine, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
+    least = headroom_module.least_headroom_on(engine)
     fd_series = {}
-    for row in least.head(top).itertuples():
-        mine = series[(series["pid"] == row.pid) & (series["start_ns"] == row.start_ns)]
-        fd_series[f"{row.comm} [{row.pid}]"] = mine[["time", "open_fds", "fd_soft_limit"]]
+    chosen = least.head(top)
+    if len(chosen):
+        which = " OR ".join(f"(host = {quote(str(r.host))} AND pid = {int(r.pid)} AND start_ns "
+                            f"{'IS NULL' if pd.isna(r.start_ns) else f'= {int(r.start_ns)}'})"
+                            for r in chosen.itertuples())
+        series = headroom_module.headroom_on(engine, where=which)
+        for row in chosen.itertuples():
+            mine = series[(series["host"] == row.host) & (series["pid"] == row.pid)
+                          & (series["start_ns"].fillna(-1) == (-1 if pd.isna(row.start_ns) else row.start_ns))]
+            fd_series[f"{row.comm} [{row.pid}]"] = mine[["time", "open_fds", "fd_soft_limit"]]
+    kinds = engine.query("SELECT kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events "
+                         "GROUP BY 1 ORDER BY n DESC, kind")
+    total = int(kinds["n"].sum()) if len(kinds) else 0
     spans = [(m.get("host"), m.get("kernel"), m.get("complete")) for m in recording.meta.values()]
     summary = [
         ("hosts", ", ".join(f"{h} (kernel {k}{'' if c else ', recorder did not stop cleanly'})" for h, k, c in spans)),
-        ("span", f"{events['time'].min()} to {events['time'].max()}" if len(events) else "no events"),
-        ("events", f"{len(events):,}"),
+        ("span", f"{as_time(kinds['first']).min()} to {as_time(kinds['last']).max()}" if total else "no events"),
+        ("events", f"{total:,}"),
     ]
-    if len(events):
-        by_kind = events["kind"].astype(str).value_counts()
-        summary.append(("by kind", ", ".join(f"{k} {n:,}" for k, n in by_kind.items())))
+    if total:
+        summary.append(("by kind", ", ".join(f"{r.kind} {r.n:,}" for r in kinds.itertuples())))
     losses = recording.losses
     lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
     summary.append(("events lost", f"{sum(lost.values()):,}" + "".join(f", {k} {v:,}" for k, v in lost.items() if v)))
     if recording.skipped:
         summary.append(("unreadable files skipped", str(len(recording.skipped))))
-    spike_table = spikes(rates(recording, kind=SOCKET_KINDS, by="comm"))
+    spike_table = spikes(rates_on(engine, kind=SOCKET_KINDS, by="comm"))
     phases = getattr(recording, "phases", pd.DataFrame())
     stats, bands = pd.DataFrame(), []
     if len(phases):
-        stats = phase_stats(events, phases)
+        pids = ", ".join(str(int(p)) for p in sorted(set(phases["pid"].dropna())))
+        stats = phase_stats(select_events(engine, f"pid IN ({pids})", PHASE_EVENT_COLUMNS), phases)
         spike_table = align_spikes(spike_table, phases)
         first_rank = phases[phases["rank"] == phases["rank"].min()]
         for mark in first_rank[first_rank["phase"].isin(BAND_PHASES)].itertuples():
@@ -90,14 +108,14 @@ def build(recording: Recording, top: int = 3) -> Report:
     return Report(
         title=f"fdtrace report: {', '.join(recording.meta)}",
         summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
-        spikes=spike_table, headroom=least, incidents=incidents(recording), losses=loss_rows,
-        recommendations=recommendations(recording, least), phase_stats=stats, bands=bands,
-        destinations=destinations(recording), leaks=_leaks(recording), threads=_census_at_peak(recording),
-        thread_sites=_thread_sites(recording),
+        spikes=spike_table, headroom=least, incidents=incidents_on(engine), losses=loss_rows,
+        recommendations=recommendations(recording, least, engine), phase_stats=stats, bands=bands,
+        destinations=destinations_on(engine), leaks=_leaks(recording), threads=_census_at_peak(recording),
+        thread_sites=_thread_sites(engine, recording),
     )
 
 
-def _leaks(recording: Recording) -> pd.DataFrame:
+def _leaks(recording: Any) -> pd.DataFrame:
     sites = getattr(recording, "fd_sites", None)
     if sites is None or not len(sites):
         return pd.DataFrame(columns=SITE_COLUMNS)
@@ -106,7 +124,7 @@ def _leaks(recording: Recording) -> pd.DataFrame:
     return found[SITE_COLUMNS].head(30)
 
 
-def _census_at_peak(recording: Recording) -> pd.DataFrame:
+def _census_at_peak(recording: Any) -> pd.DataFrame:
     """Each process's thread census at the round where it had the most threads."""
     census = call_sites.thread_census(getattr(recording, "thread_census", None))
     if not len(census):
@@ -117,21 +135,23 @@ def _census_at_peak(recording: Recording) -> pd.DataFrame:
     return at_peak[["time", "pid", "comm", "syscall", "fd_kind", "threads"]].head(40)
 
 
-def _thread_sites(recording: Recording) -> pd.DataFrame:
-    if "stack_id" not in recording.events.columns:
+def _thread_sites(engine: Engine, recording: Any) -> pd.DataFrame:
+    if "stack_id" not in engine.columns("events"):
         return pd.DataFrame()
-    return call_sites.thread_sites(recording.events, getattr(recording, "stacks", None))[
+    started = select_events(engine, "kind = 'thread_start' AND stack_id IS NOT NULL", THREAD_EVENT_COLUMNS)
+    return call_sites.thread_sites(started, getattr(recording, "stacks", None))[
         ["pid", "comm", "site", "threads", "first", "last"]].head(20)
 
 
-def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
+def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None = None) -> list[str]:
     """The configuration values to change, with the numbers the recording justifies."""
+    if engine is None:
+        with engine_for(recording) as own:
+            return recommendations(recording, least, own)
     advice = []
-    failed = set()
-    events = recording.events
-    if len(events):
-        fd_errors = events[events["errno"].astype(str).isin(FD_EXHAUSTION_ERRNOS)]
-        failed = set(zip(fd_errors["pid"], fd_errors["start_ns"], strict=True))
+    errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
+    fd_errors = engine.query(f"SELECT DISTINCT pid, start_ns FROM events WHERE errno IN ({errnos})")
+    failed = set(zip(fd_errors["pid"], fd_errors["start_ns"], strict=True))
     for row in least.itertuples():
         hit = (row.pid, row.start_ns) in failed
         if row.usage < USAGE_WARN and not hit:
@@ -153,7 +173,7 @@ def recommendations(recording: Recording, least: pd.DataFrame) -> list[str]:
                 moved = int(system[column].max() - system[column].min())
                 advice.append(f"net.core.somaxconn: TcpExt {column} grew by {moved:,} during the recording (a "
                               "listen queue overflowed); raise somaxconn (65535) and the listeners' backlog.")
-    advice += _thread_advice(recording)
+    advice += _thread_advice(engine)
     if not advice:
         advice.append("No limit was approached in this recording: nothing to change.")
     return advice
@@ -172,9 +192,9 @@ THREADS_COUNTED = {"Go default": "threads", "RLIMIT_NPROC": "threads of its user
                    "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
 
 
-def _thread_advice(recording: Recording) -> list[str]:
+def _thread_advice(engine: Engine) -> list[str]:
     """A line per process whose threads came within 20 % of the limit binding them."""
-    fullest = headroom_module.least_headroom(recording, resource="threads")
+    fullest = headroom_module.least_headroom_on(engine, resource="threads")
     advice = []
     for row in fullest.itertuples():
         if not isinstance(row.thread_limit_kind, str) or not row.thread_usage >= USAGE_WARN:

@@ -1,4 +1,5 @@
-"""A plain-text summary of a loaded recording (``fdtrace info``)."""
+"""A plain-text summary of a recording or a fleet (``fdtrace info``), computed in an engine: only
+counts and the few rows shown come back from the tables."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.destinations import destinations
-from fdtrace.analysis.headroom_series import least_headroom
+from fdtrace.analysis.destinations import destinations_on
+from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines.dataset import engine_for
+from fdtrace.analysis.headroom_series import least_headroom_on
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
-from fdtrace.recording import Recording
 from fdtrace.schema import STATS
 
 #: Processes shown under "least headroom": those at least this close to a limit (or that failed).
 SHOWN_USAGE = 0.5
+#: Lines of one kind shown before "... and N more".
+SHOWN_LINES = 20
 
 
 def when(value: Any) -> str:
@@ -22,70 +26,109 @@ def when(value: Any) -> str:
     return "?" if pd.isna(stamp) else stamp.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-def headline(recording: Recording, least: pd.DataFrame) -> list[str]:
+def _ns(value: Any) -> str:
+    return when(pd.Timestamp(int(value), unit="ns", tz="UTC")) if pd.notna(value) else "?"
+
+
+def _capped(lines: list[str], what: str) -> list[str]:
+    if len(lines) <= SHOWN_LINES:
+        return lines
+    return [*lines[:SHOWN_LINES], f"  ... and {len(lines) - SHOWN_LINES} more {what}"]
+
+
+def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False) -> list[str]:
     """What went wrong, worst first: EMFILE/ENFILE per process and syscall, OOM kills, kills by a
     signal, and the processes that reached a limit."""
-    events = recording.events
+    def who(host: Any, comm: Any, pid: Any) -> str:
+        return f"{comm} [{pid}]" + (f" on {host}" if several_hosts else "")
+
+    errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
+    calls = engine.query(f"SELECT host, pid, comm, errno, syscall, count(*) AS n, min(time_ns) AS first FROM events "
+                         f"WHERE errno IN ({errnos}) GROUP BY 1, 2, 3, 4, 5")
     lines: list[str] = []
-    if len(events):
-        failed = events[events["errno"].astype(str).isin(FD_EXHAUSTION_ERRNOS)]
-        for (pid, comm), rows in failed.groupby(["pid", failed["comm"].astype(str)], observed=True, sort=False):
-            calls = rows.groupby([rows["errno"].astype(str), rows["syscall"].astype(str)], observed=True).size()
-            detail = ", ".join(f"{errno} {syscall} {count}" for (errno, syscall), count in
-                               calls.sort_values(ascending=False).items())
-            lines.append(f"  {comm} [{pid}]: {len(rows)} calls failed ({detail}), first at {when(rows['time'].min())}")
-        for row in events[events["kind"] == "oom_kill"].itertuples():
-            lines.append(f"  {row.comm} [{row.pid}]: OOM-killed at {when(row.time)}")
-        killed = events[(events["kind"] == "process_exit") & events["signal"].notna()]
-        for row in killed.itertuples():
-            lines.append(f"  {row.comm} [{row.pid}]: killed by {row.signal} at {when(row.time)}")
+    if len(calls):
+        per_process = calls.groupby(["host", "pid", "comm"], sort=False).agg(n=("n", "sum"), first=("first", "min"))
+        for (host, pid, comm), totals in per_process.sort_values(["first", "n"], ascending=[True, False]).iterrows():
+            mine = calls[(calls["host"] == host) & (calls["pid"] == pid) & (calls["comm"] == comm)]
+            mine = mine.sort_values(["n", "errno", "syscall"], ascending=[False, True, True])
+            detail = ", ".join(f"{r.errno} {r.syscall} {r.n}" for r in mine.itertuples())
+            lines.append(f"  {who(host, comm, pid)}: {totals['n']} calls failed ({detail}), first at "
+                         f"{_ns(totals['first'])}")
+    ends = engine.query("SELECT host, pid, comm, kind, signal, time_ns FROM events WHERE kind = 'oom_kill' OR "
+                        "(kind = 'process_exit' AND signal IS NOT NULL AND signal <> '') ORDER BY time_ns, host, pid")
+    for row in ends.itertuples():
+        what = "OOM-killed" if row.kind == "oom_kill" else f"killed by {row.signal}"
+        lines.append(f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.time_ns)}")
     if len(least):
         for row in least[least["usage"] >= 1.0].itertuples():
-            lines.append(f"  {row.comm} [{row.pid}]: reached its FD limit, {row.open_fds} of {row.fd_soft_limit:.0f} "
-                         f"at {when(row.time)}")
-    return ["what went wrong:", *lines] if lines else ["what went wrong: nothing (no EMFILE/ENFILE, OOM kill, "
-                                                        "kill by a signal or full FD table)"]
+            lines.append(f"  {who(row.host, row.comm, row.pid)}: reached its FD limit, {row.open_fds} of "
+                         f"{row.fd_soft_limit:.0f} at {when(row.time)}")
+    if not lines:
+        return ["what went wrong: nothing (no EMFILE/ENFILE, OOM kill, kill by a signal or full FD table)"]
+    return ["what went wrong:", *_capped(lines, "failing processes")]
 
 
-def summary(recording: Recording) -> str:
-    """Lines for a terminal: what went wrong first, then what the recording holds."""
-    events = recording.events
-    least = least_headroom(recording)
-    lines = headline(recording, least)
+def _hosts(recording: Any, engine: Engine) -> list[str]:
+    spans = engine.query("SELECT host, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events "
+                         "GROUP BY 1").set_index("host")
+    lost_columns = [name for name in STATS if name in engine.columns("losses")]
+    lost = engine.query(f"SELECT host, {', '.join(f'sum({c}) AS {c}' for c in lost_columns)} FROM losses "
+                        "GROUP BY 1").set_index("host") if lost_columns else pd.DataFrame()
+    lines = []
     for host, meta in sorted(recording.meta.items()):
         state = "complete" if meta.get("complete") else "incomplete (recorder did not stop cleanly)"
         lines.append(f"host {host}: kernel {meta.get('kernel')}, fdtrace {meta.get('fdtrace_version')}, {state}")
+        if len(recording.meta) > 1:
+            events = int(spans.loc[host, "n"]) if host in spans.index else 0
+            span = f"{_ns(spans.loc[host, 'first'])} .. {_ns(spans.loc[host, 'last'])}, " if events else ""
+            losses = lost.loc[host].fillna(0).astype("int64") if host in lost.index else pd.Series(dtype="int64")
+            detail = "".join(f", {k} {v}" for k, v in losses.items() if v)
+            lines.append(f"  {span}{events} events, {int(losses.sum())} lost{detail}")
         rotated = meta.get("rotated_out") or {}
         if rotated.get("files"):
             rows = ", ".join(f"{t} {n}" for t, n in rotated["rows"].items() if n)
             lines.append(f"  rotated out (--max-size): {rotated['files']} oldest files, {rows} rows")
         if meta.get("probes_skipped"):
             lines.append(f"  probes skipped: {', '.join(meta['probes_skipped'])}")
-    if len(events):
-        lines.append(f"span: {when(events['time'].min())} .. {when(events['time'].max())}")
-    lines.append(f"events: {len(events)}")
-    if len(events):
-        for kind, count in events["kind"].value_counts().items():
-            if count:
-                lines.append(f"  {kind}: {count}")
-    losses = recording.losses
-    lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
+    return lines
+
+
+def summary_on(recording: Any, engine: Engine) -> str:
+    """``summary()`` of a recording whose tables ``engine`` holds."""
+    least = least_headroom_on(engine)
+    several = len(recording.meta) > 1
+    lines = headline(engine, least, several_hosts=several)
+    lines += _hosts(recording, engine)
+    kinds = engine.query("SELECT kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events "
+                         "GROUP BY 1 ORDER BY n DESC, kind")
+    total = int(kinds["n"].sum()) if len(kinds) else 0
+    if total:
+        lines.append(f"span: {_ns(kinds['first'].min())} .. {_ns(kinds['last'].max())}")
+    lines.append(f"events: {total}")
+    lines += [f"  {row.kind}: {row.n}" for row in kinds.itertuples() if row.n]
+    lost_columns = [name for name in STATS if name in engine.columns("losses")]
+    lost: dict[str, int] = {}
+    if lost_columns:
+        sums = engine.query(f"SELECT {', '.join(f'sum({c}) AS {c}' for c in lost_columns)} FROM losses")
+        lost = {c: int(v) if pd.notna(v) else 0 for c, v in sums.iloc[0].items()}
     lines.append(f"losses: {sum(lost.values())}" + "".join(f", {k} {v}" for k, v in lost.items() if v))
     if len(least):
         close = least[least["usage"] >= SHOWN_USAGE]
         lines.append(f"least FD headroom (processes at {SHOWN_USAGE:.0%} or more of their limit):"
                      + ("" if len(close) else " none"))
         for row in close.head(10).itertuples():
-            lines.append(f"  pid {row.pid} {row.comm}: {row.open_fds} open of {row.fd_soft_limit:.0f} "
+            lines.append(f"  pid {row.pid} {row.comm}{f' on {row.host}' if several else ''}: {row.open_fds} open of "
+                         f"{row.fd_soft_limit:.0f} "
                          f"({row.usage:.0%}, headroom {row.headroom:.0f}) at {when(row.time)}")
-        threads = least_headroom(recording, resource="threads").dropna(subset=["thread_usage"])
+        threads = least_headroom_on(engine, resource="threads").dropna(subset=["thread_usage"])
         threads = threads[threads["thread_usage"] >= SHOWN_USAGE]
         if len(threads):
             lines.append("least thread headroom:")
             for row in threads.head(5).itertuples():
-                lines.append(f"  pid {row.pid} {row.comm}: {row.thread_count:.0f} of {row.thread_limit:.0f} "
+                lines.append(f"  pid {row.pid} {row.comm}{f' on {row.host}' if several else ''}: "
+                             f"{row.thread_count:.0f} of {row.thread_limit:.0f} "
                              f"({row.thread_limit_kind}, {row.thread_usage:.0%}) at {when(row.time)}")
-    failing = destinations(recording)
+    failing = destinations_on(engine)
     failing = failing[failing["failed"] > 0]
     if len(failing):
         lines.append("failed connect() destinations:")
@@ -93,11 +136,19 @@ def summary(recording: Recording) -> str:
             errors = ", ".join(f"{errno} {count}" for errno, count in row.errors.items())
             lines.append(f"  pid {row.pid} {row.comm} -> {row.peer_addr}:{row.peer_port}: "
                          f"{row.failed} of {row.calls} failed ({errors})")
-    if len(events):
-        ooms = events[events["kind"] == "oom_kill"]
-        for row in ooms.itertuples():
-            lines.append(f"OOM kill: pid {row.pid} {row.comm} anon-rss {row.anon_rss_kb} kB at {when(row.time)}")
+    ooms = engine.query("SELECT host, pid, comm, anon_rss_kb, time_ns FROM events WHERE kind = 'oom_kill' "
+                        "ORDER BY time_ns, host, pid")
+    oom_lines = [f"OOM kill: pid {row.pid} {row.comm}{f' on {row.host}' if several else ''} anon-rss "
+                 f"{'?' if pd.isna(row.anon_rss_kb) else int(row.anon_rss_kb)} kB at {_ns(row.time_ns)}"
+                 for row in ooms.itertuples()]
+    lines += _capped(oom_lines, "OOM kills")
     if recording.skipped:
         lines.append("skipped unreadable files:")
         lines += [f"  {s}" for s in recording.skipped]
     return "\n".join(lines)
+
+
+def summary(recording: Any) -> str:
+    """Lines for a terminal: what went wrong first, then what the recording holds."""
+    with engine_for(recording) as engine:
+        return summary_on(recording, engine)

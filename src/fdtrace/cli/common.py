@@ -89,3 +89,33 @@ def stacks_options(command: Any) -> Any:
         "--stacks", is_flag=True,
         help="Take the user stack of every EMFILE/ENFILE, failed connect/accept and thread creation, and "
              "remember which call site made each descriptor (see `fdtrace leaks`).")(command)
+
+
+def engine_options(command: Any) -> Any:
+    """--engine, --spark-master and --memory-limit: where a command's analyses run."""
+    command = click.option("--memory-limit", default=None, metavar="SIZE",
+                           help="DuckDB's memory limit (e.g. 2GB); it spills to a private temporary folder beyond.")(
+        command)
+    command = click.option("--spark-master", default=None, metavar="URL",
+                           help="With --engine spark: the cluster (spark://HOST:7077); local[2] by default, "
+                                "Spark Connect when SPARK_REMOTE is set.")(command)
+    return click.option("--engine", type=click.Choice(["auto", "pandas", "duckdb", "spark"]), default="auto",
+                        show_default=True,
+                        help="Where the analysis runs: pandas (in memory), DuckDB over the Parquet files (out of "
+                             "core), Spark; auto: pandas for small recordings, DuckDB for large ones.")(command)
+
+
+def open_recordings(directories: tuple[str, ...], engine: str, spark_master: str | None,
+                    memory_limit: str | None, **pandas_options: Any) -> Any:
+    """Recordings or a fleet, opened in the chosen engine (``fdtrace.analysis.load``); a bad
+    recording fails with one line."""
+    from fdtrace.analysis import load
+    from fdtrace.analysis.engines.dataset import choose_engine
+
+    try:
+        chosen = choose_engine(list(directories), engine)
+        if chosen == "pandas":
+            return load(list(directories), **pandas_options)
+        return load(list(directories), engine=chosen, spark_master=spark_master, memory_limit=memory_limit)
+    except FdtraceError as error:
+        fail(error)

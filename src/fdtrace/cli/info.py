@@ -1,22 +1,24 @@
-"""`fdtrace info`: a recording in a few lines."""
+"""`fdtrace info`: a recording, or a fleet of them, in a few lines."""
 
 from __future__ import annotations
 
 import click
 
-from fdtrace.cli.common import fail
-from fdtrace.errors import FdtraceError
+from fdtrace.cli.common import engine_options, open_recordings
 
 
 @click.command()
 @click.argument("directories", nargs=-1, required=True, type=click.Path())
-def info(directories: tuple[str, ...]) -> None:
-    """Summarise recordings: span, hosts, events by kind, losses, least FD headroom, OOM kills."""
+@engine_options
+def info(directories: tuple[str, ...], engine: str, spark_master: str | None, memory_limit: str | None) -> None:
+    """Summarise recordings, or a fleet (a directory of many hosts' recordings): what went wrong,
+    hosts with their spans, events and losses, least FD and thread headroom, OOM kills."""
     from fdtrace.analysis.summary import summary
-    from fdtrace.recording import load
 
+    recording = open_recordings(directories, engine, spark_master, memory_limit)
     try:
-        recording = load(list(directories))
-    except FdtraceError as error:
-        fail(error)
-    click.echo(summary(recording))
+        click.echo(summary(recording))
+    finally:
+        close = getattr(recording, "close", None)
+        if close is not None:
+            close()

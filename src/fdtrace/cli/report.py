@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from fdtrace.cli.common import fail
+from fdtrace.cli.common import engine_options, fail, open_recordings
 from fdtrace.errors import FdtraceError
 from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_text_atomically
 
@@ -21,21 +21,26 @@ from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_text_atomically
               help="Training phases to add: a file of `fdtrace run --phases-out`, or a PyTorch profiler "
                    "(Kineto) trace JSON, put on the recording's clock. Repeatable.")
 @click.option("--shared", is_flag=True, help="Make the report readable by everyone (default: owner only).")
+@engine_options
 def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_files: tuple[str, ...],
-           shared: bool) -> None:
+           shared: bool, engine: str, spark_master: str | None, memory_limit: str | None) -> None:
     """A postmortem report of recordings: summary, timeline, spikes, FD headroom, incidents,
     losses and the limits to change."""
     from fdtrace.analysis.report import EVENT_COLUMNS, build, to_html, to_markdown
-    from fdtrace.recording import load
 
     fmt = fmt or ("md" if output.endswith(".md") else "html")
+    if phase_files and engine not in ("auto", "pandas"):
+        fail(FdtraceError(f"--phases needs --engine pandas (the {engine} engine reads phases from the recordings)"))
+    recording = open_recordings(directories, "pandas" if phase_files else engine, spark_master, memory_limit,
+                                columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
     try:
-        recording = load(list(directories), columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
-    except FdtraceError as error:
-        fail(error)
+        content = build(recording)
+    finally:
+        close = getattr(recording, "close", None)
+        if close is not None:
+            close()
     for skipped in recording.skipped:
         click.echo(f"fdtrace: skipped an unreadable file: {skipped}", err=True)
-    content = build(recording)
     text = to_markdown(content) if fmt == "md" else to_html(content)
     try:
         write_text_atomically(Path(output), text, SHARED_FILE if shared else PRIVATE_FILE)

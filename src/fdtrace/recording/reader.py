@@ -127,7 +127,10 @@ def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: l
     return pa.concat_tables(parts, promote_options="default") if parts else None
 
 
-def _read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str], columns: list[str] | None) -> Any:
+def read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str],
+               columns: list[str] | None = None) -> Any:
+    """One table of some hosts of a recording as a DataFrame (``host`` categorical, in time
+    order), upgraded to the current declaration; unreadable parts are named in ``skipped``."""
     import pandas as pd
     import pyarrow as pa
 
@@ -188,7 +191,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
         for table in TABLES:
             wanted = (columns or {}).get(table)
             versions = {host: meta.get("schema_version", SCHEMA_VERSION) for host, meta in hosts.items()}
-            tables[table].append(_read_table(root, table, versions, skipped, wanted))
+            tables[table].append(read_table(root, table, versions, skipped, wanted))
     frames = {}
     for table, parts in tables.items():
         frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

@@ -1,0 +1,91 @@
+"""Where the analyses run. Each analysis is one SQL query (``fdtrace.analysis.queries``, DuckDB's
+dialect) over the same views of a recording's tables, whatever holds the rows:
+
+- ``pandas``: DuckDB over a loaded Recording's DataFrames (``load(...)``, the default);
+- ``duckdb``: DuckDB over the Parquet files, out of core, reading only the columns a query needs;
+- ``spark``: Apache Spark over the Parquet files, the query transpiled to Spark SQL by sqlglot.
+
+Every view has the declared scalar columns of its table, ``host`` (text), and ``time_ns``
+(integer UTC nanoseconds) in place of the ``time`` timestamp, so that no query depends on how
+an engine types time. Results come back as pandas DataFrames.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import pandas as pd
+
+from fdtrace.schema import TABLES
+from fdtrace.schema.fields import Field
+
+ENGINES = ("pandas", "duckdb", "spark")
+
+#: SQL types (DuckDB's names; sqlglot renames them for Spark) of the declared scalar types.
+SQL_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "int16": "SMALLINT", "string": "VARCHAR",
+             "dict_string": "VARCHAR", "bool": "BOOLEAN", "timestamp_utc": "BIGINT"}
+
+
+def view_fields(table: str) -> list[Field]:
+    """The declared columns of ``table`` that its view has (lists are left out; ``host`` comes from
+    where the rows are)."""
+    return [f for f in TABLES[table].fields if f.arrow_type in SQL_TYPES and f.name != "host"]
+
+
+def quote(value: Any) -> str:
+    """A SQL literal of a string or number."""
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"no SQL literal for {value!r}")
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def select_list(table: str, present: set[str], time_expr: str, host_expr: str,
+                offsets: dict[str, int] | None = None) -> str:
+    """The view's columns as a SELECT list: present columns cast to their declared types, absent
+    ones NULL, ``time`` as ``time_ns`` (``time_expr``) shifted by each host's clock offset."""
+    items = [f"CAST({host_expr} AS VARCHAR) AS host"]
+    for spec in view_fields(table):
+        sql_type = SQL_TYPES[spec.arrow_type]
+        if spec.name == "time":
+            shift = ""
+            if offsets:
+                cases = " ".join(f"WHEN {quote(h)} THEN {int(o)}" for h, o in sorted(offsets.items()) if o)
+                shift = f" + CASE CAST({host_expr} AS VARCHAR) {cases} ELSE 0 END" if cases else ""
+            items.append(f"CAST({time_expr} AS BIGINT){shift} AS time_ns" if spec.name in present
+                         else "CAST(NULL AS BIGINT) AS time_ns")
+        elif spec.name in present:
+            items.append(f'CAST("{spec.name}" AS {sql_type}) AS "{spec.name}"')
+        else:
+            items.append(f'CAST(NULL AS {sql_type}) AS "{spec.name}"')
+    return ", ".join(items)
+
+
+class Engine(ABC):
+    """Runs the analyses' SQL over the views of one recording or fleet."""
+
+    name: str
+
+    @abstractmethod
+    def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+        """The result of ``sql`` (DuckDB's dialect) as a DataFrame; ``inputs`` are small frames
+        the query joins with, by name."""
+
+    @abstractmethod
+    def columns(self, table: str) -> frozenset[str]:
+        """The columns the view of ``table`` has."""
+
+    def rows(self, table: str) -> int:
+        """How many rows ``table`` has."""
+        return int(self.query(f"SELECT count(*) AS n FROM {table}")["n"].iloc[0])
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free what the engine holds."""
+
+
+def empty_frame(columns: list[str]) -> pd.DataFrame:
+    """An empty result with these columns."""
+    return pd.DataFrame({c: pd.Series([], dtype=object) for c in columns})

@@ -1,0 +1,153 @@
+"""A recording or fleet held by an engine rather than in memory: what ``load(..., engine="duckdb")``
+and ``load(..., engine="spark")`` return, and the choice of engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fdtrace.analysis.engines import ENGINES, Engine
+from fdtrace.errors import FdtraceError
+from fdtrace.recording import Recording
+from fdtrace.recording.fleet import Fleet, find_fleet
+from fdtrace.recording.layout import TABLES
+from fdtrace.recording.reader import read_table
+
+#: ``auto`` loads into pandas below this many bytes of part files, and uses DuckDB above.
+AUTO_PANDAS_BYTES = 256 << 20
+
+#: Tables small enough to read into pandas whole, whatever the fleet's size (one row per round
+#: and host, or bounded per host).
+SMALL_TABLES = ("system", "losses", "clock", "haproxy", "phases", "stacks", "fd_sites", "thread_census")
+
+
+@dataclass
+class EngineRecording:
+    """Recordings whose tables stay in Parquet and are queried through an engine.
+
+    Attributes:
+        engine: runs the analyses' SQL.
+        fleet: the host recordings found.
+        meta: run metadata by host.
+        skipped: files and hosts that could not be read, with the reason.
+    """
+
+    engine: Engine
+    fleet: Fleet
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    _small: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+
+    def sql(self, query: str) -> pd.DataFrame:
+        """Any query (DuckDB's dialect) over the views: ``events``, ``samples``, ... with ``host``
+        and ``time_ns`` (UTC ns) columns."""
+        return self.engine.query(query)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A small table (:data:`SMALL_TABLES`) read whole into pandas, as ``load()`` gives it."""
+        if name not in SMALL_TABLES:
+            raise FdtraceError(f"the {name} table of a recording in the {self.engine.name} engine is not read "
+                               "into memory: query it (recording.sql(...)) or load it with engine='pandas'")
+        if name not in self._small:
+            frames = []
+            for root in sorted({h.root for h in self.fleet.hosts}):
+                hosts = {h.host: h.version for h in self.fleet.hosts if h.root == root}
+                frames.append(read_table(root, name, hosts, self.skipped))
+            frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            frame["host"] = frame["host"].astype(str).astype("category")
+            self._small[name] = frame
+        return self._small[name]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in TABLES:
+            return self.table(name)
+        raise AttributeError(name)
+
+    def close(self) -> None:
+        """Stop the engine."""
+        self.engine.close()
+
+
+def _size(fleet: Fleet) -> int:
+    total = 0
+    for table in ("events", "samples"):
+        for _, path in fleet.parts(table):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                continue
+    return total
+
+
+def _chosen(fleet: Fleet, engine: str) -> str:
+    if engine not in (*ENGINES, "auto"):
+        raise FdtraceError(f"unknown engine {engine!r}: one of auto, {', '.join(ENGINES)}")
+    if engine == "auto":
+        return "pandas" if _size(fleet) < AUTO_PANDAS_BYTES else "duckdb"
+    return engine
+
+
+def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") -> str:
+    """The engine ``engine`` stands for with these recordings (``auto`` chooses by size)."""
+    return engine if engine != "auto" else _chosen(find_fleet(paths), engine)
+
+
+def load_with_engine(paths: str | Path | list[str | Path], engine: str = "pandas", spark_master: str | None = None,
+                     memory_limit: str | None = None) -> Recording | EngineRecording:
+    """``fdtrace.analysis.load``: see there."""
+    from fdtrace.recording import load
+
+    fleet = find_fleet(paths)
+    engine = _chosen(fleet, engine)
+    if engine == "pandas":
+        return load(list(dict.fromkeys(h.root for h in fleet.hosts)))
+    offsets = None
+    if engine == "duckdb":
+        from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
+
+        runner: Engine = DuckDBEngine.over_fleet(fleet, memory_limit=memory_limit, offsets=offsets)
+    else:
+        from fdtrace.analysis.engines.spark_engine import SparkEngine
+
+        runner = SparkEngine.over_fleet(fleet, master=spark_master, offsets=offsets)
+    return EngineRecording(runner, fleet, fleet.meta, fleet.skipped)
+
+
+@contextmanager
+def engine_for(data: Any) -> Iterator[Engine]:
+    """The engine for an analysis of ``data``: an EngineRecording's own, or DuckDB over the frames
+    of a Recording (or of one events DataFrame) for the length of the analysis."""
+    from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
+
+    if isinstance(data, EngineRecording):
+        yield data.engine
+        return
+    frames = {"events": data} if isinstance(data, pd.DataFrame) else \
+        {t: getattr(data, t) for t in TABLES if isinstance(getattr(data, t, None), pd.DataFrame)}
+    engine = DuckDBEngine.over_frames(frames)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def select_events(engine: Engine, condition: str, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
+    """The events that meet ``condition`` (SQL over the events view), with these columns, in time
+    order, as ``load()`` would give them (``time`` a UTC timestamp, names categorical)."""
+    present = engine.columns("events")
+    wanted = [c for c in columns if c in present or c in ("time", "host")]
+    listing = ", ".join("time_ns" if c == "time" else f'"{c}"' for c in wanted)
+    found = engine.query(f"SELECT {listing} FROM events WHERE {condition} ORDER BY time_ns, host, pid")
+    if "time_ns" in found.columns:
+        found["time"] = pd.to_datetime(found.pop("time_ns").astype("int64"), unit="ns", utc=True)
+    for column in ("host", "comm", "kind", "syscall", "errno", "signal"):
+        if column in found.columns:
+            found[column] = found[column].astype("category")
+    if "stack_id" in found.columns:
+        found["stack_id"] = found["stack_id"].astype("Int64")
+    return found[[c for c in wanted if c in found.columns]]
