@@ -74,8 +74,17 @@ def _round_segments(index: int, second: int, seconds: int, per_second: int,
                      (rank1, "fd_error", "openat", "EMFILE", 25 + index % 5)]
     if index % 4 == 0 and seconds // 2 - 2 <= second < seconds // 2 + 4:  # haproxy out of descriptors
         segments.append((haproxy, "accept", "accept4", "EMFILE", 200 + index))
+    if second > seconds // 2 + 1:  # the ranks' peer on host 0 was OOM-killed: their connects fail
+        segments.append((rank0, "connect", "connect", "ECONNREFUSED", 1 + index % 2))
     segments.append((worker, "thread_start", "", "", 2))
     return [s for s in segments if s[4] > 0]
+
+
+def _peer(process: Process, kind: str) -> tuple[str | None, int | None]:
+    """Where a connect goes: haproxy to its backend on loopback, the ranks to rank 0's store."""
+    if kind != "connect":
+        return None, None
+    return ("127.0.0.1", 8080) if process.comm == "haproxy" else ("10.0.0.1", 29500)
 
 
 def _dictionary(values: list[str], counts: np.ndarray) -> pa.DictionaryArray:
@@ -124,6 +133,10 @@ def generate_fleet(root: Path, hosts: int, events_per_host: int, seconds: int = 
                 "syscall": _dictionary([s[2] for s in segments], counts).take(pa.array(order)),
                 "errno": errno,
                 "ret": pa.array(np.repeat(np.array([-24 if s[3] else 3 for s in segments]), counts)[order], pa.int64()),
+                "peer_addr": pa.array(np.repeat(np.array([_peer(s[0], s[1])[0] for s in segments], dtype=object),
+                                                counts)[order], pa.string()).dictionary_encode(),
+                "peer_port": pa.array(np.repeat(np.array([_peer(s[0], s[1])[1] for s in segments], dtype=object),
+                                                counts)[order], pa.int32()),
             })
             writer.add("events", events)
             truth.events += count

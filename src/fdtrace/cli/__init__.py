@@ -6,6 +6,7 @@ import click
 
 from fdtrace import __version__
 from fdtrace.cli.call_sites import leaks, threads
+from fdtrace.cli.compact import compact
 from fdtrace.cli.doctor import doctor
 from fdtrace.cli.export import export
 from fdtrace.cli.info import info
@@ -22,5 +23,5 @@ def main() -> None:
     """Trace sockets, FD exhaustion (EMFILE/ENFILE), threads and OOM kills with eBPF."""
 
 
-for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads):
+for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact):
     main.add_command(command)

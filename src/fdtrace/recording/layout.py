@@ -28,19 +28,32 @@ def part_name(first: int, last: int) -> str:
     return f"part-{first:06d}.parquet" if first == last else f"part-{first:06d}-{last:06d}.parquet"
 
 
+def part_range(path: Path) -> tuple[int, int] | None:
+    """The flushes a part file covers, from its name (None: not a part's name)."""
+    match = _PART_RE.match(path.name)
+    return None if match is None else (int(match[1]), int(match[2] or match[1]))
+
+
 def part_files(folder: Path) -> list[Path]:
     """The part files of one table and host, in order, leaving out parts that a merged file
-    also covers (left behind when a compaction was interrupted)."""
+    also covers (left behind when a compaction was interrupted, or merged twice over)."""
     ranges = []
     for path in folder.glob(PART_GLOB):
-        match = _PART_RE.match(path.name)
-        if match:
-            first = int(match[1])
-            ranges.append((first, int(match[2] or first), path))
-    merged = [(first, last) for first, last, _ in ranges if last > first]
-    kept = [(first, last, path) for first, last, path in ranges
-            if last > first or not any(lo <= first <= hi for lo, hi in merged)]
-    return [path for _, _, path in sorted(kept)]
+        covered = part_range(path)
+        if covered:
+            ranges.append((covered[0], -covered[1], path))
+    kept = []
+    reach = 0  # the last flush covered by the ranges so far; each later one starts no earlier
+    for _first, negative_last, path in sorted(ranges):
+        if -negative_last > reach:
+            kept.append(path)
+            reach = -negative_last
+    return kept
+
+
+def lock_path(root: Path, host: str) -> Path:
+    """The lock that the recorder and ``fdtrace compact`` take while they delete a host's parts."""
+    return root / "meta" / f".host={host}.lock"
 
 
 def host_dir(root: Path, table: str, host: str) -> Path:

@@ -3,11 +3,13 @@ schemas (see layout.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, host_dir, meta_path, part_name
+from fdtrace.recording.layout import TABLES, host_dir, lock_path, meta_path, part_files, part_name, part_range
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import (
     PRIVATE_DIR,
@@ -71,6 +73,8 @@ class RecordingWriter:
         self._parts: dict[str, list[_Part]] = {t: [] for t in TABLES}
         self._unmerged: dict[str, int] = dict.fromkeys(TABLES, 0)  # parts since the last compaction
         self._flush_number = 1
+        self._lock_depth = 0
+        self._lock_fd = -1
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
         self._pending: list[Future[None]] = []
         if self.root.exists() or self.root.is_symlink():
@@ -148,11 +152,55 @@ class RecordingWriter:
             self.rows_written[table] += data.num_rows
             self.bytes_written += self._parts[table][-1].size
         if self.max_size is not None:
-            self._rotate_out()
+            with self._locked():
+                self._rotate_out()
 
     def compact(self, wait: bool = True) -> None:
         """Merge each table's parts since the last compaction into one file (see ``_compact``)."""
         self._submit(self._compact, wait=wait)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the host's lock (``layout.lock_path``) while parts are merged or deleted, so that
+        ``fdtrace compact`` never deletes what this writer reads; then see the parts as they are
+        on disk (the compactor may have merged some)."""
+        if self._lock_depth == 0:
+            path = lock_path(self.root, self.host)
+            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.file_mode)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            self._refresh()
+        self._lock_depth += 1
+        try:
+            yield
+        finally:
+            self._lock_depth -= 1
+            if self._lock_depth == 0:
+                os.close(self._lock_fd)
+
+    def _refresh(self) -> None:
+        """The part lists as the directory has them: merged files someone else wrote replace the
+        parts they cover."""
+        for table in TABLES:
+            known = {part.path: part for part in self._parts[table]}
+            fresh = []
+            for path in part_files(host_dir(self.root, table, self.host)):
+                part = known.get(path)
+                covered = part_range(path)
+                if part is None and covered is not None:
+                    try:
+                        part = _Part(covered[0], covered[1], path, pq.read_metadata(path).num_rows,
+                                     path.stat().st_size)
+                    except OSError:
+                        continue
+                if part is not None:
+                    fresh.append(part)
+            singles = 0
+            for part in reversed(fresh):
+                if part.first != part.last:
+                    break
+                singles += 1
+            self._parts[table] = fresh
+            self._unmerged[table] = min(self._unmerged[table], singles)
 
     def _compact(self) -> None:
         """Merge each table's parts since the last compaction into one file.
@@ -162,6 +210,10 @@ class RecordingWriter:
         The parts are copied one at a time, each a row group of the merged file: a minute of a
         million events a second merges in the memory of one second's part.
         """
+        with self._locked():
+            self._compact_locked()
+
+    def _compact_locked(self) -> None:
         for table, parts in self._parts.items():
             count = self._unmerged[table]
             self._unmerged[table] = 0
@@ -235,8 +287,6 @@ def _merge_parts(parts: list[_Part], out: BinaryIO) -> None:
 def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
     """Add rows to a finished recording as a new part of ``table`` (e.g. the phases that
     `fdtrace run` collects after its recorder has stopped). Returns the file written."""
-    from fdtrace.recording.layout import part_files
-
     check_directory(Path(root))
     make_directory(Path(root) / table)
     folder = host_dir(Path(root), table, host)

@@ -98,7 +98,8 @@ class SparkEngine(Engine):
         for name, frame in (inputs or {}).items():
             self._session.createDataFrame(frame).createOrReplaceTempView(name)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # pyspark's note on pandas 3
+            # pyspark's notes on pandas 3 (its conversions use deprecated arguments)
+            warnings.filterwarnings("ignore", module=r"pyspark\.")
             return self._session.sql(to_spark_sql(sql)).toPandas()
 
     def columns(self, table: str) -> frozenset[str]:

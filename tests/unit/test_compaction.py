@@ -1,0 +1,91 @@
+"""`fdtrace compact` merges small part files into large ones without losing or doubling a row,
+also while a recorder goes on writing (and merging and rotating out parts of its own)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fdtrace.analysis import load
+from fdtrace.recording.compaction import compact_host
+from fdtrace.recording.fleet import find_fleet
+from fdtrace.recording.writer import RecordingWriter
+from fdtrace.schema import SCHEMA_VERSION
+
+ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from fleet_data import generate_fleet  # noqa: E402
+
+FDTRACE = str(Path(sys.executable).parent / "fdtrace")
+
+
+def test_compact_a_fleet(tmp_path: Path) -> None:
+    truths = generate_fleet(tmp_path, hosts=2, events_per_host=100_000, seconds=40, flush_every=2)
+    parts = sorted(tmp_path.glob("host-*/events/host=*/part-*.parquet"))
+    assert len(parts) == 40
+    result = subprocess.run([FDTRACE, "compact", str(tmp_path)], capture_output=True, text=True, check=True)
+    assert "host-00 (" in result.stdout and "100 files -> 5," in result.stdout  # 5 tables, one file each
+    merged = sorted(tmp_path.glob("host-*/events/host=*/part-*.parquet"))
+    assert [p.name for p in merged] == ["part-000001-000020.parquet"] * 2
+    assert pq.ParquetFile(merged[0]).metadata.num_row_groups == 1
+    events = load(tmp_path).events
+    assert events.groupby("host", observed=True).size().to_dict() == {t.host: t.events for t in truths}
+    again = subprocess.run([FDTRACE, "compact", str(tmp_path)], capture_output=True, text=True, check=True)
+    assert "0 rows merged" in again.stdout
+
+
+def _rows(start: int, count: int) -> pa.Table:
+    ts = np.arange(start, start + count, dtype=np.int64)
+    return pa.table({"ts_ns": ts, "time": pa.array(ts, pa.timestamp("ns", tz="UTC")),
+                     "pid": pa.array(np.ones(count, dtype=np.int32)), "tid": pa.array(np.ones(count, dtype=np.int32)),
+                     "comm": ["w"] * count, "kind": ["socket"] * count, "syscall": ["socket"] * count,
+                     "errno": [""] * count})
+
+
+def test_compact_while_the_recorder_writes(tmp_path: Path) -> None:
+    """A writer flushing, merging its own parts and rotating out old ones (--max-size) against a
+    compactor running all the while: every row still in the recording is there exactly once,
+    and those rotated out are counted."""
+    writer = RecordingWriter(tmp_path, "live", {"schema_version": SCHEMA_VERSION, "host": "live"},
+                             max_size=400_000)
+    host = find_fleet(tmp_path).hosts[0]
+    stop = threading.Event()
+    merges = []
+    errors: list[BaseException] = []
+
+    def compactor() -> None:
+        try:
+            while not stop.is_set():
+                merges.append(compact_host(host, target=150_000))
+        except BaseException as exc:  # the test fails below, with it
+            errors.append(exc)
+
+    thread = threading.Thread(target=compactor)
+    thread.start()
+    written = 0
+    try:
+        for flush in range(150):
+            writer.add("events", _rows(written, 2000))
+            written += 2000
+            writer.flush(wait=flush % 3 == 0)
+            if flush % 10 == 9:
+                writer.compact(wait=False)
+        writer.write_meta(complete=True)
+        writer.close()
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+    compact_host(host, target=150_000)
+    events = load(tmp_path).events
+    rotated = writer.rotated_out["rows"]["events"]
+    assert rotated > 0 and sum(m.rows for m in merges) > 0
+    assert events["ts_ns"].is_unique
+    assert len(events) + rotated == written
+    assert events["ts_ns"].max() == written - 1
