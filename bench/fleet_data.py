@@ -87,6 +87,34 @@ def _peer(process: Process, kind: str) -> tuple[str | None, int | None]:
     return ("127.0.0.1", 8080) if process.comm == "haproxy" else ("10.0.0.1", 29500)
 
 
+#: How long after the client's row (SYN-ACK in) the server's row (final ACK in) is, in true time.
+HANDSHAKE_NS = 30_000
+
+
+def address(index: int) -> str:
+    return f"10.0.{index // 250}.{index % 250 + 1}"
+
+
+def _connections(index: int, first: int, hosts: int, second: int, boot_ns: int, offset: int) -> pa.Table:
+    """This host's rows of the round's connections with its neighbours: it connects to the next
+    host and to the previous one, and each of them connects to it (true times alike on every
+    host, before its own clock's error)."""
+    after, before = first + (index - first + 1) % hosts, first + (index - first - 1) % hosts
+    start = boot_ns + second * SECOND + 500_000_000  # the clients' rows, on every host's clock alike
+    to_next, to_previous, server = 40000 + second, 41000 + second, 29500
+    rows = {
+        "ts_ns": [start, start, start + HANDSHAKE_NS, start + HANDSHAKE_NS],
+        "role": ["client", "client", "server", "server"], "family": ["AF_INET"] * 4,
+        "local_addr": [address(index)] * 4, "local_port": [to_next, to_previous, server, server],
+        # the previous host's connection to its next one (this), and the next host's to its previous
+        "remote_addr": [address(after), address(before), address(before), address(after)],
+        "remote_port": [server, server, to_next, to_previous],
+    }
+    table = pa.table({**rows, "local_port": pa.array(rows["local_port"], pa.int32()),
+                      "remote_port": pa.array(rows["remote_port"], pa.int32())})
+    return table.append_column("time", pa.array([t + offset for t in rows["ts_ns"]], pa.timestamp("ns", tz="UTC")))
+
+
 def _dictionary(values: list[str], counts: np.ndarray) -> pa.DictionaryArray:
     names = sorted(set(values))
     codes = np.repeat(np.array([names.index(v) for v in values], dtype=np.int32), counts)
@@ -94,14 +122,16 @@ def _dictionary(values: list[str], counts: np.ndarray) -> pa.DictionaryArray:
 
 
 def generate_fleet(root: Path, hosts: int, events_per_host: int, seconds: int = 120, seed: int = 7,
-                   flush_every: int = 10, clock_errors_ns: dict[int, int] | None = None) -> list[HostTruth]:
+                   flush_every: int = 10, clock_errors_ns: dict[int, int] | None = None,
+                   index_offset: int = 0) -> list[HostTruth]:
     """Write ``hosts`` recordings under ``root`` (``root/host-NN``), about ``events_per_host``
     events each over ``seconds`` seconds, a part file per ``flush_every`` seconds.
-    ``clock_errors_ns``: host index -> how far that host's wall clock is off (added to its time)."""
+    ``clock_errors_ns``: host index -> how far that host's wall clock is off (added to its time).
+    ``index_offset``: the first host's index (hosts written by several workers)."""
     rng = np.random.default_rng(seed)
     per_second = max(1, events_per_host // seconds)
     truths = []
-    for index in range(hosts):
+    for index in range(index_offset, index_offset + hosts):
         name = f"host-{index:02d}"
         truth = HostTruth(name)
         boot_ns = (1000 + 37 * index) * SECOND  # CLOCK_MONOTONIC at the first round differs per host
@@ -170,6 +200,8 @@ def generate_fleet(root: Path, hosts: int, events_per_host: int, seconds: int = 
             writer.add("clock", pa.table({"ts_ns": pa.array([now], pa.int64()),
                                           "realtime_offset_ns": pa.array([offset], pa.int64()),
                                           "boottime_offset_ns": pa.array([0], pa.int64())}))
+            if hosts > 1 and second % 10 == 5:  # a connection to the next host and one from the previous
+                writer.add("connections", _connections(index, index_offset, hosts, second, boot_ns, offset))
             writer.add("system", pa.table({
                 "ts_ns": pa.array([now], pa.int64()), "file_nr": pa.array([5000], pa.int64()),
                 "file_max": pa.array([1 << 20], pa.int64()), "threads_max": pa.array([100000], pa.int64()),

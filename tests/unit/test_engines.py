@@ -24,12 +24,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from fleet_data import HostTruth, generate_fleet  # noqa: E402
 
 FDTRACE = str(Path(sys.executable).parent / "fdtrace")
+#: How far the generated hosts' wall clocks are off (host index -> ns ahead of true time).
+CLOCK_ERRORS = {1: 2_000_000, 2: -1_500_000_000}
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[HostTruth]]:
     root = tmp_path_factory.mktemp("fleet")
-    return root, generate_fleet(root, hosts=3, events_per_host=700_000, seconds=60)
+    return root, generate_fleet(root, hosts=3, events_per_host=700_000, seconds=60, clock_errors_ns=CLOCK_ERRORS)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,28 @@ def test_exact_per_host_counts(engine: str, fleet: tuple[Path, list[HostTruth]],
         [(t.host, pid) for t in truths for pid in t.oom_kills]
 
 
+@pytest.mark.parametrize("engine", ["pandas", "duckdb"])
+def test_one_clock_for_the_fleet(engine: str, fleet: tuple[Path, list[HostTruth]], recordings: Any) -> None:
+    """The connections between the hosts give each host's clock error (the generator's
+    handshakes take 30 µs each way, so that is the uncertainty), and the failures line up on
+    the corrected clock: every host's first failure at its true time."""
+    _, truths = fleet
+    offsets = recordings[engine].clock_offsets.set_index("host")
+    for index, truth in enumerate(truths):
+        row = offsets.loc[truth.host]
+        assert abs(row["offset_ns"] - CLOCK_ERRORS.get(index, 0)) <= row["uncertainty_ns"]
+        assert row["uncertainty_ns"] == (0 if row["reference"] else 30_000) and (row["reference"] or row["pairs"] == 12)
+    firsts = failures(recordings[engine]).groupby("host", observed=True)["time"].min()
+    for index, truth in enumerate(truths):
+        assert firsts[truth.host].value == truth.first_failure_ns - CLOCK_ERRORS.get(index, 0)
+    plain = load(fleet[0], engine=engine, clock_correction=False)
+    try:
+        assert failures(plain).groupby("host", observed=True)["time"].min()["host-02"].value == \
+            truths[2].first_failure_ns
+    finally:
+        getattr(plain, "close", lambda: None)()
+
+
 def test_duckdb_gives_what_pandas_gives(recordings: Any) -> None:
     pandas, duck = recordings["pandas"], recordings["duckdb"]
     for analysis in (lambda r: rates(r, by="comm", freq="1s"), lambda r: rates(r, kind="accept", errno="EMFILE"),
@@ -85,6 +109,7 @@ def test_spark_gives_what_duckdb_gives(fleet: tuple[Path, list[HostTruth]], reco
         for analysis in (failures, least_headroom, destinations):
             pd.testing.assert_frame_equal(analysis(duck), analysis(spark), check_dtype=False)
         assert summary(spark) == summary(duck)
+        pd.testing.assert_frame_equal(spark.clock_offsets, duck.clock_offsets, check_dtype=False)
     finally:
         spark.close()
 
@@ -97,6 +122,7 @@ def test_info_of_a_fleet_lists_every_host(fleet: tuple[Path, list[HostTruth]]) -
         lost = f", ringbuf_full {truth.ringbuf_full}" if truth.ringbuf_full else ""
         assert f"host {truth.host}: kernel synthetic" in shown
         assert f" {truth.events} events, {truth.ringbuf_full} lost{lost}\n" in shown
+    assert "  clock: -1.500000 s from the reference (± 0.030 ms, 12 connection pairs), corrected\n" in shown
     assert shown.splitlines()[1].startswith("  haproxy [1000] on host-00: 1200 calls failed (EMFILE accept4 1200)")
 
 
@@ -122,4 +148,4 @@ def test_a_hostile_fleet_tree(tmp_path: Path, fleet: tuple[Path, list[HostTruth]
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = subprocess.run([FDTRACE, "info", str(empty), "--engine", "duckdb"], capture_output=True, text=True)
-    assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "no fdtrace recording" in refused.stderr
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "not an fdtrace recording" in refused.stderr

@@ -14,6 +14,7 @@ import pandas as pd
 
 from fdtrace.analysis import binning as _rates
 from fdtrace.analysis import call_sites as _sites
+from fdtrace.analysis import clock as _clock
 from fdtrace.analysis import destinations as _destinations
 from fdtrace.analysis import failures as _incidents
 from fdtrace.analysis import headroom_series as _headroom
@@ -23,6 +24,7 @@ from fdtrace.analysis.engines.dataset import EngineRecording, engine_for, load_w
 from fdtrace.recording import Recording
 from fdtrace.recording import load as load_frames
 from fdtrace.recording.fleet import fleet_roots
+from fdtrace.recording.layout import TABLES
 
 __all__ = ["EngineRecording", "Recording", "align", "destinations", "failures", "headroom", "incidents",
            "least_headroom", "leaks", "load", "phase_stats", "rates", "spikes", "thread_sites", "threads"]
@@ -30,7 +32,7 @@ __all__ = ["EngineRecording", "Recording", "align", "destinations", "failures", 
 
 def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
          phases: list[str | Path] | None = None, engine: str = "pandas", spark_master: str | None = None,
-         memory_limit: str | None = None) -> Any:
+         memory_limit: str | None = None, clock_correction: bool = True) -> Any:
     """Open recordings: one recording directory, several, or a fleet (any directory holding
     recordings, up to 4 levels down).
 
@@ -48,13 +50,36 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
             by default, or Spark Connect when SPARK_REMOTE is set.
         memory_limit: with ``engine="duckdb"``, DuckDB's memory limit (``"1GB"``); it spills to
             a private temporary folder beyond it.
+        clock_correction: with several hosts, put every host's times on one reference host's
+            clock, by the offsets that the TCP connections between the recorded hosts bound
+            (``fdtrace.analysis.clock``; the estimates are in ``clock_offsets``). False: each
+            host's times as its clock gave them.
     """
     if engine == "pandas" or (engine == "auto" and (columns or phases)):
-        return load_frames(list[str | Path](fleet_roots(paths)), columns=columns, phases=phases)
+        loaded = load_frames(list[str | Path](fleet_roots(paths)), columns=columns, phases=phases)
+        return _on_one_clock(loaded, clock_correction)
     if columns or phases:
         raise ValueError(f"load(engine={engine!r}) reads columns as queries need them and takes no phases= "
                          "(load with engine='pandas' for those)")
-    return load_with_engine(paths, engine=engine, spark_master=spark_master, memory_limit=memory_limit)
+    return load_with_engine(paths, engine=engine, spark_master=spark_master, memory_limit=memory_limit,
+                            clock_correction=clock_correction)
+
+
+def _on_one_clock(recording: Recording, correct: bool) -> Recording:
+    """A loaded recording of several hosts with its clock offsets, and its times corrected."""
+    connections = recording.connections
+    if len(recording.meta) < 2 or connections is None or not len(connections):
+        return recording
+    with engine_for(recording) as engine:
+        offsets = _clock.host_offsets(engine)
+    recording.clock_offsets = offsets
+    shifts = _clock.corrections(offsets)
+    if correct and shifts:
+        tables = {name: getattr(recording, name) for name in TABLES}
+        for name, frame in _clock.corrected(tables, shifts).items():
+            setattr(recording, name, frame)
+        recording.clock_corrected = True
+    return recording
 
 
 def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",

@@ -10,6 +10,7 @@ from fdtrace.analysis.binning import where
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
+from fdtrace.schema import NOT_FAILURES
 
 COLUMNS = ["time", "host", "pid", "start_ns", "comm", "kind", "failure"]
 INCIDENT_COLUMNS = ["time", "host", "pid", "comm", "failure", "first_overall", "failures_of_process", "followed_by"]
@@ -26,8 +27,10 @@ IS_FAILURE = f"({_FD}) OR kind = 'oom_kill' OR ({_KILLED}) OR ({_BAD_EXIT})"
 
 
 def is_symptom(alias: str) -> str:
-    """What counts as a symptom in the other processes: any failed call, any end, any OOM kill."""
-    return f"({alias}.errno IS NOT NULL AND {alias}.errno <> '') OR {alias}.kind IN ('process_exit', 'oom_kill')"
+    """What counts as a symptom in the other processes: any failed call (not EAGAIN and
+    EINPROGRESS, the answers of non-blocking sockets), any end, any OOM kill."""
+    answers = ", ".join(quote(e) for e in NOT_FAILURES)
+    return (f"(coalesce({alias}.errno, '') NOT IN ({answers})) OR {alias}.kind IN ('process_exit', 'oom_kill')")
 
 
 def as_time(ns: pd.Series) -> pd.Series:
@@ -65,10 +68,14 @@ def incidents_on(engine: Engine, window_s: float = 10.0) -> pd.DataFrame:
                            "time_ns": firsts["time"].astype("int64")})
     label = "concat(e.comm, ': ', CASE WHEN e.errno IS NULL OR e.errno = '' THEN e.kind " \
             "ELSE concat(e.syscall, ' ', e.errno) END)"
+    # The symptoms are few (failures and ends) and inside the span of the first failures: both
+    # conditions go first, so that the join sees only them.
+    span = f"time_ns > {int(starts['time_ns'].min())} AND time_ns <= {int(starts['time_ns'].max()) + window_ns}"
     after = engine.query(
-        f"SELECT f.incident, {label} AS symptom, count(*) AS n FROM first_failures AS f JOIN events AS e "
-        f"ON e.time_ns > f.time_ns AND e.time_ns <= f.time_ns + {window_ns} AND e.pid <> f.pid "
-        f"WHERE {is_symptom('e')} GROUP BY 1, 2",
+        f"WITH e AS (SELECT time_ns, pid, comm, kind, syscall, errno FROM events AS e WHERE {span} AND "
+        f"({is_symptom('e')})) "
+        f"SELECT f.incident, {label} AS symptom, count(*) AS n FROM first_failures AS f JOIN e "
+        f"ON e.time_ns > f.time_ns AND e.time_ns <= f.time_ns + {window_ns} AND e.pid <> f.pid GROUP BY 1, 2",
         inputs={"first_failures": starts})
     followed: dict[int, dict[str, int]] = {i: {} for i in range(len(firsts))}
     for row in after.sort_values(["incident", "n", "symptom"], ascending=[True, False, True]).itertuples():

@@ -13,7 +13,7 @@ import pandas as pd
 
 from fdtrace.analysis import call_sites
 from fdtrace.analysis import headroom_series as headroom_module
-from fdtrace.analysis.binning import rates_on
+from fdtrace.analysis.binning import binned_counts, pivot_rates
 from fdtrace.analysis.destinations import destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for, select_events
@@ -63,8 +63,10 @@ def build(recording: Any, top: int = 3) -> Report:
 
 
 def _build(recording: Any, engine: Engine, top: int) -> Report:
-    socket_rate = rates_on(engine, kind=SOCKET_KINDS, by="kind")
-    error_rate = rates_on(engine, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
+    # One pass over the events for every rate the report draws.
+    counted = binned_counts(engine, "1s", ("kind", "comm", "errno"))
+    socket_rate = pivot_rates(counted, kind=SOCKET_KINDS, by="kind")
+    error_rate = pivot_rates(counted, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
     least = headroom_module.least_headroom_on(engine)
     fd_series = {}
     chosen = least.head(top)
@@ -77,8 +79,8 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
             mine = series[(series["host"] == row.host) & (series["pid"] == row.pid)
                           & (series["start_ns"].fillna(-1) == (-1 if pd.isna(row.start_ns) else row.start_ns))]
             fd_series[f"{row.comm} [{row.pid}]"] = mine[["time", "open_fds", "fd_soft_limit"]]
-    kinds = engine.query("SELECT kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events "
-                         "GROUP BY 1 ORDER BY n DESC, kind")
+    kinds = counted.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
+    kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
     total = int(kinds["n"].sum()) if len(kinds) else 0
     spans = [(m.get("host"), m.get("kernel"), m.get("complete")) for m in recording.meta.values()]
     summary = [
@@ -93,7 +95,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     summary.append(("events lost", f"{sum(lost.values()):,}" + "".join(f", {k} {v:,}" for k, v in lost.items() if v)))
     if recording.skipped:
         summary.append(("unreadable files skipped", str(len(recording.skipped))))
-    spike_table = spikes(rates_on(engine, kind=SOCKET_KINDS, by="comm"))
+    spike_table = spikes(pivot_rates(counted, kind=SOCKET_KINDS, by="comm"))
     phases = getattr(recording, "phases", pd.DataFrame())
     stats, bands = pd.DataFrame(), []
     if len(phases):

@@ -11,6 +11,7 @@ from fdtrace.analysis.destinations import destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import least_headroom_on
+from fdtrace.errors import FdtraceError
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.schema import STATS
 
@@ -36,15 +37,26 @@ def _capped(lines: list[str], what: str) -> list[str]:
     return [*lines[:SHOWN_LINES], f"  ... and {len(lines) - SHOWN_LINES} more {what}"]
 
 
-def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False) -> list[str]:
+def _failed(engine: Engine) -> pd.DataFrame:
+    """In one pass over the events: EMFILE/ENFILE counted per process and syscall (``at`` null),
+    and each OOM kill and kill by a signal (``at`` its time)."""
+    errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
+    fd = f"errno IN ({errnos})"
+    return engine.query(
+        f"SELECT host, pid, comm, kind, errno, syscall, signal, anon_rss_kb, CASE WHEN {fd} THEN NULL ELSE time_ns END "
+        f"AS at, count(*) AS n, min(time_ns) AS first FROM events WHERE {fd} OR kind = 'oom_kill' OR "
+        "(kind = 'process_exit' AND signal IS NOT NULL AND signal <> '') GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9")
+
+
+def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
+             failed: pd.DataFrame | None = None) -> list[str]:
     """What went wrong, worst first: EMFILE/ENFILE per process and syscall, OOM kills, kills by a
     signal, and the processes that reached a limit."""
     def who(host: Any, comm: Any, pid: Any) -> str:
         return f"{comm} [{pid}]" + (f" on {host}" if several_hosts else "")
 
-    errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
-    calls = engine.query(f"SELECT host, pid, comm, errno, syscall, count(*) AS n, min(time_ns) AS first FROM events "
-                         f"WHERE errno IN ({errnos}) GROUP BY 1, 2, 3, 4, 5")
+    failed = _failed(engine) if failed is None else failed
+    calls = failed[failed["at"].isna()]
     lines: list[str] = []
     if len(calls):
         per_process = calls.groupby(["host", "pid", "comm"], sort=False).agg(n=("n", "sum"), first=("first", "min"))
@@ -54,11 +66,10 @@ def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False) -
             detail = ", ".join(f"{r.errno} {r.syscall} {r.n}" for r in mine.itertuples())
             lines.append(f"  {who(host, comm, pid)}: {totals['n']} calls failed ({detail}), first at "
                          f"{_ns(totals['first'])}")
-    ends = engine.query("SELECT host, pid, comm, kind, signal, time_ns FROM events WHERE kind = 'oom_kill' OR "
-                        "(kind = 'process_exit' AND signal IS NOT NULL AND signal <> '') ORDER BY time_ns, host, pid")
+    ends = failed[failed["at"].notna()].sort_values(["at", "host", "pid"])
     for row in ends.itertuples():
         what = "OOM-killed" if row.kind == "oom_kill" else f"killed by {row.signal}"
-        lines.append(f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.time_ns)}")
+        lines.append(f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.at)}")
     if len(least):
         for row in least[least["usage"] >= 1.0].itertuples():
             lines.append(f"  {who(row.host, row.comm, row.pid)}: reached its FD limit, {row.open_fds} of "
@@ -68,12 +79,13 @@ def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False) -
     return ["what went wrong:", *_capped(lines, "failing processes")]
 
 
-def _hosts(recording: Any, engine: Engine) -> list[str]:
-    spans = engine.query("SELECT host, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events "
-                         "GROUP BY 1").set_index("host")
+def _hosts(recording: Any, engine: Engine, kinds: pd.DataFrame) -> list[str]:
+    spans = kinds.groupby("host").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max"))
     lost_columns = [name for name in STATS if name in engine.columns("losses")]
     lost = engine.query(f"SELECT host, {', '.join(f'sum({c}) AS {c}' for c in lost_columns)} FROM losses "
                         "GROUP BY 1").set_index("host") if lost_columns else pd.DataFrame()
+    offsets = getattr(recording, "clock_offsets", None)
+    offsets = offsets.set_index("host") if offsets is not None and len(offsets) else pd.DataFrame()
     lines = []
     for host, meta in sorted(recording.meta.items()):
         state = "complete" if meta.get("complete") else "incomplete (recorder did not stop cleanly)"
@@ -84,6 +96,16 @@ def _hosts(recording: Any, engine: Engine) -> list[str]:
             losses = lost.loc[host].fillna(0).astype("int64") if host in lost.index else pd.Series(dtype="int64")
             detail = "".join(f", {k} {v}" for k, v in losses.items() if v)
             lines.append(f"  {span}{events} events, {int(losses.sum())} lost{detail}")
+            if host in offsets.index:
+                row = offsets.loc[host]
+                corrected = ", corrected" if getattr(recording, "clock_corrected", False) else ", not corrected"
+                lines.append("  clock: the reference of the fleet's timeline" if row["reference"] else
+                             f"  clock: {clock_text(row)}{corrected}")
+            elif len(offsets):
+                lines.append("  clock: no connection pairs with the other hosts in both directions: not corrected")
+        own = _own_clock(recording, host)
+        if own:
+            lines.append(f"  {own}")
         rotated = meta.get("rotated_out") or {}
         if rotated.get("files"):
             rows = ", ".join(f"{t} {n}" for t, n in rotated["rows"].items() if n)
@@ -93,14 +115,41 @@ def _hosts(recording: Any, engine: Engine) -> list[str]:
     return lines
 
 
+def clock_text(row: Any) -> str:
+    """A host's offset for people: "+3.000012 s (± 0.041 ms, 40 connection pairs), corrected"."""
+    return (f"{row['offset_ns'] / 1e9:+.6f} s from the reference (± {row['uncertainty_ns'] / 1e6:.3f} ms, "
+            f"{row['pairs']} connection pairs{', via ' + row['via'] if row['via'] else ''})")
+
+
+def _own_clock(recording: Any, host: str) -> str:
+    """The host's own last word on its clock (adjtimex), when it was not synchronized."""
+    try:
+        clock = recording.clock
+    except (AttributeError, FdtraceError):
+        return ""
+    if clock is None or not len(clock) or "synchronized" not in clock.columns:
+        return ""
+    mine = clock[(clock["host"].astype(str) == host) & clock["synchronized"].notna()]
+    if not len(mine):
+        return ""
+    last = mine.sort_values("ts_ns").iloc[-1]
+    if bool(last["synchronized"]):
+        return ""
+    return (f"own clock: not synchronized (adjtimex), maximum error {int(last['max_error_us']) / 1e6:.3f} s: "
+            "its wall times are only as good as that")
+
+
 def summary_on(recording: Any, engine: Engine) -> str:
     """``summary()`` of a recording whose tables ``engine`` holds."""
     least = least_headroom_on(engine)
     several = len(recording.meta) > 1
-    lines = headline(engine, least, several_hosts=several)
-    lines += _hosts(recording, engine)
-    kinds = engine.query("SELECT kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events "
-                         "GROUP BY 1 ORDER BY n DESC, kind")
+    failed = _failed(engine)
+    lines = headline(engine, least, several_hosts=several, failed=failed)
+    by_host = engine.query("SELECT host, kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last "
+                           "FROM events GROUP BY 1, 2")
+    lines += _hosts(recording, engine, by_host)
+    kinds = by_host.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
+    kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
     total = int(kinds["n"].sum()) if len(kinds) else 0
     if total:
         lines.append(f"span: {_ns(kinds['first'].min())} .. {_ns(kinds['last'].max())}")
@@ -136,10 +185,9 @@ def summary_on(recording: Any, engine: Engine) -> str:
             errors = ", ".join(f"{errno} {count}" for errno, count in row.errors.items())
             lines.append(f"  pid {row.pid} {row.comm} -> {row.peer_addr}:{row.peer_port}: "
                          f"{row.failed} of {row.calls} failed ({errors})")
-    ooms = engine.query("SELECT host, pid, comm, anon_rss_kb, time_ns FROM events WHERE kind = 'oom_kill' "
-                        "ORDER BY time_ns, host, pid")
+    ooms = failed[failed["kind"] == "oom_kill"].sort_values(["at", "host", "pid"])
     oom_lines = [f"OOM kill: pid {row.pid} {row.comm}{f' on {row.host}' if several else ''} anon-rss "
-                 f"{'?' if pd.isna(row.anon_rss_kb) else int(row.anon_rss_kb)} kB at {_ns(row.time_ns)}"
+                 f"{'?' if pd.isna(row.anon_rss_kb) else int(row.anon_rss_kb)} kB at {_ns(row.at)}"
                  for row in ooms.itertuples()]
     lines += _capped(oom_lines, "OOM kills")
     if recording.skipped:

@@ -92,7 +92,11 @@ def stacks_options(command: Any) -> Any:
 
 
 def engine_options(command: Any) -> Any:
-    """--engine, --spark-master and --memory-limit: where a command's analyses run."""
+    """--engine, --spark-master, --memory-limit and --no-clock-correction: where a command's
+    analyses run, and on which clock."""
+    command = click.option("--no-clock-correction", is_flag=True,
+                           help="Leave each host's times as its own clock gave them (by default the hosts are put "
+                                "on one clock by the connections between them).")(command)
     command = click.option("--memory-limit", default=None, metavar="SIZE",
                            help="DuckDB's memory limit (e.g. 2GB); it spills to a private temporary folder beyond.")(
         command)
@@ -106,7 +110,7 @@ def engine_options(command: Any) -> Any:
 
 
 def open_recordings(directories: tuple[str, ...], engine: str, spark_master: str | None,
-                    memory_limit: str | None, **pandas_options: Any) -> Any:
+                    memory_limit: str | None, no_clock_correction: bool = False, **pandas_options: Any) -> Any:
     """Recordings or a fleet, opened in the chosen engine (``fdtrace.analysis.load``); a bad
     recording fails with one line."""
     from fdtrace.analysis import load
@@ -115,7 +119,8 @@ def open_recordings(directories: tuple[str, ...], engine: str, spark_master: str
     try:
         chosen = choose_engine(list(directories), engine)
         if chosen == "pandas":
-            return load(list(directories), **pandas_options)
-        return load(list(directories), engine=chosen, spark_master=spark_master, memory_limit=memory_limit)
+            return load(list(directories), clock_correction=not no_clock_correction, **pandas_options)
+        return load(list(directories), engine=chosen, spark_master=spark_master, memory_limit=memory_limit,
+                    clock_correction=not no_clock_correction)
     except FdtraceError as error:
         fail(error)

@@ -10,12 +10,13 @@ from fdtrace.cli.common import engine_options, open_recordings
 @click.command()
 @click.argument("directories", nargs=-1, required=True, type=click.Path())
 @engine_options
-def info(directories: tuple[str, ...], engine: str, spark_master: str | None, memory_limit: str | None) -> None:
+def info(directories: tuple[str, ...], engine: str, spark_master: str | None, memory_limit: str | None,
+         no_clock_correction: bool) -> None:
     """Summarise recordings, or a fleet (a directory of many hosts' recordings): what went wrong,
     hosts with their spans, events and losses, least FD and thread headroom, OOM kills."""
     from fdtrace.analysis.summary import summary
 
-    recording = open_recordings(directories, engine, spark_master, memory_limit)
+    recording = open_recordings(directories, engine, spark_master, memory_limit, no_clock_correction)
     try:
         click.echo(summary(recording))
     finally:

@@ -45,13 +45,15 @@ from fdtrace.errors import FdtraceError
 @click.option("--listen", default=None, help="Also serve Prometheus /metrics on ADDRESS:PORT.")
 @click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
               help="Sample HAProxy's `show info` from this stats socket every interval (repeatable).")
+@click.option("--no-connections", is_flag=True,
+              help="Do not record the TCP connections this host makes with others (they put the hosts of a "
+                   "fleet on one clock).")
 @ring_pages_option
 @stacks_options
 def record(output: str, duration: float | None, pids: tuple[int, ...], follow: bool, comms: tuple[str, ...],
            errors_only: bool, interval: float, top_processes: int, cmdline: bool, shared: bool,
            rotate: float | None, max_size: str | None, listen: str | None, haproxy_sockets: tuple[str, ...],
-           ring_pages: int,
-        stacks: bool, max_stacks: int, max_fds: int) -> None:
+           no_connections: bool, ring_pages: int, stacks: bool, max_stacks: int, max_fds: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
 
     Runs until --duration, SIGINT or SIGTERM; every file on disk is complete at any moment.
@@ -86,7 +88,7 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     # Exited processes' final counters are written once, as they exit: none are kept in memory.
     source = LiveSource(LiveOptions(exiting=True, keep_exited=0,
         trace=TraceOptions(pids=pids, follow=follow, errors_only=errors_only, ring_pages=ring_pages,
-            stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
+            stacks=stacks, max_stacks=max_stacks, max_fds=max_fds, connections=not no_connections),
         comms=comms, interval_s=interval, top_processes=top_processes, cmdline=cmdline,
         haproxy_sockets=haproxy_sockets))
     pipeline = Pipeline(source, sinks)

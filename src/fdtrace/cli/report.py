@@ -23,7 +23,8 @@ from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_text_atomically
 @click.option("--shared", is_flag=True, help="Make the report readable by everyone (default: owner only).")
 @engine_options
 def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_files: tuple[str, ...],
-           shared: bool, engine: str, spark_master: str | None, memory_limit: str | None) -> None:
+           shared: bool, engine: str, spark_master: str | None, memory_limit: str | None,
+           no_clock_correction: bool) -> None:
     """A postmortem report of recordings: summary, timeline, spikes, FD headroom, incidents,
     losses and the limits to change."""
     from fdtrace.analysis.report import EVENT_COLUMNS, build, to_html, to_markdown
@@ -32,7 +33,7 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
     if phase_files and engine not in ("auto", "pandas"):
         fail(FdtraceError(f"--phases needs --engine pandas (the {engine} engine reads phases from the recordings)"))
     recording = open_recordings(directories, "pandas" if phase_files else engine, spark_master, memory_limit,
-                                columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
+                                no_clock_correction, columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
     try:
         content = build(recording)
     finally:

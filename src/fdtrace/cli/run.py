@@ -41,6 +41,7 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
 
     from fdtrace.integrations.phases.collect import read_phase_files
     from fdtrace.integrations.phases.live import RUN_DIR_PREFIX, runs_base
+    from fdtrace.kernel.loader import TraceOptions
     from fdtrace.pipeline import Pipeline, Stop
 
     pipeline = None
@@ -53,7 +54,8 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
             recording = ParquetSink(Path(record_dir), sys.argv)
         except FdtraceError as error:
             fail(error)
-        pipeline = Pipeline(LiveSource(LiveOptions(exiting=True, keep_exited=0)), [recording])
+        pipeline = Pipeline(LiveSource(LiveOptions(exiting=True, keep_exited=0,
+                                                   trace=TraceOptions(connections=True))), [recording])
         start(pipeline)
         note(f"recording to {record_dir}")
     shim = str(resources.files("fdtrace.integrations.phases") / "_shim")

@@ -192,3 +192,40 @@ def decode(
     }
     schema = arrow_schema()
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def split_connections(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the records that are events, the TCP_ESTABLISHED records, which go to their own table)."""
+    is_connection = raw["kind"] == Kind.TCP_ESTABLISHED
+    if not is_connection.any():
+        return raw, raw[:0]
+    return raw[~is_connection], raw[is_connection]
+
+
+def decode_connections(raw: np.ndarray, offsets: ClockOffsets) -> pa.Table:
+    """TCP_ESTABLISHED records as rows of the ``connections`` table."""
+    packed = raw["ret"].astype(np.int64).view(np.uint64)
+    role = (packed >> np.uint64(48)) & np.uint64(0xFFFF)
+    family = ((packed >> np.uint64(32)) & np.uint64(0xFFFF)).astype(np.int32)
+    local_port = ((packed >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.int32)
+    remote_port = (packed & np.uint64(0xFFFF)).astype(np.int32)
+    addresses = np.ascontiguousarray(raw["extra"]).view(np.uint8).reshape(len(raw), 32)
+
+    def text(rows_bytes: np.ndarray, start: int) -> list[str]:
+        out = []
+        for row, af in zip(rows_bytes, family, strict=True):
+            width, name = (4, socket.AF_INET) if af == socket.AF_INET else (16, socket.AF_INET6)
+            out.append(socket.inet_ntop(name, row[start:start + width].tobytes()))
+        return out
+
+    ts = raw["ts_ns"].astype(np.int64)
+    schema = arrow_schema("connections")
+    columns = {
+        "ts_ns": pa.array(ts, pa.int64()),
+        "role": pa.array(np.where(role == 1, "client", "server")),
+        "family": pa.array(np.where(family == socket.AF_INET, "AF_INET", "AF_INET6")),
+        "local_addr": pa.array(text(addresses, 0)), "local_port": pa.array(local_port),
+        "remote_addr": pa.array(text(addresses, 16)), "remote_port": pa.array(remote_port),
+        "time": pa.array(ts + offsets.realtime_offset_ns, type=pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
+    }
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)

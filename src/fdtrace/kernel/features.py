@@ -30,6 +30,10 @@ LIFECYCLE_TRACEPOINTS: tuple[tuple[str, str], ...] = (
     ("oom", "mark_victim"),
 )
 
+#: The fields of sock:inet_sock_set_state that connections.bpf.c reads.
+CONNECTION_FIELDS = frozenset({"oldstate", "newstate", "sport", "dport", "family", "protocol", "saddr", "daddr",
+                               "saddr_v6", "daddr_v6"})
+
 _FIELD_RE = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*size:(?P<size>\d+);")
 
 
@@ -192,6 +196,11 @@ def probe_kernel() -> KernelFeatures:
             features.group_dead = "group_dead" in fields
         if event == "mark_victim":
             features.oom_details = {"anon_rss", "file_rss", "shmem_rss", "comm"} <= fields.keys()
+    state = tracepoint_fields("sock", "inet_sock_set_state")
+    if state is not None and CONNECTION_FIELDS <= state.keys():
+        features.lifecycle.append("sock:inet_sock_set_state")
+    else:
+        features.missing.append("sock:inet_sock_set_state")
     if not features.syscall_exits:
         raise FdtraceError(
             "this kernel has no syscall tracepoints (CONFIG_FTRACE_SYSCALLS is off): fdtrace cannot trace it",

@@ -24,7 +24,7 @@ from fdtrace.kernel.features import KernelFeatures
 from fdtrace.kernel.ringbuf import RingReader, bulk_read_supported
 from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
 
-BPF_SOURCES = ("descriptors.bpf.c", "sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c")
+BPF_SOURCES = ("descriptors.bpf.c", "sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c", "connections.bpf.c")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class TraceOptions:
     stacks: bool = False  # user stacks of failures and thread starts; descriptors remembered by call site
     max_stacks: int = 16384  # distinct (process, stack) pairs kept; more are counted as stacks_full
     max_fds: int = 262144  # descriptors remembered at once; more are counted as fds_full
+    connections: bool = False  # TCP connections becoming established (recordings: clock offsets between hosts)
 
 
 def bpf_source_dir() -> Path:
@@ -92,6 +93,8 @@ def program_cflags(options: TraceOptions, features: KernelFeatures) -> list[str]
     ]
     if options.errors_only:
         flags.append("-DFDT_ERRORS_ONLY")
+    if options.connections:
+        flags.append("-DFDT_CONNECTIONS")
     if options.stacks:
         flags += ["-DFDT_STACKS", f"-DFDT_MAX_STACKS={options.max_stacks}", f"-DFDT_MAX_FDS={options.max_fds}"]
         if features.stack_top:
@@ -154,6 +157,8 @@ class BpfTracer:
         # TRACEPOINT_PROBEs are attached by bcc at load; take the list from bcc itself.
         auto = {tp.decode() if isinstance(tp, bytes) else tp for tp in self._bpf.tracepoint_fds}
         for name in features.lifecycle:
+            if name == "sock:inet_sock_set_state" and not options.connections:
+                continue  # asked for by recordings only
             if name in auto:
                 self.attached.append(name)
             elif name not in self.attached:

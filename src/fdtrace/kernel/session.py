@@ -11,10 +11,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from fdtrace.errors import FdtraceError
 from fdtrace.kernel.clock import sample_offsets
 from fdtrace.kernel.counters import CounterStore
-from fdtrace.kernel.decode import decode
+from fdtrace.kernel.decode import decode, decode_connections, split_connections
 from fdtrace.kernel.descriptors import MAX_REMEMBERED, DescriptorTracker, SiteRow
 from fdtrace.kernel.features import (
     KernelFeatures,
@@ -27,7 +29,7 @@ from fdtrace.kernel.features import (
 from fdtrace.kernel.loader import BpfTracer, TraceOptions
 from fdtrace.kernel.stacks import Stack, Symbolizer, symbolize
 from fdtrace.procfs import StartTimeResolver
-from fdtrace.schema import arrow_schema
+from fdtrace.schema import RAW_EVENT_DTYPE, arrow_schema
 
 
 @dataclass
@@ -45,6 +47,7 @@ class EventBatch:
     mono_ns: int
     losses: dict[str, int] = field(default_factory=dict)
     stacks: list[Stack] = field(default_factory=list)
+    connections: Any = None  # rows of the connections table (TraceOptions.connections), or None
 
     def __len__(self) -> int:
         return int(self.events.num_rows)
@@ -153,12 +156,17 @@ class KernelSession:
             now = time.monotonic_ns()
             return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
         offsets = sample_offsets()
+        if isinstance(raw, bytes | bytearray | memoryview):
+            raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+        raw, established = split_connections(raw)
+        connections = decode_connections(established, offsets) if len(established) else None
         table = decode(raw, self.host, offsets, self._resolver)
         stacks: list[Stack] = []
         if self._symbolizer is not None:
             self._symbolizer.begin()
             table, stacks = self._new_stacks(table, offsets.mono_ns)
-        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks)
+        return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks,
+                          connections=connections)
 
     def _new_stacks(self, events: Any, mono_ns: int) -> tuple[Any, list[Stack]]:
         """The events with their stack ids as sites (see ``_site_of``), and the stacks they name

@@ -79,6 +79,7 @@ class Update:
         boot_wall_ns: wall time of the traced machine's boot, for process start times.
         final: the last update before the pipeline stops.
         stacks: --stacks: symbolized stacks the events or rounds name, each given once.
+        connections: rows of the ``connections`` table (recordings), or None.
     """
 
     now_ns: int
@@ -91,6 +92,7 @@ class Update:
     boot_wall_ns: int | None = None
     final: bool = False
     stacks: list[Stack] = field(default_factory=list)
+    connections: ArrowTable | None = None
 
     def then(self, later: Update) -> Update:
         """This update and a later one as one (for a consumer that fell behind): events one
@@ -101,12 +103,14 @@ class Update:
 
         events = later.events if not self.events.num_rows else self.events if not later.events.num_rows else \
             pa.concat_tables([self.events, later.events])
+        both = [t for t in (self.connections, later.connections) if t is not None]
+        connections = pa.concat_tables(both) if len(both) > 1 else both[0] if both else None
         return Update(now_ns=later.now_ns, events=events, losses=later.losses or self.losses,
                       rounds=[*self.rounds, *later.rounds],
                       counters=later.counters if later.counters is not None else self.counters,
                       phases=later.phases if later.phases is not None else self.phases,
                       reset=self.reset, boot_wall_ns=later.boot_wall_ns or self.boot_wall_ns,
-                      final=later.final, stacks=[*self.stacks, *later.stacks])
+                      final=later.final, stacks=[*self.stacks, *later.stacks], connections=connections)
 
 
 @dataclass(frozen=True)

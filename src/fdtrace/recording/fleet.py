@@ -114,8 +114,8 @@ def find_fleet(paths: str | Path | list[str | Path]) -> Fleet:
             raise FdtraceError(f"{given}: not a directory")
         roots = _recordings_under(given, MAX_DEPTH)
         if not roots:
-            raise FdtraceError(f"{given}: no fdtrace recording here or up to {MAX_DEPTH} levels below "
-                               "(a recording has a meta/ folder)")
+            raise FdtraceError(f"{given}: not an fdtrace recording, nor a fleet of them (no meta/ folder here "
+                               f"or up to {MAX_DEPTH} levels below)")
         for root in roots:
             try:
                 metas = read_meta(root, skipped)

@@ -32,6 +32,9 @@ class Recording:
         stacks: user stacks of failures, descriptors and thread creations (--stacks).
         fd_sites: open descriptors per process and call site, when they changed (--stacks).
         thread_census: threads of the processes nearest a thread limit, by blocking syscall.
+        connections: TCP connections becoming established, for clock offsets between hosts.
+        clock_offsets: each host's clock offset from a reference host's (``fdtrace.analysis.load``
+            estimates them; ``time`` columns are then corrected by them).
         meta: run metadata by host.
         skipped: part files that could not be read, with the reason (the rest was loaded).
     """
@@ -47,6 +50,9 @@ class Recording:
     stacks: Any = None
     fd_sites: Any = None
     thread_census: Any = None
+    connections: Any = None
+    clock_offsets: Any = None
+    clock_corrected: bool = False
     meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 

@@ -29,6 +29,7 @@ class Kind(enum.IntEnum):
     PROCESS_EXEC = 9
     PROCESS_EXIT = 10
     OOM_KILL = 11
+    TCP_ESTABLISHED = 12  # a TCP connection of this host became established (clock pairs; own table)
 
     @property
     def label(self) -> str:
@@ -115,6 +116,8 @@ EXTRA_SLOTS: dict[Kind, tuple[str, ...]] = {
     Kind.PROCESS_EXEC: ("old_tid",),
     Kind.PROCESS_EXIT: ("exit_known", "exit_code", "signal"),
     Kind.OOM_KILL: ("total_vm_kb", "anon_rss_kb", "file_rss_kb", "shmem_rss_kb"),
+    # The local and remote address, 16 bytes each (IPv4 in the first 4); ports, family and role in ret.
+    Kind.TCP_ESTABLISHED: ("local0", "local1", "remote0", "remote1"),
 }
 
 

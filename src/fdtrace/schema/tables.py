@@ -12,7 +12,7 @@ from fdtrace.schema.fields import Field, arrow_type
 
 #: Version of the tables' layout. Bump it whenever a column is added, removed or changes type,
 #: and say in :data:`VERSIONS` what changed; the reader upgrades any older version it knows.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: What each version changed, for the reader's upgrade step and for people.
 VERSIONS: dict[int, str] = {
@@ -21,6 +21,8 @@ VERSIONS: dict[int, str] = {
        "peers_full and followed_full), so a version 1 recording may lack any nullable column",
     2: "every table declared in fdtrace.schema.tables; writers cast to it",
     3: "--stacks: the events' stack_id column and the stacks, fd_sites and thread_census tables",
+    4: "the connections table (TCP connections becoming established: clock offsets between hosts) and the "
+       "clock table's adjtimex figures",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
@@ -124,7 +126,13 @@ CLOCK = Table("clock", (
     _TS,
     Field("realtime_offset_ns", "int64", False, "CLOCK_REALTIME - CLOCK_MONOTONIC"),
     Field("boottime_offset_ns", "int64", False, "CLOCK_BOOTTIME - CLOCK_MONOTONIC"),
-), "the host's clock offsets, every interval")
+    Field("synchronized", "bool", True,
+          "adjtimex(2): the kernel clock is synchronized (STA_UNSYNC clear, not TIME_ERROR)"),
+    Field("est_error_us", "int64", True, "adjtimex(2): estimated error of the clock, microseconds"),
+    Field("max_error_us", "int64", True, "adjtimex(2): maximum error of the clock, microseconds"),
+    Field("chrony_offset_ns", "int64", True,
+          "chronyd's last offset of the system clock from its sources (null: no chronyd)"),
+), "the host's clock offsets and its own view of its clock's quality, every interval")
 
 #: `show info` fields sampled from HAProxy's stats socket: (HAProxy's name, column).
 HAPROXY_INFO_FIELDS: tuple[tuple[str, str], ...] = (
@@ -139,6 +147,18 @@ HAPROXY = Table("haproxy", (
     *(Field(column, "int64", True, f"show info: {name}") for name, column in HAPROXY_INFO_FIELDS),
     _TIME,
 ), "HAProxy's `show info` through --haproxy-socket, every interval")
+
+CONNECTIONS = Table("connections", (
+    _TS,
+    Field("role", "string", False, "client: the SYN-ACK arrived (connect side); server: the final ACK arrived"),
+    Field("family", "string", False, "AF_INET or AF_INET6"),
+    Field("local_addr", "string", False, "this host's address of the connection"),
+    Field("local_port", "int32", False, "this host's port"),
+    Field("remote_addr", "string", False, "the other end's address"),
+    Field("remote_port", "int32", False, "the other end's port"),
+    _TIME,
+), "TCP connections (not loopback) becoming established, from sock:inet_sock_set_state: matched between "
+   "hosts, they bound the offsets of the hosts' clocks (record)")
 
 PHASES = Table("phases", (
     Field("rank", "int32", True, "global rank"),
@@ -194,7 +214,7 @@ THREAD_CENSUS = Table("thread_census", (
 
 #: Every table, in the order of docs/recording.md.
 TABLES: dict[str, Table] = {t.name: t for t in (EVENTS, SAMPLES, SYSTEM, LOSSES, COUNTERS_TABLE, CLOCK, HAPROXY,
-                                                   PHASES, STACKS, FD_SITES, THREAD_CENSUS)}
+                                                   CONNECTIONS, PHASES, STACKS, FD_SITES, THREAD_CENSUS)}
 
 
 #: The fields of a recording's metadata (meta/host=NAME.json) and their JSON types; a reader

@@ -115,6 +115,8 @@ class ParquetSink:
         if update.events.num_rows:
             writer.add("events", update.events.drop_columns(["host"]))  # type: ignore[attr-defined]
             self.events += update.events.num_rows
+        if update.connections is not None and update.connections.num_rows:
+            writer.add("connections", update.connections)
         if update.stacks:
             offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
             writer.add("stacks", _rows("stacks", [
@@ -151,8 +153,15 @@ class ParquetSink:
         now = sample_round.mono_ns
         offset = sample_round.time_ns - now
         if sample_round.clock is not None:
-            writer.add("clock", pa.table({"ts_ns": [now], "realtime_offset_ns": [sample_round.clock.realtime_offset_ns],
-                                          "boottime_offset_ns": [sample_round.clock.boottime_offset_ns]}))
+            clock = sample_round.clock
+            quality = clock.quality
+            writer.add("clock", pa.table({
+                "ts_ns": [now], "realtime_offset_ns": [clock.realtime_offset_ns],
+                "boottime_offset_ns": [clock.boottime_offset_ns],
+                "synchronized": pa.array([quality.synchronized if quality else None], pa.bool_()),
+                "est_error_us": pa.array([quality.est_error_us if quality else None], pa.int64()),
+                "max_error_us": pa.array([quality.max_error_us if quality else None], pa.int64()),
+                "chrony_offset_ns": pa.array([quality.chrony_offset_ns if quality else None], pa.int64())}))
         samples = sample_round.samples
         if samples:
             columns: dict[str, list[Any]] = {"ts_ns": [now] * len(samples)}

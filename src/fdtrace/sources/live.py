@@ -3,13 +3,14 @@ HAProxy's stats sockets) every interval, and where the ranks of training jobs ar
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
 
 from fdtrace.integrations.haproxy import HaproxySampler
 from fdtrace.integrations.phases.live import LivePhases
-from fdtrace.kernel.clock import sample_offsets
+from fdtrace.kernel.clock import ClockQualityReader, sample_offsets
 from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.kernel.session import KernelSession
@@ -77,6 +78,7 @@ class LiveSource:
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
         self._next_phases = 0
+        self._clock_quality = ClockQualityReader()
         self._boot_wall_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
     @property
@@ -138,14 +140,14 @@ class LiveSource:
         if events.num_rows:
             self._pids_with_events.update(events["pid"].unique().to_pylist())
         return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns,
-                      stacks=batch.stacks)
+                      stacks=batch.stacks, connections=batch.connections)
 
     def _round(self, update: Update) -> None:
         """Counters, losses and clock, and (when sampling) /proc and HAProxy, into the update."""
         # The call sites first, then the round's time: their rows carry it, and no descriptor they
         # count was made after it.
         sites, stacks = self.kernel.read_fd_sites() if self.options.trace.stacks else ([], [])
-        offsets = sample_offsets()
+        offsets = dataclasses.replace(sample_offsets(), quality=self._clock_quality.read())
         samples, system = [], None
         if self.options.sample:
             samples = self.sampler.round(self._pids_with_events, self.options.top_processes, exclude=os.getpid())

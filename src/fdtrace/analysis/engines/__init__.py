@@ -45,7 +45,8 @@ def quote(value: Any) -> str:
 def select_list(table: str, present: set[str], time_expr: str, host_expr: str,
                 offsets: dict[str, int] | None = None) -> str:
     """The view's columns as a SELECT list: present columns cast to their declared types, absent
-    ones NULL, ``time`` as ``time_ns`` (``time_expr``) shifted by each host's clock offset."""
+    ones NULL, ``time`` as ``time_ns`` (``time_expr``) less each host's clock offset (``offsets``:
+    host -> ns its clock is ahead of the reference's)."""
     items = [f"CAST({host_expr} AS VARCHAR) AS host"]
     for spec in view_fields(table):
         sql_type = SQL_TYPES[spec.arrow_type]
@@ -53,7 +54,7 @@ def select_list(table: str, present: set[str], time_expr: str, host_expr: str,
             shift = ""
             if offsets:
                 cases = " ".join(f"WHEN {quote(h)} THEN {int(o)}" for h, o in sorted(offsets.items()) if o)
-                shift = f" + CASE CAST({host_expr} AS VARCHAR) {cases} ELSE 0 END" if cases else ""
+                shift = f" - CASE CAST({host_expr} AS VARCHAR) {cases} ELSE 0 END" if cases else ""
             items.append(f"CAST({time_expr} AS BIGINT){shift} AS time_ns" if spec.name in present
                          else "CAST(NULL AS BIGINT) AS time_ns")
         elif spec.name in present:

@@ -23,7 +23,8 @@ AUTO_PANDAS_BYTES = 256 << 20
 
 #: Tables small enough to read into pandas whole, whatever the fleet's size (one row per round
 #: and host, or bounded per host).
-SMALL_TABLES = ("system", "losses", "clock", "haproxy", "phases", "stacks", "fd_sites", "thread_census")
+SMALL_TABLES = ("system", "losses", "clock", "haproxy", "phases", "stacks", "fd_sites", "thread_census",
+                "connections")
 
 
 @dataclass
@@ -35,12 +36,17 @@ class EngineRecording:
         fleet: the host recordings found.
         meta: run metadata by host.
         skipped: files and hosts that could not be read, with the reason.
+        clock_offsets: each host's clock offset from the reference host's, from the connections
+            between them (``fdtrace.analysis.clock.host_offsets``); None for one host.
+        clock_corrected: whether the views' times are on the reference clock.
     """
 
     engine: Engine
     fleet: Fleet
     meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    clock_offsets: pd.DataFrame | None = None
+    clock_corrected: bool = False
     _small: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     def sql(self, query: str) -> pd.DataFrame:
@@ -60,6 +66,10 @@ class EngineRecording:
                 frames.append(read_table(root, name, hosts, self.skipped))
             frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             frame["host"] = frame["host"].astype(str).astype("category")
+            if self.clock_corrected:  # on the views' clock
+                from fdtrace.analysis.clock import corrected, corrections
+
+                frame = corrected({name: frame}, corrections(self.clock_offsets))[name]
             self._small[name] = frame
         return self._small[name]
 
@@ -98,7 +108,7 @@ def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") ->
 
 
 def load_with_engine(paths: str | Path | list[str | Path], engine: str = "pandas", spark_master: str | None = None,
-                     memory_limit: str | None = None) -> Recording | EngineRecording:
+                     memory_limit: str | None = None, clock_correction: bool = True) -> Recording | EngineRecording:
     """``fdtrace.analysis.load``: see there."""
     from fdtrace.recording import load
 
@@ -106,16 +116,28 @@ def load_with_engine(paths: str | Path | list[str | Path], engine: str = "pandas
     engine = _chosen(fleet, engine)
     if engine == "pandas":
         return load(list(dict.fromkeys(h.root for h in fleet.hosts)))
-    offsets = None
-    if engine == "duckdb":
-        from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
+    from fdtrace.analysis.clock import corrections, host_offsets
 
-        runner: Engine = DuckDBEngine.over_fleet(fleet, memory_limit=memory_limit, offsets=offsets)
-    else:
+    def views(shifts: dict[str, int] | None) -> Engine:
+        if engine == "duckdb":
+            from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
+
+            return DuckDBEngine.over_fleet(fleet, memory_limit=memory_limit, offsets=shifts)
         from fdtrace.analysis.engines.spark_engine import SparkEngine
 
-        runner = SparkEngine.over_fleet(fleet, master=spark_master, offsets=offsets)
-    return EngineRecording(runner, fleet, fleet.meta, fleet.skipped)
+        return SparkEngine.over_fleet(fleet, master=spark_master, offsets=shifts)
+
+    runner = views(None)
+    offsets = host_offsets(runner) if len(fleet.names) > 1 else None
+    shifts = corrections(offsets) if clock_correction else {}
+    if shifts:  # the same files, their times moved onto the reference host's clock
+        if engine == "duckdb":
+            runner.close()
+        seen = len(fleet.skipped)
+        runner = views(shifts)
+        del fleet.skipped[seen:]  # named once already
+    return EngineRecording(runner, fleet, fleet.meta, fleet.skipped, clock_offsets=offsets,
+                           clock_corrected=bool(shifts))
 
 
 @contextmanager
