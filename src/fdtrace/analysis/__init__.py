@@ -17,6 +17,7 @@ from fdtrace.analysis import call_sites as _sites
 from fdtrace.analysis import clock as _clock
 from fdtrace.analysis import destinations as _destinations
 from fdtrace.analysis import failures as _incidents
+from fdtrace.analysis import fleet as _fleet
 from fdtrace.analysis import headroom_series as _headroom
 from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
@@ -26,7 +27,8 @@ from fdtrace.recording import load as load_frames
 from fdtrace.recording.fleet import fleet_roots
 from fdtrace.recording.layout import TABLES
 
-__all__ = ["EngineRecording", "Recording", "align", "destinations", "failures", "headroom", "incidents",
+__all__ = ["EngineRecording", "Recording", "align", "cascade", "destinations", "failures", "fleet_heat", "headroom",
+           "incidents",
            "least_headroom", "leaks", "load", "phase_stats", "rates", "spikes", "thread_sites", "threads"]
 
 
@@ -178,6 +180,27 @@ def incidents(recording: Any, window_s: float = 10.0) -> pd.DataFrame:
         exits, OOM kills), counted, most frequent first.
     """
     return _incidents.incidents(recording, window_s=window_s)
+
+
+def cascade(recording: Any) -> pd.DataFrame:
+    """The order in which the hosts of a fleet failed, on the fleet's one clock.
+
+    Returns:
+        One row per host that failed, first first: ``order``, ``host``, ``time``, ``after_first_s``
+        (seconds after the fleet's first failure), the ``pid``, ``comm`` and ``failure`` (as
+        ``failures()`` names it; EMFILE/ENFILE, OOM kills and kills by a signal before exit
+        codes) of its first failure, and ``failures_on_host``.
+    """
+    with engine_for(recording) as engine:
+        return _fleet.cascade_on(engine)
+
+
+def fleet_heat(recording: Any, bins: int = 120) -> pd.DataFrame:
+    """Hosts by time: per host and time bin (whole seconds, about ``bins`` over the recording),
+    ``fd_errors`` (EMFILE/ENFILE calls), ``fd_usage`` (the fullest process's open FDs over its
+    soft limit) and ``thread_usage`` (the same for threads and their binding limit)."""
+    with engine_for(recording) as engine:
+        return _fleet.fleet_heat_on(engine, bins=bins)
 
 
 def align(frame: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:

@@ -55,9 +55,9 @@ def failures(recording_or_events: Any) -> pd.DataFrame:
         return failures_on(engine)
 
 
-def incidents_on(engine: Engine, window_s: float = 10.0) -> pd.DataFrame:
-    """``incidents()`` computed by ``engine``."""
-    all_failures = failures_on(engine)
+def incidents_on(engine: Engine, window_s: float = 10.0, found: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``incidents()`` computed by ``engine`` (``found``: its ``failures()``, when known)."""
+    all_failures = failures_on(engine) if found is None else found
     if all_failures.empty:
         return pd.DataFrame(columns=INCIDENT_COLUMNS)
     keys = ["host", "pid", all_failures["start_ns"].fillna(-1)]

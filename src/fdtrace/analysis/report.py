@@ -17,7 +17,8 @@ from fdtrace.analysis.binning import binned_counts, pivot_rates
 from fdtrace.analysis.destinations import destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for, select_events
-from fdtrace.analysis.failures import as_time, incidents_on
+from fdtrace.analysis.failures import as_time, failures_on, incidents_on
+from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats
 from fdtrace.analysis.spike_finder import spikes
 from fdtrace.integrations.phases.collect import PHASE_COLOURS
@@ -53,6 +54,10 @@ class Report:
     threads: pd.DataFrame = field(default_factory=pd.DataFrame)  # census at each process's most threads
     thread_sites: pd.DataFrame = field(default_factory=pd.DataFrame)
     bands: list[tuple[pd.Timestamp, pd.Timestamp, str]] = field(default_factory=list)  # phases of one rank
+    # Several hosts: hosts by time (fleet.fleet_heat_on), the order they failed in, their clocks.
+    heat: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cascade: pd.DataFrame = field(default_factory=pd.DataFrame)
+    clocks: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def build(recording: Any, top: int = 3) -> Report:
@@ -107,13 +112,19 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
             bands.append((pd.Timestamp(mark.start_wall_ns, tz="UTC"), pd.Timestamp(mark.end_wall_ns, tz="UTC"),
                           mark.phase))
     loss_rows = losses[losses[list(lost)].sum(axis=1) > 0] if lost and len(losses) else pd.DataFrame()
+    found = failures_on(engine)
+    several = len(recording.meta) > 1
+    clocks = getattr(recording, "clock_offsets", None)
     return Report(
         title=f"fdtrace report: {', '.join(recording.meta)}",
         summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
-        spikes=spike_table, headroom=least, incidents=incidents_on(engine), losses=loss_rows,
+        spikes=spike_table, headroom=least, incidents=incidents_on(engine, found=found), losses=loss_rows,
         recommendations=recommendations(recording, least, engine), phase_stats=stats, bands=bands,
         destinations=destinations_on(engine), leaks=_leaks(recording), threads=_census_at_peak(recording),
         thread_sites=_thread_sites(engine, recording),
+        heat=fleet_heat_on(engine) if several else pd.DataFrame(),
+        cascade=cascade_from(found) if several else pd.DataFrame(),
+        clocks=clocks if several and clocks is not None else pd.DataFrame(),
     )
 
 
@@ -154,13 +165,15 @@ def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None =
     errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
     fd_errors = engine.query(f"SELECT DISTINCT pid, start_ns FROM events WHERE errno IN ({errnos})")
     failed = set(zip(fd_errors["pid"], fd_errors["start_ns"], strict=True))
+    several = least["host"].nunique() > 1 if len(least) else False
     for row in least.itertuples():
         hit = (row.pid, row.start_ns) in failed
         if row.usage < USAGE_WARN and not hit:
             continue
         need = with_margin(row.open_fds)
-        text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]: peak {row.open_fds} open of a soft limit of "
-                f"{row.fd_soft_limit}; set it to at least {need} (LimitNOFILE= in its systemd unit, or ulimit -n).")
+        where = f" on {row.host}" if several else ""
+        text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}: peak {row.open_fds} open of a soft limit of "
+                f"{row.fd_soft_limit:.0f}; set it to at least {need} (LimitNOFILE= in its systemd unit, or ulimit -n).")
         if hit:
             text += " It failed with EMFILE at its limit, so it needed more than it could show: allow well above that."
         advice.append(text)
@@ -250,6 +263,60 @@ def _svg_lines(series: dict[str, tuple[list[float], list[float]]], dashed: dict[
     return "".join(parts)
 
 
+def _svg_heat(heat: pd.DataFrame, value: str, title: str, maximum: float | None = None) -> str:
+    """Hosts (rows) by time (columns) as inline SVG, each cell shaded by ``value`` (darker: more)."""
+    cells = heat.dropna(subset=[value])
+    if not len(cells) or not (cells[value] > 0).any():
+        return f"<p><em>{html.escape(title)}: none</em></p>"
+    hosts = sorted(heat["host"].astype(str).unique())
+    times = sorted(heat["time"].unique())
+    top = maximum if maximum is not None else float(cells[value].max())
+    cell_w, cell_h, left = max(2, min(12, 840 // max(len(times), 1))), max(4, min(14, 640 // len(hosts))), 90
+    width, height = left + cell_w * len(times) + 10, 40 + cell_h * len(hosts)
+    column = {t: i for i, t in enumerate(times)}
+    row = {h: i for i, h in enumerate(hosts)}
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+             f'<text x="{left}" y="14" font-size="13">{html.escape(title)}</text>']
+    for host, i in row.items():
+        parts.append(f'<text x="2" y="{24 + i * cell_h + cell_h - 2}" font-size="{min(11, cell_h)}">'
+                     f'{html.escape(host[:14])}</text>')
+    for cell in cells[cells[value] > 0].itertuples():
+        share = min(1.0, float(getattr(cell, value)) / top) if top else 0.0
+        shade = int(235 - 200 * share)
+        x, y = left + column[cell.time] * cell_w, 22 + row[str(cell.host)] * cell_h
+        parts.append(f'<rect x="{x}" y="{y}" width="{cell_w}" height="{cell_h}" fill="rgb(235,{shade},{shade})">'
+                     f'<title>{html.escape(str(cell.host))} {pd.Timestamp(cell.time):%H:%M:%S}: '
+                     f'{getattr(cell, value):,.3g}</title></rect>')
+    first, last = pd.Timestamp(times[0]), pd.Timestamp(times[-1])
+    parts.append(f'<text x="{left}" y="{height - 4}" font-size="11">{first:%Y-%m-%d %H:%M:%S} UTC</text>'
+                 f'<text x="{width - 70}" y="{height - 4}" font-size="11">{last:%H:%M:%S}</text></svg>')
+    return "".join(parts)
+
+
+def _fleet_html(report: Report) -> list[str]:
+    if not len(report.heat) and not len(report.cascade):
+        return []
+    width = report.heat.attrs.get("width_s", 1)
+    return [f"<h2>{FLEET_SECTIONS[0]}</h2>",
+            _svg_heat(report.heat, "fd_errors", f"EMFILE and ENFILE per host, per {width} s"),
+            _svg_heat(report.heat, "fd_usage", "the fullest process's FD table, per host (darkest: full)", 1.0),
+            _svg_heat(report.heat, "thread_usage", "the nearest thread limit, per host (darkest: reached)", 1.0),
+            f"<h2>{FLEET_SECTIONS[1]}</h2>", _frame_html(report.cascade, NO_INCIDENTS),
+            f"<h2>{FLEET_SECTIONS[2]}</h2>", _frame_html(report.clocks, NO_CLOCKS)]
+
+
+def _fleet_md(report: Report) -> list[str]:
+    if not len(report.heat) and not len(report.cascade):
+        return []
+    per_host = pd.DataFrame()
+    if len(report.heat):
+        per_host = report.heat.groupby("host").agg(fd_errors=("fd_errors", "sum"), fd_usage=("fd_usage", "max"),
+                                                   thread_usage=("thread_usage", "max")).reset_index()
+    return ["", f"## {FLEET_SECTIONS[0]}", "", _frame_md(per_host, "No events."),
+            "", f"## {FLEET_SECTIONS[1]}", "", _frame_md(report.cascade, NO_INCIDENTS),
+            "", f"## {FLEET_SECTIONS[2]}", "", _frame_md(report.clocks, NO_CLOCKS)]
+
+
 def _xy(times: pd.Series | pd.Index, values: pd.Series, origin: pd.Timestamp) -> tuple[list[float], list[float]]:
     seconds = [(t - origin).total_seconds() for t in times]
     return seconds, [float(v) for v in values]
@@ -316,6 +383,9 @@ HEADROOM_COLUMNS = ["comm", "pid", "open_fds", "fd_soft_limit", "fd_hard_limit",
 NO_SPIKES = "No spike: no bin rose far above its recent baseline."
 NO_INCIDENTS = "No EMFILE, ENFILE, OOM kill or abnormal exit."
 NO_LOSSES = "No event was lost."
+FLEET_SECTIONS = ("Fleet: hosts by time", "Fleet: the cascade (first failure of each host, in order)",
+                  "Fleet: one clock (each host's offset from the reference, from the connections between them)")
+NO_CLOCKS = "No connections between the recorded hosts in both directions: each host's own clock is used."
 
 
 def to_html(report: Report) -> str:
@@ -327,7 +397,9 @@ def to_html(report: Report) -> str:
              f"<p>made {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>",
              f"<h2>{SECTIONS[0]}</h2><table>"]
     parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.summary]
-    parts.append(f"</table><h2>{SECTIONS[1]}</h2>")
+    parts.append("</table>")
+    parts += _fleet_html(report)
+    parts.append(f"<h2>{SECTIONS[1]}</h2>")
     parts += timeline_svgs(report) or ["<p>No events.</p>"]
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
               f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
@@ -347,6 +419,7 @@ def to_markdown(report: Report) -> str:
     """The report as Markdown (the timeline as a table of per-second counts)."""
     parts = [f"# {report.title}", "", f"## {SECTIONS[0]}", ""]
     parts += [f"- **{k}**: {v}" for k, v in report.summary]
+    parts += _fleet_md(report)
     timeline = report.socket_rate.join(report.error_rate.rename(columns={"count": "EMFILE+ENFILE"}), how="outer")
     parts += ["", f"## {SECTIONS[1]}", "", _frame_md(timeline.fillna(0).astype(int).reset_index(), "No events."),
               "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
