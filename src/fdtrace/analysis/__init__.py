@@ -228,13 +228,8 @@ def phase_stats(recording: Recording) -> pd.DataFrame:
     ``connects``, ``accepts``, failed calls (``errors``, not counting EAGAIN/EINPROGRESS) and
     ``threads_started`` by that rank's process while in it (events counted in their innermost
     phase, as ``align`` labels them)."""
-    phases = recording.phases
-    if isinstance(recording, EngineRecording):
-        pids = ", ".join(str(int(p)) for p in sorted(set(phases["pid"].dropna()))) or "NULL"
-        events = select_events(recording.engine, f"pid IN ({pids})", ("host", "ts_ns", "time", "pid", "kind",
-                                                                      "syscall", "errno"))
-        return _phases.phase_stats(events, phases)
-    return _phases.phase_stats(recording.events, phases)
+    with engine_for(recording) as engine:
+        return _phases.phase_stats_on(engine, recording.phases)
 
 
 def _end_ns(recording: Any) -> int | None:

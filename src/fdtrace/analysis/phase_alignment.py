@@ -66,26 +66,52 @@ def align_spikes(spikes: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
     return labelled
 
 
-def phase_stats(events: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, phase): instances, time spent, sockets opened and closed, connects, accepts,
-    failed calls and threads started in it."""
-    columns = ["rank", "phase", "instances", "seconds", "sockets", "closes", "connects", "accepts", "errors",
-               "threads_started"]
+STAT_COLUMNS = ["rank", "phase", "instances", "seconds", "sockets", "closes", "connects", "accepts", "errors",
+                "threads_started"]
+
+
+def phase_stats_on(engine: Any, phases: pd.DataFrame) -> pd.DataFrame:
+    """``phase_stats()`` with the events counted in ``engine`` (an ``fdtrace.analysis.engines``
+    Engine): each event of a rank's process labelled with its innermost phase (the shortest that
+    contains it; of equal ones the later mark, as ``align_events`` paints them) by a join in the
+    engine, so that only the counts come back."""
+    from fdtrace.analysis.engines import quote
+
     if phases.empty:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=STAT_COLUMNS)
     spent = phases.assign(seconds=(phases["end_mono_ns"] - phases["start_mono_ns"]) / 1e9)
     spent["phase"] = np.where(spent["phase"] == "user", "user:" + spent["name"].fillna(""), spent["phase"])
     totals = spent.groupby(["rank", "phase"]).agg(instances=("phase", "size"), seconds=("seconds", "sum"))
-    labelled = align_events(events, phases)
-    labelled = labelled[labelled["rank"].notna()]
-    kinds = labelled["kind"].astype(str)
-    counted = pd.DataFrame({
-        "rank": labelled["rank"].astype(int), "phase": labelled["phase"].astype(str),
-        "sockets": (kinds == "socket") & (labelled["errno"] == ""), "closes": kinds == "close",
-        "connects": kinds == "connect", "accepts": kinds == "accept",
-        "errors": ~labelled["errno"].isin(NOT_FAILURES), "threads_started": kinds == "thread_start",
-    }).groupby(["rank", "phase"]).sum()
+    hosts = phases["host"].astype(str) if "host" in phases.columns else pd.Series("", index=phases.index)
+    marks = pd.DataFrame({"host": hosts.to_numpy(), "pid": phases["pid"].astype("int64").to_numpy(),
+                          "label": spent["phase"].astype(str).to_numpy(),
+                          "s": phases["start_mono_ns"].astype("int64").to_numpy(),
+                          "e": phases["end_mono_ns"].astype("int64").to_numpy(), "seq": np.arange(len(phases))})
+    first_rank = marks.assign(rank=phases["rank"].to_numpy()).groupby(["host", "pid"], sort=False)["rank"].first()
+    ranks = first_rank.reset_index()
+    ranks["rank"] = ranks["rank"].astype("int64")
+    by_host = "host" in phases.columns
+    same_host = "AND ev.host = m.host " if by_host else ""
+    rank_host = " AND i.host = r.host" if by_host else ""
+    answers = ", ".join(quote(e) for e in NOT_FAILURES)
+    counted = engine.query(f"""
+WITH ev AS (SELECT e.host, e.pid, e.tid, e.ts_ns, e.kind, coalesce(e.errno, '') AS errno, count(*) AS n
+            FROM events AS e WHERE e.pid IN (SELECT pid FROM phase_ranks) GROUP BY 1, 2, 3, 4, 5, 6),
+hits AS (SELECT ev.*, m.label, m.e - m.s AS length, m.seq FROM ev LEFT JOIN phase_marks AS m
+         ON ev.pid = m.pid {same_host}AND ev.ts_ns >= m.s AND ev.ts_ns <= m.e),
+innermost AS (SELECT *, row_number() OVER (PARTITION BY host, pid, tid, ts_ns, kind, errno
+                                           ORDER BY length NULLS LAST, seq DESC) AS r FROM hits)
+SELECT r.rank, coalesce(i.label, {quote(OUTSIDE)}) AS phase,
+       sum(CASE WHEN i.kind = 'socket' AND i.errno = '' THEN i.n ELSE 0 END) AS sockets,
+       sum(CASE WHEN i.kind = 'close' THEN i.n ELSE 0 END) AS closes,
+       sum(CASE WHEN i.kind = 'connect' THEN i.n ELSE 0 END) AS connects,
+       sum(CASE WHEN i.kind = 'accept' THEN i.n ELSE 0 END) AS accepts,
+       sum(CASE WHEN i.errno NOT IN ({answers}) THEN i.n ELSE 0 END) AS errors,
+       sum(CASE WHEN i.kind = 'thread_start' THEN i.n ELSE 0 END) AS threads_started
+FROM innermost AS i JOIN phase_ranks AS r ON i.pid = r.pid{rank_host} WHERE i.r = 1 GROUP BY 1, 2""",
+                           inputs={"phase_marks": marks, "phase_ranks": ranks})
+    counted = counted.set_index(["rank", "phase"])
     stats = totals.join(counted, how="outer").fillna(0).reset_index()
-    for column in columns[4:] + ["instances"]:
+    for column in STAT_COLUMNS[4:] + ["instances"]:
         stats[column] = stats[column].astype("int64")
-    return stats[columns].sort_values(["rank", "phase"], ignore_index=True)
+    return stats[STAT_COLUMNS].sort_values(["rank", "phase"], ignore_index=True)

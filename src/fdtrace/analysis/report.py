@@ -19,7 +19,7 @@ from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for, select_events
 from fdtrace.analysis.failures import as_time, failures_on, incidents_on
 from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
-from fdtrace.analysis.phase_alignment import align_spikes, phase_stats
+from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
 from fdtrace.analysis.spike_finder import spikes
 from fdtrace.integrations.phases.collect import PHASE_COLOURS
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
@@ -29,8 +29,7 @@ from fdtrace.schema import STATS
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
                  "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid", "stack_id")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
-#: The event columns that phase_stats and thread_sites read.
-PHASE_EVENT_COLUMNS = ("host", "ts_ns", "time", "pid", "kind", "syscall", "errno")
+#: The event columns that thread_sites reads.
 THREAD_EVENT_COLUMNS = ("host", "ts_ns", "time", "pid", "tid", "comm", "kind", "stack_id")
 
 
@@ -104,8 +103,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     phases = getattr(recording, "phases", pd.DataFrame())
     stats, bands = pd.DataFrame(), []
     if len(phases):
-        pids = ", ".join(str(int(p)) for p in sorted(set(phases["pid"].dropna())))
-        stats = phase_stats(select_events(engine, f"pid IN ({pids})", PHASE_EVENT_COLUMNS), phases)
+        stats = phase_stats_on(engine, phases)
         spike_table = align_spikes(spike_table, phases)
         first_rank = phases[phases["rank"] == phases["rank"].min()]
         for mark in first_rank[first_rank["phase"].isin(BAND_PHASES)].itertuples():

@@ -16,7 +16,9 @@ from fdtrace.errors import FdtraceError
 @click.option("--from", "from_dir", type=click.Path(file_okay=False), default=None,
               help="A recording: recommend limits from the peaks it saw.")
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of a table.")
-def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, as_json: bool) -> None:
+@click.option("--engine", type=click.Choice(["auto", "pandas", "duckdb", "spark"]), default="auto", show_default=True,
+              help="Where --from's recording is read (see fdtrace info --help).")
+def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, as_json: bool, engine: str) -> None:
     """Check FD, listen-queue and thread limits and say exactly what to change.
 
     Exit code 0 when every check is OK, 1 with warnings, 2 with failures.
@@ -34,7 +36,7 @@ def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, 
     listen_moved = None
     if from_dir is not None:
         try:
-            listen_moved = report.apply_recording(Path(from_dir), checker, selected)
+            listen_moved = report.apply_recording(Path(from_dir), checker, selected, engine)
         except FdtraceError as error:
             fail(error)
     checks = report.run_checks(checker, selected, listen_moved)

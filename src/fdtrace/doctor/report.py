@@ -27,16 +27,26 @@ def select_pids(doctor: Doctor, pids: tuple[int, ...], comms: tuple[str, ...]) -
     return sorted(chosen)
 
 
-def apply_recording(directory: Path, doctor: Doctor, pids: list[int]) -> dict[str, int]:
+def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: str = "auto") -> dict[str, int]:
     """From a recording, give the doctor each live process's peak open FDs and thread growth
     (its samples with the same pid and start, else with the same name). Returns how far the
-    listen-queue counters moved during the recording."""
-    from fdtrace.recording import load
+    listen-queue counters moved during the recording. ``engine``: as ``fdtrace.analysis.load``'s
+    (only these processes' samples are read)."""
+    from fdtrace.analysis import load
+    from fdtrace.analysis.engines import quote
+    from fdtrace.analysis.engines.dataset import engine_for
 
-    recording = load(directory)
-    samples = recording.samples
+    recording = load(directory, engine=engine)
+    live = {pid: doctor.sampler.sample(pid) for pid in pids}
+    names = sorted({s.comm for s in live.values() if s is not None})
+    wanted = " OR ".join([f"pid IN ({', '.join(str(p) for p in pids)})"] * bool(pids)
+                         + [f"comm IN ({', '.join(quote(n) for n in names)})"] * bool(names)) or "false"
+    with engine_for(recording) as runner:
+        samples = runner.query(f"SELECT pid, start_ns, comm, ts_ns, open_fds, threads FROM samples WHERE {wanted}")
+    system = recording.system
+    getattr(recording, "close", lambda: None)()
     for pid in pids:
-        sample = doctor.sampler.sample(pid)
+        sample = live[pid]
         if sample is None or samples.empty:
             continue
         same = samples[(samples["pid"] == pid) & (samples["start_ns"] == sample.start_ns)]
@@ -50,7 +60,6 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int]) -> dict[st
             first, last = same.sort_values("ts_ns")["threads"].iloc[[0, -1]]
             doctor.thread_growth[pid] = max(0.0, (last - first) / span)
     moved = {}
-    system = recording.system
     for column, name in (("listen_overflows", "ListenOverflows"), ("listen_drops", "ListenDrops")):
         if column in system.columns and len(system):
             moved[name] = int(system[column].max() - system[column].min())
