@@ -129,7 +129,11 @@ def generate_fleet(root: Path, hosts: int, events_per_host: int, seconds: int = 
     ``clock_errors_ns``: host index -> how far that host's wall clock is off (added to its time).
     ``index_offset``: the first host's index (hosts written by several workers)."""
     rng = np.random.default_rng(seed)
-    per_second = max(1, events_per_host // seconds)
+    # The shape (bursts, the storm) makes some seconds busier: scale so the host gets its events.
+    probe = 1_000_000
+    shaped = sum(n for second in range(seconds) for *_, n in _round_segments(0, second, seconds, probe,
+                                                                          _processes(0)))
+    per_second = max(1, round(events_per_host * probe / shaped))
     truths = []
     for index in range(index_offset, index_offset + hosts):
         name = f"host-{index:02d}"

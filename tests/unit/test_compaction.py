@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from fdtrace.analysis import load
 from fdtrace.recording.compaction import compact_host
 from fdtrace.recording.fleet import find_fleet
+from fdtrace.recording.summaries import read_summary
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.schema import SCHEMA_VERSION
 
@@ -30,7 +31,7 @@ def test_compact_a_fleet(tmp_path: Path) -> None:
     parts = sorted(tmp_path.glob("host-*/events/host=*/part-*.parquet"))
     assert len(parts) == 40
     result = subprocess.run([FDTRACE, "compact", str(tmp_path)], capture_output=True, text=True, check=True)
-    assert "host-00 (" in result.stdout and "100 files -> 5," in result.stdout  # 5 tables, one file each
+    assert "host-00 (" in result.stdout and "104 files -> 6," in result.stdout  # 6 tables, one file each
     merged = sorted(tmp_path.glob("host-*/events/host=*/part-*.parquet"))
     assert [p.name for p in merged] == ["part-000001-000020.parquet"] * 2
     assert pq.ParquetFile(merged[0]).metadata.num_row_groups == 1
@@ -89,3 +90,34 @@ def test_compact_while_the_recorder_writes(tmp_path: Path) -> None:
     assert events["ts_ns"].is_unique
     assert len(events) + rotated == written
     assert events["ts_ns"].max() == written - 1
+
+
+def test_a_planted_lock_is_refused_in_one_line(tmp_path: Path) -> None:
+    generate_fleet(tmp_path, hosts=1, events_per_host=20_000, seconds=4, flush_every=1)
+    lock = tmp_path / "host-00" / "meta" / ".host=host-00.lock"
+    target = tmp_path / "elsewhere"
+    target.write_text("not to be touched\n")
+    lock.symlink_to(target)
+    before = sorted(p.name for p in (tmp_path / "host-00" / "events" / "host=host-00").iterdir())
+    result = subprocess.run([FDTRACE, "compact", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode != 0 and result.stderr.count("\n") == 1 and "cannot take the host's lock" in result.stderr
+    assert target.read_text() == "not to be touched\n"
+    assert sorted(p.name for p in (tmp_path / "host-00" / "events" / "host=host-00").iterdir()) == before
+
+
+def test_compact_gives_old_parts_their_summaries(tmp_path: Path) -> None:
+    """Parts written before part summaries get one from compact, and `info` then reads the
+    summaries instead of the events, with the same result."""
+    copy = tmp_path / "emfile"
+    subprocess.run(["cp", "-r", str(ROOT / "tests" / "data" / "emfile"), str(copy)], check=True)
+    parts = sorted(copy.glob("events/host=*/part-*.parquet"))
+    assert parts and all(read_summary(p) is None for p in parts)
+    before = subprocess.run([FDTRACE, "info", str(copy), "--engine", "duckdb"], capture_output=True, text=True,
+                            check=True).stdout
+    subprocess.run([FDTRACE, "compact", str(copy)], capture_output=True, text=True, check=True)
+    parts = sorted(copy.glob("events/host=*/part-*.parquet"))
+    assert parts and all(read_summary(p) is not None for p in parts)
+    assert load(copy, engine="duckdb").part_summaries() is not None
+    after = subprocess.run([FDTRACE, "info", str(copy), "--engine", "duckdb"], capture_output=True, text=True,
+                           check=True).stdout
+    assert after == before

@@ -96,6 +96,7 @@ def test_duckdb_gives_what_pandas_gives(recordings: Any) -> None:
                      failures, incidents, destinations, least_headroom,
                      lambda r: least_headroom(r, resource="threads")):
         pd.testing.assert_frame_equal(analysis(pandas), analysis(duck), check_dtype=False)
+    assert duck.part_summaries() is not None  # so `info` read the parts' summaries, not the events
     assert summary(pandas) == summary(duck)
     assert to_markdown(build(pandas)) == to_markdown(build(duck))
 

@@ -45,7 +45,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
             or PyTorch profiler traces).
         engine: ``"pandas"`` loads every table into DataFrames (a ``Recording``); ``"duckdb"``
             leaves them in Parquet and queries them out of core; ``"spark"`` queries them in
-            Apache Spark; ``"auto"``: pandas below 256 MiB of events and samples, DuckDB above.
+            Apache Spark; ``"auto"``: pandas below 64 MiB of events and samples, DuckDB above.
             The engine recordings (``EngineRecording``) answer every function here and
             ``recording.sql(...)``; they hold no events in memory.
         spark_master: with ``engine="spark"``, the cluster (``spark://HOST:7077``); ``local[2]``

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.failures import as_time
 from fdtrace.schema import NOT_FAILURES
@@ -21,14 +21,21 @@ def destinations_on(engine: Engine) -> pd.DataFrame:
         if engine.rows("events") == 0:
             return pd.DataFrame(columns=COLUMNS)
         raise ValueError("destinations() needs the events' peer_addr and peer_port: load them (load(columns=...))")
-    answers = ", ".join(quote(e) for e in NOT_FAILURES)
     grouped = engine.query(
-        "SELECT host, comm, pid, peer_addr, peer_port, coalesce(errno, '') AS errno, "
-        f"coalesce(errno, '') NOT IN ({answers}) AS failed, count(*) AS n, min(time_ns) AS first, "
-        "max(time_ns) AS last FROM events WHERE kind = 'connect' AND peer_port IS NOT NULL "
-        "GROUP BY 1, 2, 3, 4, 5, 6, 7")
+        "SELECT host, comm, pid, peer_addr, peer_port, coalesce(errno, '') AS errno, count(*) AS n, "
+        "min(time_ns) AS first, max(time_ns) AS last FROM events WHERE kind = 'connect' AND peer_port IS NOT NULL "
+        "GROUP BY 1, 2, 3, 4, 5, 6")
+    return destinations_from(grouped)
+
+
+def destinations_from(grouped: pd.DataFrame) -> pd.DataFrame:
+    """``destinations()`` from connect() calls counted per process, destination and errno
+    (``host``, ``comm``, ``pid``, ``peer_addr``, ``peer_port``, ``errno``, ``n``, ``first``,
+    ``last``), as the engine's query or the recording's part summaries give them."""
     if grouped.empty:
         return pd.DataFrame(columns=COLUMNS)
+    grouped = grouped.assign(errno=grouped["errno"].fillna("").astype(str))
+    grouped["failed"] = ~grouped["errno"].isin(NOT_FAILURES)
     grouped["peer_port"] = grouped["peer_port"].astype("int64")
     grouped["pid"] = grouped["pid"].astype("int64")
     grouped["peer_addr"] = grouped["peer_addr"].fillna("").astype(str)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.destinations import destinations_on
+from fdtrace.analysis.destinations import destinations_from, destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import least_headroom_on
@@ -143,10 +143,12 @@ def summary_on(recording: Any, engine: Engine) -> str:
     """``summary()`` of a recording whose tables ``engine`` holds."""
     least = least_headroom_on(engine)
     several = len(recording.meta) > 1
-    failed = _failed(engine)
+    # A fleet's part files carry summaries of their events: then no event is read.
+    parts = recording.part_summaries() if hasattr(recording, "part_summaries") else None
+    failed = parts["failed"] if parts is not None else _failed(engine)
     lines = headline(engine, least, several_hosts=several, failed=failed)
-    by_host = engine.query("SELECT host, kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last "
-                           "FROM events GROUP BY 1, 2")
+    by_host = parts["kinds"] if parts is not None else engine.query(
+        "SELECT host, kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events GROUP BY 1, 2")
     lines += _hosts(recording, engine, by_host)
     kinds = by_host.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
     kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
@@ -177,7 +179,7 @@ def summary_on(recording: Any, engine: Engine) -> str:
                 lines.append(f"  pid {row.pid} {row.comm}{f' on {row.host}' if several else ''}: "
                              f"{row.thread_count:.0f} of {row.thread_limit:.0f} "
                              f"({row.thread_limit_kind}, {row.thread_usage:.0%}) at {when(row.time)}")
-    failing = destinations_on(engine)
+    failing = destinations_from(parts["connects"]) if parts is not None else destinations_on(engine)
     failing = failing[failing["failed"] > 0]
     if len(failing):
         lines.append("failed connect() destinations:")

@@ -14,12 +14,15 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import HostRecording
 from fdtrace.recording.layout import TABLES, host_dir, lock_path, part_files, part_name, part_range
-from fdtrace.safe_files import write_atomically
+from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
+from fdtrace.recording.upgrade import upgrade
+from fdtrace.safe_files import check_directory, write_atomically
+from fdtrace.schema import TABLES as TABLES_DECLARED
 
 #: Default size of a merged file.
 TARGET_BYTES = 256 << 20
@@ -38,27 +41,46 @@ class Compacted:
     changed_meanwhile: int = 0  # merged files given up because the recorder changed their parts
 
 
-def _merge(parts: list[Path], out: BinaryIO) -> int:
-    """Copy parts into one Parquet stream, in row groups of about ROW_GROUP_ROWS rows."""
+def _current(table: str, data: Any, version: int, schema: Any) -> Any:
+    """A part's rows in the table's current declaration (the reader's upgrade step), with every
+    column of ``schema`` (optional ones a part lacks as nulls)."""
+    import pyarrow as pa
+
+    data = upgrade(table, data, version)
+    for spec in schema:
+        if spec.name not in data.column_names:
+            data = data.append_column(spec, pa.nulls(data.num_rows, spec.type))
+    return data.select(schema.names).cast(schema)
+
+
+def _merge(table: str, version: int, parts: list[Path], out: BinaryIO) -> int:
+    """Copy parts into one Parquet stream of the table's current declaration, in row groups of
+    about ROW_GROUP_ROWS rows (parts of older versions are upgraded as the reader would)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(parts[0])
+    declared = without_summary(TABLES_DECLARED[table].arrow_schema())
+    schema = pa.schema([f for f in declared if f.name != "host"], metadata=declared.metadata)  # host: the folder
     rows = 0
     pending: list[pa.Table] = []
+    summaries = []
     with pq.ParquetWriter(out, schema, compression="zstd") as merged:
         def write() -> None:
             merged.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
             pending.clear()
 
         for path in parts:
-            data = pq.read_table(path)
-            pending.append(data if data.schema.equals(schema) else data.cast(schema))
+            data = _current(table, pq.read_table(path), version, schema)
+            if table == "events":  # their summaries become one (made for older parts)
+                summaries.append(read_summary(path) or summarize(data))
+            pending.append(data)
             rows += data.num_rows
             if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
                 write()
         if pending:
             write()
+        if summaries:
+            merged.add_key_value_metadata({SUMMARY_KEY: encode(merge(summaries))})
     return rows
 
 
@@ -75,8 +97,10 @@ def _listing(folder: Path) -> list[tuple[Path, int, int]]:
     return found
 
 
-def _groups(parts: list[tuple[Path, int, int]], target: int) -> list[list[tuple[Path, int, int]]]:
-    """Runs of consecutive parts that together stay under ``target`` bytes (at least two each)."""
+def _groups(parts: list[tuple[Path, int, int]], target: int,
+            unsummarized: set[Path] | None = None) -> list[list[tuple[Path, int, int]]]:
+    """Runs of consecutive parts that together stay under ``target`` bytes: at least two each, or
+    one part in ``unsummarized`` (events written before part summaries, rewritten with one)."""
     groups: list[list[tuple[Path, int, int]]] = []
     run: list[tuple[Path, int, int]] = []
     size = 0
@@ -87,7 +111,7 @@ def _groups(parts: list[tuple[Path, int, int]], target: int) -> list[list[tuple[
         run.append(part)
         size += part[1]
     groups.append(run)
-    return [g for g in groups if len(g) > 1]
+    return [g for g in groups if len(g) > 1 or (g and g[0][0] in (unsummarized or set()))]
 
 
 def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compacted:
@@ -102,7 +126,8 @@ def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compac
         parts = _listing(folder)
         done.files_before += len(parts)
         done.files_after += len(parts)
-        for chosen in _groups(parts, target):
+        bare = {path for path, _, _ in parts if read_summary(path) is None} if table == "events" else set()
+        for chosen in _groups(parts, target, bare):
             group = [path for path, _, _ in chosen]
             first, last = part_range(group[0]), part_range(group[-1])
             assert first is not None and last is not None
@@ -111,8 +136,9 @@ def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compac
             try:
                 rows = [0]
 
-                def write(out: BinaryIO, chosen: list[Path] = group, counted: list[int] = rows) -> None:
-                    counted[0] = _merge(chosen, out)
+                def write(out: BinaryIO, chosen: list[Path] = group, counted: list[int] = rows,
+                          name: str = table) -> None:
+                    counted[0] = _merge(name, recording.version, chosen, out)
 
                 write_atomically(merged, write, mode)
             except FileNotFoundError:  # the recorder merged or rotated them out meanwhile
@@ -120,10 +146,18 @@ def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compac
                 continue
             except (OSError, pa.ArrowException, ValueError) as exc:
                 raise FdtraceError(f"{folder}: cannot compact ({' '.join(str(exc).split())[:200]})") from None
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            try:
+                check_directory(lock.parent)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+            except (OSError, FdtraceError) as exc:
+                os.unlink(merged)  # the parts stay as they were
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                raise FdtraceError(f"{lock}: cannot take the host's lock ({why})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                if all(os.path.lexists(p) for p in group):
+                if len(group) == 1:  # rewritten in place, now with its summary
+                    done.rows += rows[0]
+                elif all(os.path.lexists(p) for p in group):
                     for path in group:
                         os.unlink(path)
                     done.files_after -= len(group) - 1

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import TABLES, host_dir, lock_path, meta_path, part_files, part_name, part_range
+from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import (
     PRIVATE_DIR,
@@ -145,6 +146,9 @@ class RecordingWriter:
     def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
         for table, buffered in pending.items():
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
+            if table == "events":  # what `fdtrace info` reads instead of the rows
+                data = data.replace_schema_metadata({**(data.schema.metadata or {}),
+                                                     SUMMARY_KEY: encode(summarize(data))})
             path = host_dir(self.root, table, self.host) / part_name(number, number)
             self._guard(lambda d=data, p=path: self._write_part(d, p))
             self._parts[table].append(_Part(number, number, path, data.num_rows, path.stat().st_size))
@@ -275,13 +279,20 @@ class RecordingWriter:
 
 
 def _merge_parts(parts: list[_Part], out: BinaryIO) -> None:
-    """Copy part files into one Parquet stream, one part (one row group) at a time."""
-    schema = pq.read_schema(parts[0].path)
+    """Copy part files into one Parquet stream, one part (one row group) at a time; the events'
+    part summaries become one."""
+    schema = without_summary(pq.read_schema(parts[0].path))
+    summaries = []
     with pq.ParquetWriter(out, schema, compression="zstd") as merged:
         for part in parts:
             data = pq.read_table(part.path)
+            if "kind" in data.column_names:
+                summaries.append(read_summary(part.path) or summarize(data))
+            data = data.replace_schema_metadata(schema.metadata)
             merged.write_table(data if data.schema.equals(schema) else data.cast(schema))
             del data
+        if summaries:
+            merged.add_key_value_metadata({SUMMARY_KEY: encode(merge(summaries))})
 
 
 def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:

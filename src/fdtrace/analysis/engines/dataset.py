@@ -18,8 +18,9 @@ from fdtrace.recording.fleet import Fleet, find_fleet
 from fdtrace.recording.layout import TABLES
 from fdtrace.recording.reader import read_table
 
-#: ``auto`` loads into pandas below this many bytes of part files, and uses DuckDB above.
-AUTO_PANDAS_BYTES = 256 << 20
+#: ``auto`` loads into pandas below this many bytes of events and samples (about 5 M events, 1 GiB
+#: in pandas), and uses DuckDB above.
+AUTO_PANDAS_BYTES = 64 << 20
 
 #: Tables small enough to read into pandas whole, whatever the fleet's size (one row per round
 #: and host, or bounded per host).
@@ -48,6 +49,7 @@ class EngineRecording:
     clock_offsets: pd.DataFrame | None = None
     clock_corrected: bool = False
     _small: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+    _summaries: list[dict[str, pd.DataFrame] | None] = field(default_factory=list, repr=False)  # once read
 
     def sql(self, query: str) -> pd.DataFrame:
         """Any query (DuckDB's dialect) over the views: ``events``, ``samples``, ... with ``host``
@@ -72,6 +74,40 @@ class EngineRecording:
                 frame = corrected({name: frame}, corrections(self.clock_offsets))[name]
             self._small[name] = frame
         return self._small[name]
+
+    def part_summaries(self) -> dict[str, pd.DataFrame] | None:
+        """The events' part summaries (``fdtrace.recording.summaries``) of every host, as frames
+        with ``host`` (``kinds``, ``failed``, ``connects``), their times on the views' clock; None
+        when some part has none (written before summaries: ``fdtrace compact`` adds them)."""
+        from fdtrace.recording import summaries as module
+
+        if self._summaries:
+            return self._summaries[0]
+        found: dict[str, list[list[Any]]] = {"kinds": [], "failed": [], "connects": []}
+        shifts = {}
+        if self.clock_corrected and self.clock_offsets is not None:
+            shifts = {str(r.host): int(r.offset_ns) for r in self.clock_offsets.itertuples()}
+        complete = True
+        for recording, path in self.fleet.parts("events"):
+            summary = module.read_summary(path)
+            if summary is None:
+                complete = False
+                break
+            for name in found:
+                found[name] += [[recording.host, *row] for row in summary[name]]
+        if not complete:
+            self._summaries.append(None)
+            return None
+        columns = {"kinds": module.KIND_COLUMNS, "failed": module.FAILED_COLUMNS, "connects": module.CONNECT_COLUMNS}
+        frames = {}
+        for name, rows in found.items():
+            frame = pd.DataFrame(rows, columns=["host", *columns[name]])
+            for column in ("first", "last", "at"):
+                if column in frame.columns:
+                    frame[column] = frame[column] - frame["host"].map(shifts).fillna(0).astype("int64")
+            frames[name] = frame
+        self._summaries.append(module.merge_frames(frames))
+        return self._summaries[0]
 
     def __getattr__(self, name: str) -> Any:
         if name in TABLES:

@@ -107,7 +107,7 @@ class DuckDBEngine(Engine):
                 listing = select_list(table, set(), "NULL", "NULL")
                 source = "(SELECT 1) AS nothing WHERE false"
             connection.execute(f"CREATE VIEW {table} AS SELECT {listing} FROM {source}")
-            columns[table] = frozenset(present | {"host", "time_ns"})
+            columns[table] = frozenset({f.name for f in view_fields(table)} | {"host", "time_ns"})  # absent: NULL
         return cls(connection, spill, columns)
 
     def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import Engine, quote, select_list
+from fdtrace.analysis.engines import Engine, quote, select_list, view_fields
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import Fleet
 from fdtrace.recording.layout import TABLES
@@ -91,7 +91,7 @@ class SparkEngine(Engine):
             else:
                 sql = f"SELECT {select_list(table, set(), 'NULL', 'NULL')} FROM (SELECT 1) AS nothing WHERE false"
             session.sql(to_spark_sql(sql)).createOrReplaceTempView(table)
-            columns[table] = frozenset(present | {"host", "time_ns"})
+            columns[table] = frozenset({f.name for f in view_fields(table)} | {"host", "time_ns"})  # absent: NULL
         return cls(session, columns)
 
     def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:

@@ -1,0 +1,130 @@
+"""A small summary in the footer of every events part file: counts by kind, the failures (EMFILE
+and ENFILE per process and syscall, each OOM kill and kill by a signal) and the connect() calls
+by destination, with their first and last times. `fdtrace info` reads these instead of the
+events, so it takes the same time for a fleet of 500 million events as for one of 5 million.
+
+The writer puts one in every part it writes; merges (`--rotate`, `fdtrace compact`) combine
+them, and `fdtrace compact` adds one to parts written before summaries existed. Times are the
+host's own (``time`` as integer UTC ns), before any clock correction.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS
+
+SUMMARY_KEY = b"fdtrace.summary"
+VERSION = 1
+#: The columns of each list of a summary.
+KIND_COLUMNS = ["kind", "n", "first", "last"]
+FAILED_COLUMNS = ["pid", "comm", "kind", "errno", "syscall", "signal", "anon_rss_kb", "at", "n", "first"]
+CONNECT_COLUMNS = ["comm", "pid", "peer_addr", "peer_port", "errno", "n", "first", "last"]
+_SUMMED = {"n"}
+_FIRST = {"first"}
+_LAST = {"last"}
+
+
+def _rows(table: Any, keys: list[str], first: bool = True, last: bool = True) -> list[list[Any]]:
+    """Group ``table`` by ``keys``: count, min and max of ``time_ns``, as lists."""
+    aggregations = [("time_ns", "count")] + ([("time_ns", "min")] if first else []) + \
+        ([("time_ns", "max")] if last else [])
+    grouped = table.group_by(keys, use_threads=False).aggregate(aggregations)
+    columns = [grouped[k].to_pylist() for k in keys] + [grouped["time_ns_count"].to_pylist()]
+    columns += [grouped["time_ns_min"].to_pylist()] if first else []
+    columns += [grouped["time_ns_max"].to_pylist()] if last else []
+    return [list(row) for row in zip(*columns, strict=True)]
+
+
+def summarize(events: Any) -> dict[str, Any]:
+    """The summary of one part's events (a ``pyarrow.Table`` of the events table)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def text(name: str) -> Any:
+        column = events[name] if name in events.column_names else pa.nulls(events.num_rows, pa.string())
+        return column.cast(pa.string())
+
+    def number(name: str, kind: Any) -> Any:
+        return events[name].cast(kind) if name in events.column_names else pa.nulls(events.num_rows, kind)
+
+    table = pa.table({"kind": text("kind"), "errno": pc.fill_null(text("errno"), ""), "syscall": text("syscall"),
+                      "comm": text("comm"), "signal": text("signal"), "pid": number("pid", pa.int64()),
+                      "anon_rss_kb": number("anon_rss_kb", pa.int64()), "peer_addr": text("peer_addr"),
+                      "peer_port": number("peer_port", pa.int64()), "time_ns": events["time"].cast(pa.int64())})
+    fd = pc.is_in(table["errno"], value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS)))
+    killed = pc.and_(pc.equal(table["kind"], "process_exit"),
+                     pc.and_(pc.is_valid(table["signal"]), pc.not_equal(pc.fill_null(table["signal"], ""), "")))
+    failing = pc.or_(pc.or_(fd, pc.equal(table["kind"], "oom_kill")), pc.fill_null(killed, False))
+    failed = table.filter(failing)
+    failed = failed.append_column("at", pc.if_else(pc.is_in(failed["errno"], value_set=pa.array(
+        sorted(FD_EXHAUSTION_ERRNOS))), pa.scalar(None, pa.int64()), failed["time_ns"]))
+    connects = table.filter(pc.and_(pc.equal(table["kind"], "connect"), pc.is_valid(table["peer_port"])))
+    return {"version": VERSION,
+            "kinds": _rows(table, ["kind"]),
+            "failed": _rows(failed, FAILED_COLUMNS[:8], last=False),
+            "connects": _rows(connects, CONNECT_COLUMNS[:5])}
+
+
+def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary of several parts' summaries."""
+    merged: dict[str, Any] = {"version": VERSION}
+    for name, columns in (("kinds", KIND_COLUMNS), ("failed", FAILED_COLUMNS), ("connects", CONNECT_COLUMNS)):
+        keys = [c for c in columns if c not in _SUMMED | _FIRST | _LAST]
+        combined: dict[tuple[Any, ...], list[Any]] = {}
+        for summary in summaries:
+            for row in summary[name]:
+                values = dict(zip(columns, row, strict=True))
+                key = tuple(values[k] for k in keys)
+                if key not in combined:
+                    combined[key] = row[:]
+                    continue
+                kept = dict(zip(columns, combined[key], strict=True))
+                kept["n"] += values["n"]
+                for column, pick in (("first", min), ("last", max)):
+                    if column in kept:
+                        kept[column] = pick(kept[column], values[column])
+                combined[key] = [kept[c] for c in columns]
+        merged[name] = list(combined.values())
+    return merged
+
+
+def merge_frames(frames: dict[str, Any]) -> dict[str, Any]:
+    """The summaries of many parts (frames with ``host`` and a list's columns) merged per host:
+    counts summed, first and last times the earliest and latest."""
+    merged = {}
+    for name, columns in (("kinds", KIND_COLUMNS), ("failed", FAILED_COLUMNS), ("connects", CONNECT_COLUMNS)):
+        frame = frames[name]
+        keys = ["host", *[c for c in columns if c not in _SUMMED | _FIRST | _LAST]]
+        aggregations = {"n": "sum", **({"first": "min"} if "first" in columns else {}),
+                        **({"last": "max"} if "last" in columns else {})}
+        merged[name] = frame.groupby(keys, dropna=False, sort=False).agg(aggregations).reset_index() \
+            if len(frame) else frame
+    return merged
+
+
+def encode(summary: dict[str, Any]) -> bytes:
+    """The summary as footer metadata."""
+    return json.dumps(summary, separators=(",", ":")).encode()
+
+
+def without_summary(schema: Any) -> Any:
+    """A schema without a summary in its metadata (a merged file gets its own at the end)."""
+    kept = {k: v for k, v in (schema.metadata or {}).items() if k != SUMMARY_KEY}
+    return schema.with_metadata(kept)
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The summary in a part file's footer (None: it has none, or not one this fdtrace reads)."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_metadata(path).metadata or {}
+        summary = json.loads(metadata[SUMMARY_KEY]) if SUMMARY_KEY in metadata else None
+    except (OSError, ValueError, KeyError):
+        return None
+    if not isinstance(summary, dict) or summary.get("version") != VERSION:
+        return None
+    return summary
