@@ -18,6 +18,8 @@ import pytest
 from fdtrace.analysis import destinations, failures, incidents, least_headroom, load, rates
 from fdtrace.analysis.report import build, to_markdown
 from fdtrace.analysis.summary import summary
+from fdtrace.recording.compaction import compact_host
+from fdtrace.recording.fleet import find_fleet
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -31,7 +33,10 @@ CLOCK_ERRORS = {1: 2_000_000, 2: -1_500_000_000}
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[HostTruth]]:
     root = tmp_path_factory.mktemp("fleet")
-    return root, generate_fleet(root, hosts=3, events_per_host=700_000, seconds=60, clock_errors_ns=CLOCK_ERRORS)
+    truths = generate_fleet(root, hosts=3, events_per_host=700_000, seconds=60, clock_errors_ns=CLOCK_ERRORS)
+    for host in find_fleet(root).hosts:  # as after copying a fleet: merged parts, with their summaries
+        compact_host(host)
+    return root, truths
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@ and ENFILE per process and syscall, each OOM kill and kill by a signal) and the 
 by destination, with their first and last times. `fdtrace info` reads these instead of the
 events, so it takes the same time for a fleet of 500 million events as for one of 5 million.
 
-The writer puts one in every part it writes; merges (`--rotate`, `fdtrace compact`) combine
-them, and `fdtrace compact` adds one to parts written before summaries existed. Times are the
+Merges write one (the recorder's `--rotate` and `fdtrace compact`, which also gives one to a
+part that has none); a flush writes none, so that the recorder's writer spends its time on the
+rows. Times are the
 host's own (``time`` as integer UTC ns), before any clock correction.
 """
 
@@ -38,32 +39,59 @@ def _rows(table: Any, keys: list[str], first: bool = True, last: bool = True) ->
     return [list(row) for row in zip(*columns, strict=True)]
 
 
+def _matches(column: Any, values: list[str]) -> Any:
+    """A mask of the rows of a (dictionary) string column whose value is one of ``values``,
+    found on the dictionary's indices: no string of the part is copied."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(column.type):
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        masks = []
+        for chunk in chunks:
+            wanted = [i for i, v in enumerate(chunk.dictionary.to_pylist()) if v in values]
+            masks.append(pc.fill_null(pc.is_in(chunk.indices, value_set=pa.array(wanted, chunk.indices.type)), False))
+        return pa.chunked_array(masks, pa.bool_())
+    return pc.fill_null(pc.is_in(column, value_set=pa.array(values, pa.string())), False)
+
+
 def summarize(events: Any) -> dict[str, Any]:
     """The summary of one part's events (a ``pyarrow.Table`` of the events table)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    def text(name: str) -> Any:
-        column = events[name] if name in events.column_names else pa.nulls(events.num_rows, pa.string())
+    def text(table: Any, name: str) -> Any:
+        column = table[name] if name in table.column_names else pa.nulls(table.num_rows, pa.string())
         return column.cast(pa.string())
 
-    def number(name: str, kind: Any) -> Any:
-        return events[name].cast(kind) if name in events.column_names else pa.nulls(events.num_rows, kind)
+    def number(table: Any, name: str, kind: Any) -> Any:
+        return table[name].cast(kind) if name in table.column_names else pa.nulls(table.num_rows, kind)
 
-    table = pa.table({"kind": text("kind"), "errno": pc.fill_null(text("errno"), ""), "syscall": text("syscall"),
-                      "comm": text("comm"), "signal": text("signal"), "pid": number("pid", pa.int64()),
-                      "anon_rss_kb": number("anon_rss_kb", pa.int64()), "peer_addr": text("peer_addr"),
-                      "peer_port": number("peer_port", pa.int64()), "time_ns": events["time"].cast(pa.int64())})
-    fd = pc.is_in(table["errno"], value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS)))
-    killed = pc.and_(pc.equal(table["kind"], "process_exit"),
-                     pc.and_(pc.is_valid(table["signal"]), pc.not_equal(pc.fill_null(table["signal"], ""), "")))
-    failing = pc.or_(pc.or_(fd, pc.equal(table["kind"], "oom_kill")), pc.fill_null(killed, False))
-    failed = table.filter(failing)
-    failed = failed.append_column("at", pc.if_else(pc.is_in(failed["errno"], value_set=pa.array(
-        sorted(FD_EXHAUSTION_ERRNOS))), pa.scalar(None, pa.int64()), failed["time_ns"]))
-    connects = table.filter(pc.and_(pc.equal(table["kind"], "connect"), pc.is_valid(table["peer_port"])))
+    def rows_of(table: Any) -> Any:
+        return pa.table({"kind": text(table, "kind"), "errno": pc.fill_null(text(table, "errno"), ""),
+                         "syscall": text(table, "syscall"), "comm": text(table, "comm"),
+                         "signal": text(table, "signal"), "pid": number(table, "pid", pa.int64()),
+                         "anon_rss_kb": number(table, "anon_rss_kb", pa.int64()),
+                         "peer_addr": text(table, "peer_addr"), "peer_port": number(table, "peer_port", pa.int64()),
+                         "time_ns": table["time"].cast(pa.int64())})
+
+    kinds = pa.table({"kind": events["kind"], "time_ns": events["time"].cast(pa.int64())}).unify_dictionaries()
+    fd_errnos = sorted(FD_EXHAUSTION_ERRNOS)
+    ends = _matches(events["kind"], ["oom_kill", "process_exit"])
+    failing = pc.or_(_matches(events["errno"], fd_errnos), ends)
+    failed = rows_of(events.filter(failing))  # few rows: these are copied as text
+    signalled = pc.and_(pc.is_valid(failed["signal"]), pc.not_equal(pc.fill_null(failed["signal"], ""), ""))
+    fd = pc.is_in(failed["errno"], value_set=pa.array(fd_errnos))
+    keep = pc.or_(pc.or_(fd, pc.equal(failed["kind"], "oom_kill")),
+                  pc.and_(pc.equal(failed["kind"], "process_exit"), signalled))
+    failed = failed.filter(pc.fill_null(keep, False))
+    failed = failed.append_column("at", pc.if_else(pc.is_in(failed["errno"], value_set=pa.array(fd_errnos)),
+                                                   pa.scalar(None, pa.int64()), failed["time_ns"]))
+    connects = events.filter(_matches(events["kind"], ["connect"]))
+    connects = rows_of(connects.filter(pc.is_valid(connects["peer_port"]))) if "peer_port" in events.column_names \
+        else rows_of(connects.slice(0, 0))
     return {"version": VERSION,
-            "kinds": _rows(table, ["kind"]),
+            "kinds": [[str(k), *rest] for k, *rest in _rows(kinds, ["kind"])],
             "failed": _rows(failed, FAILED_COLUMNS[:8], last=False),
             "connects": _rows(connects, CONNECT_COLUMNS[:5])}
 

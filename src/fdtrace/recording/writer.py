@@ -146,9 +146,6 @@ class RecordingWriter:
     def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
         for table, buffered in pending.items():
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
-            if table == "events":  # what `fdtrace info` reads instead of the rows
-                data = data.replace_schema_metadata({**(data.schema.metadata or {}),
-                                                     SUMMARY_KEY: encode(summarize(data))})
             path = host_dir(self.root, table, self.host) / part_name(number, number)
             self._guard(lambda d=data, p=path: self._write_part(d, p))
             self._parts[table].append(_Part(number, number, path, data.num_rows, path.stat().st_size))
@@ -279,8 +276,10 @@ class RecordingWriter:
 
 
 def _merge_parts(parts: list[_Part], out: BinaryIO) -> None:
-    """Copy part files into one Parquet stream, one part (one row group) at a time; the events'
-    part summaries become one."""
+    """Copy part files into one Parquet stream, one part (one row group) at a time; a merge of
+    events gets the summary of its rows (``fdtrace.recording.summaries``). A flush gets none:
+    summing up a second of a million events would take the writer a tenth of a second it needs
+    for writing them."""
     schema = without_summary(pq.read_schema(parts[0].path))
     summaries = []
     with pq.ParquetWriter(out, schema, compression="zstd") as merged:
