@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import HostRecording
-from fdtrace.recording.layout import TABLES, host_dir, lock_path, part_files, part_name, part_range
+from fdtrace.recording.layout import TABLES, count_compaction, host_dir, lock_path, part_files, part_name, part_range
 from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import check_directory, write_atomically
@@ -155,6 +155,7 @@ def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compac
                 raise FdtraceError(f"{lock}: cannot take the host's lock ({why})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                count_compaction(fd)
                 if len(group) == 1:  # rewritten in place, now with its summary
                     done.rows += rows[0]
                 elif all(os.path.lexists(p) for p in group):

@@ -52,8 +52,28 @@ def part_files(folder: Path) -> list[Path]:
 
 
 def lock_path(root: Path, host: str) -> Path:
-    """The lock that the recorder and ``fdtrace compact`` take while they delete a host's parts."""
+    """The lock that the recorder and ``fdtrace compact`` take while they delete a host's parts.
+    It holds how many times ``fdtrace compact`` changed the parts (see ``compactions``)."""
     return root / "meta" / f".host={host}.lock"
+
+
+def compactions(lock_fd: int) -> int:
+    """How many times ``fdtrace compact`` changed a host's parts, from its lock file."""
+    import os
+
+    try:
+        return int(os.pread(lock_fd, 32, 0).decode() or 0)
+    except (OSError, ValueError):
+        return -1  # unreadable: look at the parts again
+
+
+def count_compaction(lock_fd: int) -> None:
+    """Note in the lock file (held) that the parts changed."""
+    import os
+
+    count = max(compactions(lock_fd), 0) + 1
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, str(count).encode(), 0)
 
 
 def host_dir(root: Path, table: str, host: str) -> Path:

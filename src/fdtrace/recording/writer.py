@@ -19,7 +19,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, host_dir, lock_path, meta_path, part_files, part_name, part_range
+from fdtrace.recording.layout import (
+    TABLES,
+    compactions,
+    host_dir,
+    lock_path,
+    meta_path,
+    part_files,
+    part_name,
+    part_range,
+)
 from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import (
@@ -76,6 +85,7 @@ class RecordingWriter:
         self._flush_number = 1
         self._lock_depth = 0
         self._lock_fd = -1
+        self._compactions = 0  # how many changes of fdtrace compact this writer has seen
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
         self._pending: list[Future[None]] = []
         if self.root.exists() or self.root.is_symlink():
@@ -163,13 +173,16 @@ class RecordingWriter:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Hold the host's lock (``layout.lock_path``) while parts are merged or deleted, so that
-        ``fdtrace compact`` never deletes what this writer reads; then see the parts as they are
-        on disk (the compactor may have merged some)."""
+        ``fdtrace compact`` never deletes what this writer reads; when the compactor changed the
+        parts since (it counts its changes in the lock file), see them as they are on disk."""
         if self._lock_depth == 0:
             path = lock_path(self.root, self.host)
             self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.file_mode)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            self._refresh()
+            generation = compactions(self._lock_fd)
+            if generation != self._compactions:  # fdtrace compact changed the parts since
+                self._refresh()
+                self._compactions = generation
         self._lock_depth += 1
         try:
             yield
@@ -194,6 +207,10 @@ class RecordingWriter:
                     except OSError:
                         continue
                 if part is not None:
+                    try:
+                        part.size = path.stat().st_size  # compact may have rewritten it in place
+                    except OSError:
+                        continue
                     fresh.append(part)
             singles = 0
             for part in reversed(fresh):
