@@ -123,11 +123,12 @@ def _dictionary(values: list[str], counts: np.ndarray) -> pa.DictionaryArray:
 
 def generate_fleet(root: Path, hosts: int, events_per_host: int, seconds: int = 120, seed: int = 7,
                    flush_every: int = 10, clock_errors_ns: dict[int, int] | None = None,
-                   index_offset: int = 0) -> list[HostTruth]:
+                   index_offset: int = 0, fleet_hosts: int | None = None) -> list[HostTruth]:
     """Write ``hosts`` recordings under ``root`` (``root/host-NN``), about ``events_per_host``
     events each over ``seconds`` seconds, a part file per ``flush_every`` seconds.
     ``clock_errors_ns``: host index -> how far that host's wall clock is off (added to its time).
-    ``index_offset``: the first host's index (hosts written by several workers)."""
+    ``index_offset``: the first host's index, ``fleet_hosts``: how many hosts the whole fleet has
+    (hosts written by several workers: each connects to its neighbours in the whole fleet)."""
     rng = np.random.default_rng(seed)
     # The shape (bursts, the storm) makes some seconds busier: scale so the host gets its events.
     probe = 1_000_000
@@ -204,8 +205,10 @@ def generate_fleet(root: Path, hosts: int, events_per_host: int, seconds: int = 
             writer.add("clock", pa.table({"ts_ns": pa.array([now], pa.int64()),
                                           "realtime_offset_ns": pa.array([offset], pa.int64()),
                                           "boottime_offset_ns": pa.array([0], pa.int64())}))
-            if hosts > 1 and second % 10 == 5:  # a connection to the next host and one from the previous
-                writer.add("connections", _connections(index, index_offset, hosts, second, boot_ns, offset))
+            ring = fleet_hosts or hosts
+            if ring > 1 and second % 10 == 5:  # a connection to the next host and one from the previous
+                writer.add("connections", _connections(index, 0 if fleet_hosts else index_offset, ring, second,
+                                                       boot_ns, offset))
             writer.add("system", pa.table({
                 "ts_ns": pa.array([now], pa.int64()), "file_nr": pa.array([5000], pa.int64()),
                 "file_max": pa.array([1 << 20], pa.int64()), "threads_max": pa.array([100000], pa.int64()),
