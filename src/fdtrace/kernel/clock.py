@@ -79,13 +79,14 @@ def adjtimex_quality() -> ClockQuality:
 
 
 def parse_chrony_tracking(text: str) -> int | None:
-    """The system clock's offset (ns) from ``chronyc -c tracking``'s CSV line (its 5th field,
-    "System time", in seconds); None when the line is not that."""
+    """How far the system clock is ahead of chronyd's sources (ns; negative: behind), from
+    ``chronyc -c tracking``'s CSV line: its 5th field, "System time", is the correction chronyd
+    is applying in seconds, positive when the clock is slow. None when the line is not that."""
     fields = text.strip().split(",")
     if len(fields) < 6:
         return None
     try:
-        return round(float(fields[4]) * 1e9)
+        return -round(float(fields[4]) * 1e9)
     except ValueError:
         return None
 

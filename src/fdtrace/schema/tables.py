@@ -131,7 +131,7 @@ CLOCK = Table("clock", (
     Field("est_error_us", "int64", True, "adjtimex(2): estimated error of the clock, microseconds"),
     Field("max_error_us", "int64", True, "adjtimex(2): maximum error of the clock, microseconds"),
     Field("chrony_offset_ns", "int64", True,
-          "chronyd's last offset of the system clock from its sources (null: no chronyd)"),
+          "how far the system clock was ahead of chronyd's sources, from chronyc tracking (null: no chronyd)"),
 ), "the host's clock offsets and its own view of its clock's quality, every interval")
 
 #: `show info` fields sampled from HAProxy's stats socket: (HAProxy's name, column).
