@@ -151,6 +151,16 @@ def test_a_hostile_fleet_tree(tmp_path: Path, fleet: tuple[Path, list[HostTruth]
     assert result.returncode == 0, result.stderr
     assert "host host-00" not in result.stdout and f"\nevents: {truths[1].events}\n" in result.stdout
     assert "part-900001.parquet: not a regular file" in result.stdout and f"{victim}:" in result.stdout
+    # A part whose footer reads but whose pages do not: the report leaves it out and names it.
+    damaged = sorted((copy / "events" / "host=host-01").glob("part-*.parquet"))[0]
+    data = bytearray(damaged.read_bytes())
+    for i in range(len(data) // 5, len(data) * 3 // 5):
+        data[i] ^= 0x5A
+    damaged.write_bytes(bytes(data))
+    report = subprocess.run([FDTRACE, "report", str(tree), "--engine", "duckdb", "-o", str(tmp_path / "r.md")],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert f"skipped an unreadable file: {damaged}:" in report.stderr and "Traceback" not in report.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = subprocess.run([FDTRACE, "info", str(empty), "--engine", "duckdb"], capture_output=True, text=True)

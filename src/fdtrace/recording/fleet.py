@@ -44,6 +44,7 @@ class Fleet:
 
     hosts: list[HostRecording]
     skipped: list[str] = field(default_factory=list)
+    damaged: set[Path] = field(default_factory=set)  # parts found unreadable: left out from then on
 
     @property
     def names(self) -> list[str]:
@@ -61,16 +62,22 @@ class Fleet:
         found = []
         for recording in self.hosts:
             for path in part_files(host_dir(recording.root, table, recording.host)):
+                if path in self.damaged:
+                    continue
                 try:
                     mode = os.lstat(path).st_mode
                 except OSError as exc:
-                    self.skipped.append(f"{path}: {exc.strerror}")
+                    self._skip(f"{path}: {exc.strerror}")
                     continue
                 if stat.S_ISREG(mode):
                     found.append((recording, path))
                 else:
-                    self.skipped.append(f"{path}: not a regular file")
+                    self._skip(f"{path}: not a regular file")
         return found
+
+    def _skip(self, why: str) -> None:
+        if why not in self.skipped:  # the parts are listed again whenever views are made
+            self.skipped.append(why)
 
 
 def _is_recording(path: Path) -> bool:

@@ -64,6 +64,22 @@ def select_list(table: str, present: set[str], time_expr: str, host_expr: str,
     return ", ".join(items)
 
 
+def readable_parts(fleet: Any, table: str) -> tuple[list[str], set[str]]:
+    """The part files of ``table`` whose footer can be read, and the columns any of them has;
+    the others are named in ``fleet.skipped`` (a truncated or foreign file)."""
+    import pyarrow.parquet as pq
+
+    files, present = [], set()
+    for _, path in fleet.parts(table):
+        try:
+            present |= set(pq.read_schema(path).names)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            fleet.skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
+            continue
+        files.append(str(path))
+    return files, present
+
+
 class Engine(ABC):
     """Runs the analyses' SQL over the views of one recording or fleet."""
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import Engine, quote, select_list, view_fields
+from fdtrace.analysis.engines import Engine, quote, readable_parts, select_list, view_fields
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import Fleet
 from fdtrace.schema import TABLES
@@ -46,6 +46,8 @@ class DuckDBEngine(Engine):
         self._connection = connection
         self._spill = spill
         self._columns = columns
+        self._fleet: Fleet | None = None
+        self._offsets: dict[str, int] | None = None
 
     @classmethod
     def over_frames(cls, frames: dict[str, pd.DataFrame], memory_limit: str | None = None) -> DuckDBEngine:
@@ -85,19 +87,19 @@ class DuckDBEngine(Engine):
                    offsets: dict[str, int] | None = None) -> DuckDBEngine:
         """Views over every readable part file of the fleet. Files whose footer cannot be read
         (truncated, not Parquet) are left out and named in ``fleet.skipped``."""
-        import pyarrow.parquet as pq
-
         connection, spill = _connect(memory_limit, threads)
+        engine = cls(connection, spill, {})
+        engine._fleet, engine._offsets = fleet, offsets
+        engine._views()
+        return engine
+
+    def _views(self) -> None:
+        """(Re)create the views over the fleet's readable parts."""
+        fleet, offsets, connection = self._fleet, self._offsets, self._connection
+        assert fleet is not None
         columns = {}
         for table in TABLES:
-            files, present = [], set()
-            for _, path in fleet.parts(table):
-                try:
-                    present |= set(pq.read_schema(path).names)
-                except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-                    fleet.skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
-                    continue
-                files.append(str(path))
+            files, present = readable_parts(fleet, table)
             if files:
                 listing = select_list(table, present, 'epoch_ns("time")',
                                       f"regexp_extract(filename, {quote(HOST_OF_PATH)}, 1)", offsets)
@@ -106,9 +108,30 @@ class DuckDBEngine(Engine):
             else:
                 listing = select_list(table, set(), "NULL", "NULL")
                 source = "(SELECT 1) AS nothing WHERE false"
-            connection.execute(f"CREATE VIEW {table} AS SELECT {listing} FROM {source}")
+            connection.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {listing} FROM {source}")
             columns[table] = frozenset({f.name for f in view_fields(table)} | {"host", "time_ns"})  # absent: NULL
-        return cls(connection, spill, columns)
+        self._columns = columns
+
+    def _leave_out_damaged(self) -> bool:
+        """After a read failed: find the part files whose data (not only their footer) cannot be
+        read, name them in the fleet's ``skipped``, and build the views without them. Whether
+        there were any."""
+        import pyarrow.parquet as pq
+
+        if self._fleet is None:
+            return False
+        found = False
+        for table in TABLES:
+            for _, path in self._fleet.parts(table):
+                try:
+                    pq.ParquetFile(path).read()
+                except (OSError, ValueError) as exc:  # ArrowInvalid and ArrowIOError among them
+                    self._fleet.damaged.add(path)
+                    self._fleet.skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
+                    found = True
+        if found:
+            self._views()
+        return found
 
     def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
         import duckdb
@@ -116,9 +139,18 @@ class DuckDBEngine(Engine):
         for name, frame in (inputs or {}).items():
             self._connection.register(name, frame)
         try:
-            return self._connection.execute(sql).df()
-        except (duckdb.IOException, duckdb.InvalidInputException) as exc:
-            raise FdtraceError(f"a recording file could not be read: {' '.join(str(exc).split())[:300]}") from None
+            try:
+                return self._connection.execute(sql).df()
+            except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException):
+                raise  # a wrong query, not a wrong file
+            except duckdb.Error:
+                # A part whose footer reads but whose pages do not (damaged on disk or in a copy):
+                # left out, named, and the query run again over the rest.
+                if not self._leave_out_damaged():
+                    raise
+                return self._connection.execute(sql).df()
+        except duckdb.Error as exc:
+            raise FdtraceError(f"a recording could not be read: {' '.join(str(exc).split())[:300]}") from None
         finally:
             for name in inputs or {}:
                 self._connection.unregister(name)

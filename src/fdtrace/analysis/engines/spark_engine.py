@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import Engine, quote, select_list, view_fields
+from fdtrace.analysis.engines import Engine, quote, readable_parts, select_list, view_fields
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import Fleet
 from fdtrace.recording.layout import TABLES
@@ -68,19 +68,10 @@ class SparkEngine(Engine):
     def over_fleet(cls, fleet: Fleet, master: str | None = None,
                    offsets: dict[str, int] | None = None) -> SparkEngine:
         """Views over every readable part file of the fleet (footers checked as DuckDB's are)."""
-        import pyarrow.parquet as pq
-
         session = spark_session(master)
         columns = {}
         for table in TABLES:
-            files, present = [], set()
-            for _, path in fleet.parts(table):
-                try:
-                    present |= set(pq.read_schema(path).names)
-                except (OSError, ValueError) as exc:
-                    fleet.skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
-                    continue
-                files.append(str(path))
+            files, present = readable_parts(fleet, table)
             if files:
                 source = f"_files_{table}"
                 read = session.read.option("mergeSchema", "true").parquet(*files)
