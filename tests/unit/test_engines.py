@@ -130,6 +130,9 @@ def test_info_of_a_fleet_lists_every_host(fleet: tuple[Path, list[HostTruth]]) -
         assert f" {truth.events} events, {truth.ringbuf_full} lost{lost}\n" in shown
     assert "  clock: -1.500000 s from the reference (± 0.030 ms, 12 connection pairs), corrected\n" in shown
     assert shown.splitlines()[1].startswith("  haproxy [1000] on host-00: 1200 calls failed (EMFILE accept4 1200)")
+    refused = subprocess.run([FDTRACE, "info", str(root), "--engine", "duckdb", "--memory-limit", "lots"],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "Memory must have a number" in refused.stderr
 
 
 def test_a_hostile_fleet_tree(tmp_path: Path, fleet: tuple[Path, list[HostTruth]]) -> None:

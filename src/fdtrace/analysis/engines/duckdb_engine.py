@@ -29,7 +29,11 @@ def _connect(memory_limit: str | None, threads: int | None) -> tuple[Any, Path]:
         config["memory_limit"] = memory_limit
     if threads:
         config["threads"] = threads
-    return duckdb.connect(":memory:", config=config), spill
+    try:
+        return duckdb.connect(":memory:", config=config), spill
+    except duckdb.Error as exc:
+        shutil.rmtree(spill, ignore_errors=True)
+        raise FdtraceError(f"DuckDB refused its settings: {' '.join(str(exc).split())[:200]}") from None
 
 
 def _is_scalar(column: pd.Series) -> bool:
