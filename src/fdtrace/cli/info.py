@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from fdtrace.cli.common import engine_options, open_recordings
+from fdtrace.cli.common import engine_options, fail, open_recordings
+from fdtrace.errors import FdtraceError
 
 
 @click.command()
@@ -19,6 +20,8 @@ def info(directories: tuple[str, ...], engine: str, spark_master: str | None, me
     recording = open_recordings(directories, engine, spark_master, memory_limit, no_clock_correction)
     try:
         click.echo(summary(recording))
+    except FdtraceError as error:
+        fail(error)
     finally:
         close = getattr(recording, "close", None)
         if close is not None:

@@ -36,6 +36,8 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
                                 no_clock_correction, columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
     try:
         content = build(recording)
+    except FdtraceError as error:
+        fail(error)
     finally:
         close = getattr(recording, "close", None)
         if close is not None:

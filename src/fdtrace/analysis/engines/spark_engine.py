@@ -88,10 +88,18 @@ class SparkEngine(Engine):
     def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
         for name, frame in (inputs or {}).items():
             self._session.createDataFrame(frame).createOrReplaceTempView(name)
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+
         with warnings.catch_warnings():
             # pyspark's notes on pandas 3 (its conversions use deprecated arguments)
             warnings.filterwarnings("ignore", module=r"pyspark\.")
-            return self._session.sql(to_spark_sql(sql)).toPandas()
+            try:
+                return self._session.sql(to_spark_sql(sql)).toPandas()
+            except (PySparkException, Py4JError) as exc:  # a damaged file, a lost executor
+                lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+                why = next((line for line in lines[1:] if "Exception:" in line), lines[0])
+                raise FdtraceError(f"Spark could not run a query: {why[:300]}") from None
 
     def columns(self, table: str) -> frozenset[str]:
         return self._columns[table]
