@@ -267,7 +267,9 @@ def _svg_heat(heat: pd.DataFrame, value: str, title: str, maximum: float | None 
     if not len(cells) or not (cells[value] > 0).any():
         return f"<p><em>{html.escape(title)}: none</em></p>"
     hosts = sorted(heat["host"].astype(str).unique())
-    times = sorted(heat["time"].unique())
+    # Every bin from the first to the last, so that the columns keep time's proportions.
+    step = pd.Timedelta(seconds=heat.attrs.get("width_s", 1))
+    times = list(pd.date_range(heat["time"].min(), heat["time"].max(), freq=step))
     top = maximum if maximum is not None else float(cells[value].max())
     cell_w, cell_h, left = max(2, min(12, 840 // max(len(times), 1))), max(4, min(14, 640 // len(hosts))), 90
     width, height = left + cell_w * len(times) + 10, 40 + cell_h * len(hosts)
