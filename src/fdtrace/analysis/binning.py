@@ -10,11 +10,6 @@ from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 
 
-def events_of(recording_or_events: Any) -> pd.DataFrame:
-    """The events DataFrame of a Recording, or the DataFrame itself."""
-    return getattr(recording_or_events, "events", recording_or_events)
-
-
 def in_list(column: str, values: str | list[str] | None) -> str | None:
     """``column IN (...)`` of one value or several; None for no condition."""
     if values is None:
