@@ -125,3 +125,36 @@ def test_a_comm_is_cut_at_its_first_nul() -> None:
     table = decode_table(np.concatenate(rows))
     assert table["comm"].cast(pa.string()).to_pylist() == ["python", "python"]
     assert len(table["comm"].combine_chunks().dictionary) == 1
+
+
+def test_connection_records_go_to_their_own_table() -> None:
+    import socket as socket_module
+
+    import numpy as np
+
+    from fdtrace.kernel.clock import ClockOffsets
+    from fdtrace.kernel.decode import decode_connections, split_connections
+    from fdtrace.schema import RAW_EVENT_DTYPE, Kind
+
+    raw = np.zeros(3, dtype=RAW_EVENT_DTYPE)
+    raw["kind"] = [Kind.TCP_ESTABLISHED, Kind.SOCKET, Kind.TCP_ESTABLISHED]
+    raw["ts_ns"] = [10, 20, 30]
+    for i, (role, family, local, lport, remote, rport) in enumerate(
+            [(1, socket_module.AF_INET, "10.1.2.3", 40000, "10.9.8.7", 80),
+             (0, 0, "", 0, "", 0),
+             (2, socket_module.AF_INET6, "fd00::1", 443, "fd00::2", 51000)]):
+        if not role:
+            continue
+        raw["ret"][i] = (role << 48) | (family << 32) | (lport << 16) | rport
+        packed = bytearray(32)
+        for offset, text in ((0, local), (16, remote)):
+            address = socket_module.inet_pton(family, text)
+            packed[offset:offset + len(address)] = address
+        raw["extra"][i] = np.frombuffer(bytes(packed), dtype="<u8")
+    events, established = split_connections(raw)
+    assert list(events["kind"]) == [Kind.SOCKET]
+    rows = decode_connections(established, ClockOffsets(0, 1000, 0)).to_pylist()
+    assert [(r["role"], r["family"], r["local_addr"], r["local_port"], r["remote_addr"], r["remote_port"])
+            for r in rows] == [("client", "AF_INET", "10.1.2.3", 40000, "10.9.8.7", 80),
+                               ("server", "AF_INET6", "fd00::1", 443, "fd00::2", 51000)]
+    assert [r["time"].value for r in rows] == [1010, 1030]

@@ -21,7 +21,7 @@ from fdtrace.analysis import fleet as _fleet
 from fdtrace.analysis import headroom_series as _headroom
 from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
-from fdtrace.analysis.engines.dataset import EngineRecording, engine_for, load_with_engine, select_events
+from fdtrace.analysis.engines.dataset import EngineRecording, engine_for, load_with_engine, thread_starts
 from fdtrace.recording import Recording
 from fdtrace.recording import load as load_frames
 from fdtrace.recording.fleet import fleet_roots
@@ -271,12 +271,6 @@ def thread_sites(recording: Any, pid: int | None = None) -> pd.DataFrame:
 
     Returns one row per site: ``site``, ``threads`` started there, ``first`` and ``last`` start
     times and the ``frames``, most threads first."""
-    if isinstance(recording, EngineRecording):
-        with engine_for(recording) as engine:
-            if "stack_id" not in engine.columns("events"):
-                return _sites.thread_sites(pd.DataFrame(), None)
-            mine = "" if pid is None else f" AND pid = {int(pid)}"
-            events = select_events(engine, f"kind = 'thread_start' AND stack_id IS NOT NULL{mine}",
-                                   ("host", "ts_ns", "time", "pid", "tid", "comm", "kind", "stack_id"))
-        return _sites.thread_sites(events, recording.stacks, pid=pid)
-    return _sites.thread_sites(recording.events, recording.stacks, pid=pid)
+    with engine_for(recording) as engine:
+        started = thread_starts(engine, pid)
+    return _sites.thread_sites(started, recording.stacks, pid=pid)

@@ -16,7 +16,7 @@ from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.binning import binned_counts, pivot_rates
 from fdtrace.analysis.destinations import destinations_on
 from fdtrace.analysis.engines import Engine, quote
-from fdtrace.analysis.engines.dataset import engine_for, select_events
+from fdtrace.analysis.engines.dataset import engine_for, thread_starts
 from fdtrace.analysis.failures import as_time, failures_on, incidents_on
 from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
@@ -29,8 +29,6 @@ from fdtrace.schema import STATS
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
                  "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid", "stack_id")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
-#: The event columns that thread_sites reads.
-THREAD_EVENT_COLUMNS = ("host", "ts_ns", "time", "pid", "tid", "comm", "kind", "stack_id")
 
 
 @dataclass
@@ -147,9 +145,9 @@ def _census_at_peak(recording: Any) -> pd.DataFrame:
 
 
 def _thread_sites(engine: Engine, recording: Any) -> pd.DataFrame:
-    if "stack_id" not in engine.columns("events"):
+    started = thread_starts(engine)
+    if not len(started):
         return pd.DataFrame()
-    started = select_events(engine, "kind = 'thread_start' AND stack_id IS NOT NULL", THREAD_EVENT_COLUMNS)
     return call_sites.thread_sites(started, getattr(recording, "stacks", None))[
         ["pid", "comm", "site", "threads", "first", "last"]].head(20)
 

@@ -80,20 +80,28 @@ def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Arra
     known = ((kinds == Kind.CONNECT) | (kinds == Kind.ACCEPT)) & (family != 0) & (family < 256)
     inet = known & ((family == socket.AF_INET) | (family == socket.AF_INET6))
     port = (sockaddr[:, 2].astype(np.int32) << 8) | sockaddr[:, 3].astype(np.int32)
-    # The text of each distinct address is made once, however many calls share it.
-    codes = np.zeros(n, dtype=np.int32)
-    values: list[str] = []
-    for af, start, width, key_type in ((socket.AF_INET, 4, 4, "<u4"), (socket.AF_INET6, 8, 16, "V16")):
-        rows = np.flatnonzero(inet & (family == af))
-        if not len(rows):
-            continue
-        keys = np.ascontiguousarray(sockaddr[rows, start:start + width]).view(key_type).reshape(-1)
-        distinct, inverse = np.unique(keys, return_inverse=True)
-        codes[rows] = len(values) + inverse.reshape(-1)
-        values += [socket.inet_ntop(af, key.tobytes()) for key in distinct]
+    codes, values = _inet_texts(sockaddr, np.where(inet, family, 0), ipv4_at=4, ipv6_at=8)
     return (_dictionary(np.where(known, family, 0), _FAMILY_NAMES, mask=~known),
             _dictionary(codes, values, mask=~inet),
             _masked(port, inet, pa.int32()))
+
+
+def _inet_texts(data: np.ndarray, family: np.ndarray, ipv4_at: int, ipv6_at: int) -> tuple[np.ndarray, list[str]]:
+    """Dictionary codes and texts of the addresses in the bytes of each row (``data``, uint8 rows),
+    an IPv4 address at ``ipv4_at`` where ``family`` is AF_INET, IPv6 at ``ipv6_at`` for AF_INET6
+    (other rows get code 0, to be masked). The text of each distinct address is made once,
+    however many rows share it."""
+    codes = np.zeros(len(data), dtype=np.int32)
+    values: list[str] = []
+    for af, start, width, key_type in ((socket.AF_INET, ipv4_at, 4, "<u4"), (socket.AF_INET6, ipv6_at, 16, "V16")):
+        rows = np.flatnonzero(family == af)
+        if not len(rows):
+            continue
+        keys = np.ascontiguousarray(data[rows, start:start + width]).view(key_type).reshape(-1)
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        codes[rows] = len(values) + inverse.reshape(-1)
+        values += [socket.inet_ntop(af, key.tobytes()) for key in distinct]
+    return codes, values
 
 
 def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeResolver) -> pa.Array:
@@ -211,12 +219,9 @@ def decode_connections(raw: np.ndarray, offsets: ClockOffsets) -> pa.Table:
     remote_port = (packed & np.uint64(0xFFFF)).astype(np.int32)
     addresses = np.ascontiguousarray(raw["extra"]).view(np.uint8).reshape(len(raw), 32)
 
-    def text(rows_bytes: np.ndarray, start: int) -> list[str]:
-        out = []
-        for row, af in zip(rows_bytes, family, strict=True):
-            width, name = (4, socket.AF_INET) if af == socket.AF_INET else (16, socket.AF_INET6)
-            out.append(socket.inet_ntop(name, row[start:start + width].tobytes()))
-        return out
+    def text(start: int) -> pa.Array:
+        codes, values = _inet_texts(addresses, family, ipv4_at=start, ipv6_at=start)
+        return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(values, pa.string())).cast(pa.string())
 
     ts = raw["ts_ns"].astype(np.int64)
     schema = arrow_schema("connections")
@@ -224,8 +229,8 @@ def decode_connections(raw: np.ndarray, offsets: ClockOffsets) -> pa.Table:
         "ts_ns": pa.array(ts, pa.int64()),
         "role": pa.array(np.where(role == 1, "client", "server")),
         "family": pa.array(np.where(family == socket.AF_INET, "AF_INET", "AF_INET6")),
-        "local_addr": pa.array(text(addresses, 0)), "local_port": pa.array(local_port),
-        "remote_addr": pa.array(text(addresses, 16)), "remote_port": pa.array(remote_port),
+        "local_addr": text(0), "local_port": pa.array(local_port),
+        "remote_addr": text(16), "remote_port": pa.array(remote_port),
         "time": pa.array(ts + offsets.realtime_offset_ns, type=pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
     }
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)

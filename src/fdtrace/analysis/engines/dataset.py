@@ -62,10 +62,12 @@ class EngineRecording:
             raise FdtraceError(f"the {name} table of a recording in the {self.engine.name} engine is not read "
                                "into memory: query it (recording.sql(...)) or load it with engine='pandas'")
         if name not in self._small:
-            frames = []
+            frames: list[pd.DataFrame] = []
+            problems: list[str] = []
             for root in sorted({h.root for h in self.fleet.hosts}):
                 hosts = {h.host: h.version for h in self.fleet.hosts if h.root == root}
-                frames.append(read_table(root, name, hosts, self.skipped))
+                frames.append(read_table(root, name, hosts, problems))
+            self.skipped += [p for p in problems if p not in self.skipped]  # the views may have named them
             frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             frame["host"] = frame["host"].astype(str).astype("category")
             if self.clock_corrected:  # on the views' clock
@@ -192,6 +194,19 @@ def engine_for(data: Any) -> Iterator[Engine]:
         yield engine
     finally:
         engine.close()
+
+
+#: The event columns that ``thread_sites`` reads.
+THREAD_EVENT_COLUMNS = ("host", "ts_ns", "time", "pid", "tid", "comm", "kind", "stack_id")
+
+
+def thread_starts(engine: Engine, pid: int | None = None) -> pd.DataFrame:
+    """The thread_start events that carry a stack (a recording made with --stacks), of one
+    process or all: what ``call_sites.thread_sites`` counts."""
+    if "stack_id" not in engine.columns("events"):
+        return pd.DataFrame(columns=list(THREAD_EVENT_COLUMNS))
+    mine = "" if pid is None else f" AND pid = {int(pid)}"
+    return select_events(engine, f"kind = 'thread_start' AND stack_id IS NOT NULL{mine}", THREAD_EVENT_COLUMNS)
 
 
 def select_events(engine: Engine, condition: str, columns: list[str] | tuple[str, ...]) -> pd.DataFrame:
