@@ -1,4 +1,5 @@
-"""Makes the SVG screenshots in docs/screenshots from tests/data/emfile (no root needed).
+"""Makes the screenshots in docs/screenshots from tests/data/emfile (no root needed): the live
+view's as SVG, and the report's as PNG, taken by a headless Chromium.
 
     .venv/bin/python docs/screenshots/make_screenshots.py
 """
@@ -6,7 +7,13 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
+
+from fdtrace.analysis import load
+from fdtrace.analysis.report import build, to_html
 
 from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.app import make_app
@@ -34,5 +41,18 @@ async def main() -> None:
         app.save_screenshot("help.svg", str(HERE))
 
 
+def report_screenshot() -> None:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        raise SystemExit("make_screenshots: the report's screenshot needs chromium (scripts/setup.sh installs it)")
+    with tempfile.TemporaryDirectory() as scratch:
+        page = Path(scratch) / "report.html"
+        page.write_text(to_html(build(load(RECORDING))))
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--window-size=1100,1500", "--virtual-time-budget=5000",
+                        f"--screenshot={HERE / 'report.png'}", page.as_uri()], check=True, capture_output=True)
+
+
 if __name__ == "__main__":
     asyncio.run(main())
+    report_screenshot()

@@ -169,17 +169,20 @@ def failures(recording: Any) -> pd.DataFrame:
     return _incidents.failures(recording)
 
 
-def incidents(recording: Any, window_s: float = 10.0) -> pd.DataFrame:
-    """The first failure against its symptoms.
+def incidents(recording: Any, window_s: float = 10.0, exits: bool = False) -> pd.DataFrame:
+    """The failures as incidents: grouped by program, ranked by severity.
 
     Returns:
-        One row per process that failed, at its first failure, in time order: ``time``, ``host``,
-        ``pid``, ``comm``, ``failure``, ``first_overall`` (True on the row of the recording's
-        first failure), ``failures_of_process`` (all of its failures), and ``followed_by``: what
-        the *other* processes did in the next ``window_s`` seconds (errors by syscall and errno,
-        exits, OOM kills), counted, most frequent first.
+        One row per host, program (``comm``) and ``failure``: ``severity`` (``EMFILE/ENFILE``,
+        ``OOM kill``, ``killed by a signal``, ``non-zero exit``), ``count`` of failures,
+        ``processes`` that had them, ``first`` and ``last`` time, ``first_pid``, ``first_overall``
+        (True on the row holding the recording's first failure, which comes first), and
+        ``followed_by``: the three most frequent things the *other* processes did within
+        ``window_s`` seconds of the row's first failure (failed calls by syscall and errno, ends,
+        OOM kills), counted. The other rows follow by severity, then by count. Non-zero exit codes
+        are left out unless ``exits`` is True (kills by a signal are always in).
     """
-    return _incidents.incidents(recording, window_s=window_s)
+    return _incidents.incidents(recording, window_s=window_s, exits=exits)
 
 
 def cascade(recording: Any) -> pd.DataFrame:

@@ -1,4 +1,5 @@
-"""The first failure of each process, and what followed it in the others."""
+"""Failures of every kind, and the incidents they make: grouped by program, ranked by severity,
+with what followed the first of each in the other processes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.schema import NOT_FAILURES
 
 COLUMNS = ["time", "host", "pid", "start_ns", "comm", "kind", "failure"]
-INCIDENT_COLUMNS = ["time", "host", "pid", "comm", "failure", "first_overall", "failures_of_process", "followed_by"]
+INCIDENT_COLUMNS = ["severity", "host", "comm", "failure", "count", "processes", "first", "last", "first_pid",
+                    "first_overall", "followed_by"]
 
 _FD = f"errno IN ({', '.join(quote(e) for e in FD_EXHAUSTION_ERRNOS)})"
 _KILLED = "kind = 'process_exit' AND signal IS NOT NULL AND signal <> ''"
@@ -55,14 +57,41 @@ def failures(recording_or_events: Any) -> pd.DataFrame:
         return failures_on(engine)
 
 
-def incidents_on(engine: Engine, window_s: float = 10.0, found: pd.DataFrame | None = None) -> pd.DataFrame:
+#: Failure classes, most severe first.
+SEVERITIES: tuple[str, ...] = ("EMFILE/ENFILE", "OOM kill", "killed by a signal", "non-zero exit", "other")
+
+#: Symptoms kept per incident row, the most frequent.
+SYMPTOMS_SHOWN = 3
+
+
+def severity_of(failure: str) -> tuple[int, str]:
+    """(rank, class) of a ``failure`` text, rank 0 the most severe (see ``SEVERITIES``)."""
+    if failure.rsplit(" ", 1)[-1] in FD_EXHAUSTION_ERRNOS:
+        rank = 0
+    elif failure == "OOM kill":
+        rank = 1
+    elif failure.startswith("killed by "):
+        rank = 2
+    elif failure.startswith("exit "):
+        rank = 3
+    else:
+        rank = 4
+    return rank, SEVERITIES[rank]
+
+
+def incidents_on(engine: Engine, window_s: float = 10.0, found: pd.DataFrame | None = None,
+                 exits: bool = False) -> pd.DataFrame:
     """``incidents()`` computed by ``engine`` (``found``: its ``failures()``, when known)."""
     all_failures = failures_on(engine) if found is None else found
+    if not exits:
+        all_failures = all_failures[~all_failures["failure"].str.startswith("exit ")]
     if all_failures.empty:
         return pd.DataFrame(columns=INCIDENT_COLUMNS)
-    keys = ["host", "pid", all_failures["start_ns"].fillna(-1)]
-    firsts = all_failures.groupby(keys, sort=False).head(1).reset_index(drop=True)
-    totals = all_failures.groupby(["pid"]).size()
+    all_failures = all_failures.reset_index(drop=True)
+    ranks = all_failures["failure"].map(severity_of)
+    all_failures = all_failures.assign(rank=[r for r, _ in ranks], severity=[name for _, name in ranks])
+    groups = all_failures.groupby(["host", "comm", "failure"], sort=False, observed=True)
+    firsts = groups.head(1).reset_index(drop=True)
     window_ns = int(window_s * 1e9)
     starts = pd.DataFrame({"incident": range(len(firsts)), "pid": firsts["pid"].astype("int64"),
                            "time_ns": firsts["time"].astype("int64")})
@@ -79,16 +108,24 @@ def incidents_on(engine: Engine, window_s: float = 10.0, found: pd.DataFrame | N
         inputs={"first_failures": starts})
     followed: dict[int, dict[str, int]] = {i: {} for i in range(len(firsts))}
     for row in after.sort_values(["incident", "n", "symptom"], ascending=[True, False, True]).itertuples():
-        followed[int(row.incident)][str(row.symptom)] = int(row.n)
-    rows = [{"time": first.time, "host": first.host, "pid": first.pid, "comm": first.comm, "failure": first.failure,
-             "first_overall": order == 0, "failures_of_process": int(totals[first.pid]),
-             "followed_by": followed[order]}
-            for order, first in enumerate(firsts.itertuples(index=False))]
-    return pd.DataFrame(rows, columns=INCIDENT_COLUMNS)
+        if len(followed[int(row.incident)]) < SYMPTOMS_SHOWN:
+            followed[int(row.incident)][str(row.symptom)] = int(row.n)
+    sizes = groups.size()
+    processes = groups["pid"].nunique()
+    lasts = groups["time"].max()
+    rows = [{"severity": first.severity, "host": first.host, "comm": first.comm, "failure": first.failure,
+             "count": int(sizes[key]), "processes": int(processes[key]), "first": first.time,
+             "last": lasts[key], "first_pid": first.pid, "first_overall": order == 0,
+             "followed_by": followed[order], "_rank": first.rank}
+            for order, first in enumerate(firsts.itertuples(index=False))
+            for key in [(first.host, first.comm, first.failure)]]
+    ranked = pd.DataFrame(rows).sort_values(["first_overall", "_rank", "count", "first"],
+                                            ascending=[False, True, False, True], kind="stable")
+    return ranked.drop(columns="_rank")[INCIDENT_COLUMNS].reset_index(drop=True)
 
 
-def incidents(recording_or_events: Any, window_s: float = 10.0) -> pd.DataFrame:
-    """The first failure of each process, in time order, each with what followed it in the other
-    processes within ``window_s``. See ``fdtrace.analysis`` for the full description."""
+def incidents(recording_or_events: Any, window_s: float = 10.0, exits: bool = False) -> pd.DataFrame:
+    """The failures grouped by host, program and failure, the first overall first, then by
+    severity. See ``fdtrace.analysis`` for the full description."""
     with engine_for(recording_or_events) as engine:
-        return incidents_on(engine, window_s=window_s)
+        return incidents_on(engine, window_s=window_s, exits=exits)

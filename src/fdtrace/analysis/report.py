@@ -20,8 +20,8 @@ from fdtrace.analysis.engines.dataset import engine_for, thread_starts
 from fdtrace.analysis.failures import as_time, failures_on, incidents_on
 from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
+from fdtrace.analysis.report_charts import figure_html
 from fdtrace.analysis.spike_finder import spikes
-from fdtrace.integrations.phases.collect import PHASE_COLOURS
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
 from fdtrace.schema import STATS
 
@@ -37,9 +37,9 @@ class Report:
 
     title: str
     summary: list[tuple[str, str]]
-    socket_rate: pd.DataFrame
-    fd_series: dict[str, pd.DataFrame]  # label -> frame of time, open_fds, fd_soft_limit
-    error_rate: pd.DataFrame
+    socket_rate: pd.DataFrame  # calls per second by syscall kind (the Markdown timeline)
+    fd_series: dict[str, pd.DataFrame]  # process label -> frame of time, open_fds, fd_soft_limit
+    error_rate: pd.DataFrame  # EMFILE/ENFILE per second, all processes
     spikes: pd.DataFrame
     headroom: pd.DataFrame
     incidents: pd.DataFrame
@@ -50,11 +50,17 @@ class Report:
     leaks: pd.DataFrame = field(default_factory=pd.DataFrame)
     threads: pd.DataFrame = field(default_factory=pd.DataFrame)  # census at each process's most threads
     thread_sites: pd.DataFrame = field(default_factory=pd.DataFrame)
-    bands: list[tuple[pd.Timestamp, pd.Timestamp, str]] = field(default_factory=list)  # phases of one rank
     # Several hosts: hosts by time (fleet.fleet_heat_on), the order they failed in, their clocks.
     heat: pd.DataFrame = field(default_factory=pd.DataFrame)
     cascade: pd.DataFrame = field(default_factory=pd.DataFrame)
     clocks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # The charts' per-process series: rates with a column per process label, threads against
+    # their limit, single failures to mark (time, marker, text) and every rank's phases.
+    failure_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
+    call_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
+    thread_series: dict[str, pd.DataFrame] = field(default_factory=dict)
+    markers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["time", "marker", "text"]))
+    phase_marks: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def build(recording: Any, top: int = 3) -> Report:
@@ -64,30 +70,78 @@ def build(recording: Any, top: int = 3) -> Report:
         return _build(recording, engine, top)
 
 
+def _label(host: Any, comm: Any, pid: Any, several: bool) -> str:
+    return f"{host}: {comm} [{pid}]" if several else f"{comm} [{pid}]"
+
+
+def _which(rows: pd.DataFrame) -> str:
+    """A condition that picks these processes (host, pid, start_ns) out of a table."""
+    return " OR ".join(f"(host = {quote(str(r.host))} AND pid = {int(r.pid)} AND start_ns "
+                       f"{'IS NULL' if pd.isna(r.start_ns) else f'= {int(r.start_ns)}'})" for r in rows.itertuples())
+
+
+def _series_of(engine: Engine, chosen: pd.DataFrame, columns: list[str], several: bool) -> dict[str, pd.DataFrame]:
+    """The headroom series of the chosen processes, by process label."""
+    if not len(chosen):
+        return {}
+    series = headroom_module.headroom_on(engine, where=_which(chosen))
+    found = {}
+    for row in chosen.itertuples():
+        mine = series[(series["host"] == row.host) & (series["pid"] == row.pid)
+                      & (series["start_ns"].fillna(-1) == (-1 if pd.isna(row.start_ns) else row.start_ns))]
+        found[_label(row.host, row.comm, row.pid, several)] = mine[["time", *columns]].reset_index(drop=True)
+    return found
+
+
+def _per_process(counted: pd.DataFrame, top: int, several: bool, **chosen: Any) -> pd.DataFrame:
+    """Per-second counts of the ``top`` busiest processes, a column per process label."""
+    rows = counted
+    for column, values in chosen.items():
+        rows = rows[rows[column].isin(values)]
+    if not len(rows):
+        return pd.DataFrame()
+    rows = rows.assign(process=[_label(h, c, p, several) for h, c, p in
+                                zip(rows["host"], rows["comm"], rows["pid"], strict=True)])
+    busiest = rows.groupby("process")["n"].sum().sort_values(ascending=False, kind="stable").head(top).index
+    return pivot_rates(rows[rows["process"].isin(busiest)], by="process")
+
+
+def _markers(found: pd.DataFrame, incidents: pd.DataFrame, several: bool) -> pd.DataFrame:
+    """OOM kills and kills by a signal (each one), and the first failure of each incident."""
+    single = found[(found["failure"] == "OOM kill") | found["failure"].str.startswith("killed by ")].head(500)
+    rows = [{"time": r.time, "marker": "OOM kill" if r.failure == "OOM kill" else "killed by a signal",
+             "text": f"{_label(r.host, r.comm, r.pid, several)}: {r.failure}"} for r in single.itertuples()]
+    rows += [{"time": r.first, "marker": "first failure",
+              "text": f"{_label(r.host, r.comm, r.first_pid, several)}: first {r.failure} of {r.count:,}"}
+             for r in incidents.itertuples() if r.severity == "EMFILE/ENFILE"]
+    return pd.DataFrame(rows, columns=["time", "marker", "text"])
+
+
+def _span(first: pd.Timestamp, last: pd.Timestamp) -> str:
+    return f"{_cell(first)} to {_cell(last)} ({(last - first).total_seconds():,.1f} s)"
+
+
 def _build(recording: Any, engine: Engine, top: int) -> Report:
+    several = len(recording.meta) > 1
     # One pass over the events for every rate the report draws.
-    counted = binned_counts(engine, "1s", ("kind", "comm", "errno"))
+    counted = binned_counts(engine, "1s", ("kind", "comm", "errno", "host", "pid"))
     socket_rate = pivot_rates(counted, kind=SOCKET_KINDS, by="kind")
     error_rate = pivot_rates(counted, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
     least = headroom_module.least_headroom_on(engine)
-    fd_series = {}
-    chosen = least.head(top)
-    if len(chosen):
-        which = " OR ".join(f"(host = {quote(str(r.host))} AND pid = {int(r.pid)} AND start_ns "
-                            f"{'IS NULL' if pd.isna(r.start_ns) else f'= {int(r.start_ns)}'})"
-                            for r in chosen.itertuples())
-        series = headroom_module.headroom_on(engine, where=which)
-        for row in chosen.itertuples():
-            mine = series[(series["host"] == row.host) & (series["pid"] == row.pid)
-                          & (series["start_ns"].fillna(-1) == (-1 if pd.isna(row.start_ns) else row.start_ns))]
-            fd_series[f"{row.comm} [{row.pid}]"] = mine[["time", "open_fds", "fd_soft_limit"]]
+    fd_series = _series_of(engine, least.head(top), ["open_fds", "fd_soft_limit"], several)
+    # The processes nearest a thread limit, then (where no limit is known) those with most threads.
+    by_threads = headroom_module.least_headroom_on(engine, resource="threads")
+    limited = by_threads["thread_limit"].notna()
+    chosen = pd.concat([by_threads[limited], by_threads[~limited].sort_values("threads", ascending=False)]).head(top)
+    thread_series = _series_of(engine, chosen, ["threads", "thread_count", "thread_limit", "thread_limit_kind"],
+                               several)
     kinds = counted.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
     kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
     total = int(kinds["n"].sum()) if len(kinds) else 0
     spans = [(m.get("host"), m.get("kernel"), m.get("complete")) for m in recording.meta.values()]
     summary = [
         ("hosts", ", ".join(f"{h} (kernel {k}{'' if c else ', recorder did not stop cleanly'})" for h, k, c in spans)),
-        ("span", f"{as_time(kinds['first']).min()} to {as_time(kinds['last']).max()}" if total else "no events"),
+        ("span", _span(as_time(kinds["first"]).min(), as_time(kinds["last"]).max()) if total else "no events"),
         ("events", f"{total:,}"),
     ]
     if total:
@@ -99,23 +153,24 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         summary.append(("unreadable files skipped", str(len(recording.skipped))))
     spike_table = spikes(pivot_rates(counted, kind=SOCKET_KINDS, by="comm"))
     phases = getattr(recording, "phases", pd.DataFrame())
-    stats, bands = pd.DataFrame(), []
+    stats = pd.DataFrame()
     if len(phases):
         stats = phase_stats_on(engine, phases)
         spike_table = align_spikes(spike_table, phases)
-        first_rank = phases[phases["rank"] == phases["rank"].min()]
-        for mark in first_rank[first_rank["phase"].isin(BAND_PHASES)].itertuples():
-            bands.append((pd.Timestamp(mark.start_wall_ns, tz="UTC"), pd.Timestamp(mark.end_wall_ns, tz="UTC"),
-                          mark.phase))
     loss_rows = losses[losses[list(lost)].sum(axis=1) > 0] if lost and len(losses) else pd.DataFrame()
     found = failures_on(engine)
-    several = len(recording.meta) > 1
+    incidents = incidents_on(engine, found=found)
     clocks = getattr(recording, "clock_offsets", None)
+    marks = phases[phases["end_wall_ns"].notna() & phases["rank"].notna()] if len(phases) else pd.DataFrame()
     return Report(
         title=f"fdtrace report: {', '.join(recording.meta)}",
         summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
-        spikes=spike_table, headroom=least, incidents=incidents_on(engine, found=found), losses=loss_rows,
-        recommendations=recommendations(recording, least, engine), phase_stats=stats, bands=bands,
+        spikes=spike_table, headroom=least, incidents=incidents, losses=loss_rows,
+        failure_rate=_per_process(counted, 5, several, errno=sorted(FD_EXHAUSTION_ERRNOS)),
+        call_rate=_per_process(counted, 5, several, kind=SOCKET_KINDS), thread_series=thread_series,
+        markers=_markers(found, incidents, several),
+        phase_marks=marks[["rank", "phase", "start_wall_ns", "end_wall_ns"]] if len(marks) else pd.DataFrame(),
+        recommendations=recommendations(recording, least, engine), phase_stats=stats,
         destinations=destinations_on(engine), leaks=_leaks(recording), threads=_census_at_peak(recording),
         thread_sites=_thread_sites(engine, recording),
         heat=fleet_heat_on(engine) if several else pd.DataFrame(),
@@ -220,45 +275,6 @@ def _thread_advice(engine: Engine) -> list[str]:
 # Rendering
 
 
-def _svg_lines(series: dict[str, tuple[list[float], list[float]]], dashed: dict[str, tuple[list[float], list[float]]],
-               title: str, width: int = 900, height: int = 180,
-               bands: list[tuple[float, float, str]] | None = None) -> str:
-    """A small line chart as inline SVG (x: seconds from the start)."""
-    xs = [x for values in [*series.values(), *dashed.values()] for x in values[0]]
-    ys = [y for values in [*series.values(), *dashed.values()] for y in values[1]]
-    if not xs:
-        return f"<p><em>{html.escape(title)}: no data</em></p>"
-    x0, x1 = min(xs), max(xs) or 1.0
-    y1 = max(ys) or 1.0
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
-
-    def point(x: float, y: float) -> str:
-        px = 50 + (x - x0) / max(x1 - x0, 1e-9) * (width - 60)
-        py = height - 25 - y / y1 * (height - 45)
-        return f"{px:.1f},{py:.1f}"
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-             f'<text x="50" y="14" font-size="13">{html.escape(title)}</text>',
-             f'<text x="5" y="{height - 25}" font-size="11">0</text><text x="5" y="35" font-size="11">{y1:,.0f}</text>',
-             f'<text x="{width - 80}" y="{height - 5}" font-size="11">{x1 - x0:,.0f} s</text>']
-    for start, end, label in bands or []:  # phases behind the lines
-        left, right = (float(p.split(",")[0]) for p in (point(start, 0), point(end, 0)))
-        fill = PHASE_COLOURS.get(label, "#eee")
-        parts.append(f'<rect x="{left:.1f}" y="20" width="{max(right - left, 1):.1f}" height="{height - 45}" '
-                     f'fill="{fill}" opacity="0.35"><title>{html.escape(label)}</title></rect>')
-    # Solid lines with their labels; dashed ones (limits) in the colour of the line they go with.
-    for style, lines in (('stroke-width="1.5"', series), ('stroke-dasharray="4 3" stroke-width="1"', dashed)):
-        for i, (label, (x, y)) in enumerate(lines.items()):
-            colour = palette[i % len(palette)]
-            parts.append(f'<polyline fill="none" stroke="{colour}" {style} '
-                         f'points="{" ".join(point(a, b) for a, b in zip(x, y, strict=True))}"/>')
-            if lines is series:
-                parts.append(f'<text x="{60 + 150 * i}" y="{height - 5}" font-size="11" fill="{colour}">'
-                             f'{html.escape(label)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 def _svg_heat(heat: pd.DataFrame, value: str, title: str, maximum: float | None = None) -> str:
     """Hosts (rows) by time (columns) as inline SVG, each cell shaded by ``value`` (darker: more)."""
     cells = heat.dropna(subset=[value])
@@ -315,33 +331,31 @@ def _fleet_md(report: Report) -> list[str]:
             "", f"## {FLEET_SECTIONS[2]}", "", _frame_md(report.clocks, NO_CLOCKS)]
 
 
-def _xy(times: pd.Series | pd.Index, values: pd.Series, origin: pd.Timestamp) -> tuple[list[float], list[float]]:
-    seconds = [(t - origin).total_seconds() for t in times]
-    return seconds, [float(v) for v in values]
+#: Human names of the tables' columns (the others: their name with spaces).
+COLUMN_NAMES = {
+    "comm": "program", "open_fds": "open FDs", "fd_soft_limit": "soft limit", "fd_hard_limit": "hard limit",
+    "headroom": "FDs to spare", "usage": "use of the limit", "time": "at", "first": "first at", "last": "last at",
+    "first_pid": "first pid", "followed_by": "then, in the other processes", "count": "failures",
+    "duration_s": "seconds", "peak_time": "peak at", "made_by": "made by", "phase_by_rank": "phase by rank",
+    "peer_addr": "address", "peer_port": "port", "failed": "failed", "fd_kind": "on descriptors of",
+    "oldest_age_s": "oldest (s)", "growth_per_min": "growth / min", "fd_errors": "EMFILE/ENFILE",
+    "fd_usage": "fullest FD table", "thread_usage": "nearest thread limit", "threads_started": "threads started",
+    "seconds_to_exhaustion": "full in (s)",
+}
+PERCENT_COLUMNS = frozenset({"usage", "fd_usage", "thread_usage"})
+#: Columns left out of the tables: kept in the DataFrames for programs, noise to a reader.
+HIDDEN_COLUMNS = frozenset({"start_ns", "ts_ns", "first_overall"})
 
 
-def timeline_svgs(report: Report) -> list[str]:
-    """The timeline charts: socket calls, open FDs against limits (dashed), FD errors."""
-    origins = [f.index.min() for f in (report.socket_rate, report.error_rate) if len(f)]
-    origins += [s["time"].min() for s in report.fd_series.values() if len(s)]
-    if not origins:
-        return []
-    origin = min(origins)
-    calls = {str(c): _xy(report.socket_rate.index, report.socket_rate[c], origin) for c in report.socket_rate.columns}
-    fds = {k: _xy(v["time"], v["open_fds"], origin) for k, v in report.fd_series.items()}
-    limits = {k: _xy(v["time"], v["fd_soft_limit"], origin) for k, v in report.fd_series.items()}
-    errors = {"EMFILE + ENFILE": _xy(report.error_rate.index, report.error_rate["count"], origin)} \
-        if len(report.error_rate) else {}
-    bands = [((s - origin).total_seconds(), (e - origin).total_seconds(), label) for s, e, label in report.bands]
-    title = "socket calls per second, by syscall" + (" (bands: the first rank's phases)" if bands else "")
-    return [_svg_lines(calls, {}, title, bands=bands),
-            _svg_lines(fds, limits, "open FDs of the fullest processes (dashed: their soft limits)"),
-            _svg_lines(errors, {}, "EMFILE and ENFILE per second")]
-
-
-def _cell(value: Any) -> str:
+def _cell(value: Any, column: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NaT:
+        return ""
+    if column in PERCENT_COLUMNS and isinstance(value, int | float):
+        return f"{value:.0%}"
+    if isinstance(value, pd.Timestamp):
+        return f"{value.tz_convert('UTC') if value.tz else value:%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
     if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:,.3g}"
+        return f"{int(value):,}" if value.is_integer() else f"{value:,.3g}"
     if isinstance(value, dict):
         return ", ".join(f"{k} x{v}" for k, v in value.items()) or "nothing"
     if isinstance(value, list):
@@ -349,34 +363,51 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _shown(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The columns a table shows, and their headers."""
+    columns = [str(c) for c in frame.columns if c not in HIDDEN_COLUMNS]
+    return columns, [COLUMN_NAMES.get(c, c.replace("_", " ")) for c in columns]
+
+
 def _frame_html(frame: pd.DataFrame, empty: str) -> str:
     if frame.empty:
         return f"<p>{html.escape(empty)}</p>"
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
-                   for row in frame.itertuples(index=False))
+    columns, headers = _shown(frame)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(row[c], c))}</td>" for c in columns) + "</tr>"
+                   for _, row in frame.iterrows())
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _frame_md(frame: pd.DataFrame, empty: str) -> str:
     if frame.empty:
         return empty
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |"
-              for row in frame.itertuples(index=False)]
+    columns, headers = _shown(frame)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row[c], c).replace("|", "\\|") for c in columns) + " |"
+              for _, row in frame.iterrows()]
     return "\n".join(lines)
 
 
+def first_failure(report: Report) -> str:
+    """The sentence that names the recording's first failure (of the incidents)."""
+    first = report.incidents[report.incidents["first_overall"].astype(bool)] if len(report.incidents) else None
+    if first is None or not len(first):
+        return NO_INCIDENTS
+    row = first.iloc[0]
+    where = f" on {row['host']}" if len(report.heat) else ""
+    return (f"First failure: {row['comm']} [{row['first_pid']}]{where}, {row['failure']} at {_cell(row['first'])} "
+            f"({row['count']:,} in all). Below, every program's failures, the most severe first.")
+
+
 SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", "FD headroom",
-            "Incidents: first failure and symptoms", "Connect destinations", "Losses during the recording",
+            "Incidents: failures by program, most severe first", "Connect destinations", "Losses during the recording",
             "What to change", "Open descriptors by call site", "What the threads were doing")
 NO_SITES = "No call sites in this recording (record with --stacks to have them)."
 NO_CENSUS = "No thread census in this recording."
 SITE_COLUMNS = ["pid", "comm", "site", "open", "opened", "closed", "oldest_age_s", "growth_per_min"]
 NO_DESTINATIONS = "No connect() with a destination in this recording."
 NO_PHASES = "No training phases in this recording (record with fdtrace run --record to have them)."
-BAND_PHASES = ("init_process_group", "forward", "backward", "optimizer", "checkpoint_save", "checkpoint_load",
-               "barrier")
 HEADROOM_COLUMNS = ["comm", "pid", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom", "usage", "time"]
 NO_SPIKES = "No spike: no bin rose far above its recent baseline."
 NO_INCIDENTS = "No EMFILE, ENFILE, OOM kill or abnormal exit."
@@ -397,12 +428,12 @@ def to_html(report: Report) -> str:
     parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.summary]
     parts.append("</table>")
     parts += _fleet_html(report)
-    parts.append(f"<h2>{SECTIONS[1]}</h2>")
-    parts += timeline_svgs(report) or ["<p>No events.</p>"]
+    parts += [f"<h2>{SECTIONS[1]}</h2>", figure_html(report)]
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
               f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
               f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
-              f"<h2>{SECTIONS[5]}</h2>", _frame_html(report.incidents, NO_INCIDENTS),
+              f"<h2>{SECTIONS[5]}</h2>", f"<p>{html.escape(first_failure(report))}</p>",
+              _frame_html(report.incidents, ""),
               f"<h2>{SECTIONS[6]}</h2>", _frame_html(report.destinations.head(20), NO_DESTINATIONS),
               f"<h2>{SECTIONS[9]}</h2>", _frame_html(report.leaks, NO_SITES),
               f"<h2>{SECTIONS[10]}</h2>", _frame_html(report.threads, NO_CENSUS),
@@ -423,7 +454,8 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
               "", f"## {SECTIONS[3]}", "", _frame_md(report.phase_stats, NO_PHASES),
               "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
-              "", f"## {SECTIONS[5]}", "", _frame_md(report.incidents, NO_INCIDENTS),
+              "", f"## {SECTIONS[5]}", "", first_failure(report),
+              *(["", _frame_md(report.incidents, "")] if len(report.incidents) else []),
               "", f"## {SECTIONS[6]}", "", _frame_md(report.destinations.head(20), NO_DESTINATIONS),
               "", f"## {SECTIONS[9]}", "", _frame_md(report.leaks, NO_SITES),
               "", f"## {SECTIONS[10]}", "", _frame_md(report.threads, NO_CENSUS),
