@@ -14,7 +14,7 @@ LIMITS = ("Limit                     Soft Limit           Hard Limit           U
 
 def fake_process(root: Path, pid: int, comm: str, fds: int | dict[int, str], soft: str = "64", hard: str = "4096",
                  *, threads: int = 1, uid: int = 1000, nproc: str = "4096", cmdline: str = "", cgroup: str = "0::/",
-                 exe: bytes | None = None, fd_table: int = 64, start_ticks: int = 100) -> None:
+                 exe: bytes | None = None, fd_table: int = 64, start_ticks: int = 100, ppid: int = 1) -> None:
     """/proc/PID of a process: ``fds`` is a count of /dev/null descriptors or {fd: link target};
     ``cmdline`` is split on spaces; ``exe`` the bytes its executable link points to, if any."""
     base = root / str(pid)
@@ -25,8 +25,8 @@ def fake_process(root: Path, pid: int, comm: str, fds: int | dict[int, str], sof
     stat = ["S"] + ["0"] * 18 + [str(start_ticks)] + ["0"] * 10
     (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat) + "\n")
     (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard, nproc=nproc))
-    (base / "status").write_text(f"Name:\t{comm}\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nFDSize:\t{fd_table}\n"
-                                 f"Threads:\t{threads}\n")
+    (base / "status").write_text(f"Name:\t{comm}\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+                                 f"FDSize:\t{fd_table}\nThreads:\t{threads}\n")
     (base / "cmdline").write_text(cmdline.replace(" ", "\0"))
     (base / "cgroup").write_text(cgroup.rstrip("\n") + "\n")
     if exe is not None:

@@ -61,7 +61,10 @@ def test_doctor_flags_a_maxconn_the_fd_limit_cannot_hold(haproxy: tuple[subproce
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"] if c["scope"].startswith(f"pid {proc.pid}")}
     maxconn = checks["haproxy maxconn vs FD limit"]
     assert maxconn["status"] == "FAIL" and "maxconn 1000 needs ~2017 FDs" in maxconn["current"]
-    assert maxconn["recommended"] == "FD limit >= 2017, or maxconn <= 23"
+    assert maxconn["recommended"] == "FD limit >= 2421 (RLIMIT_NOFILE soft, above), or maxconn <= 23"
+    # the one FD limit to set, from what maxconn needs (2017 and the margin), not from the few FDs open
+    soft = checks["RLIMIT_NOFILE soft"]
+    assert soft["status"] == "FAIL" and soft["recommended"] == ">= 2421" and "its maxconn needs ~2017" in soft["change"]
     assert checks["haproxy strict-limits"]["status"] == "WARN"
     runtime = checks["haproxy CurrConns vs Maxconn"]
     assert runtime["status"] == "OK" and "Ulimit-n 64" in runtime["current"]

@@ -98,7 +98,11 @@ def test_haproxy_maxconn_the_fd_limit_cannot_hold(tree: tuple[Path, Path], tmp_p
     fake_process(tree[0], 30, "haproxy", 20, "1024", "1024", cmdline=f"/usr/sbin/haproxy -f {config}")
     checks = doctor(tree).process_checks(30)
     maxconn = by_name(checks, "haproxy maxconn vs FD limit")
-    assert maxconn.status == Status.FAIL and maxconn.recommended == "FD limit >= 2017, or maxconn <= 503"
+    assert maxconn.status == Status.FAIL
+    assert maxconn.recommended == "FD limit >= 2421 (RLIMIT_NOFILE soft, above), or maxconn <= 503"
+    # one FD limit recommended: the RLIMIT_NOFILE check's, from what maxconn needs (not from the 20 open)
+    soft = by_name(checks, "RLIMIT_NOFILE soft")
+    assert (soft.status, soft.recommended) == (Status.FAIL, ">= 2421") and "its maxconn needs ~2017" in soft.change
     assert fds_needed(1000, 1) == 2017
     assert by_name(checks, "haproxy ulimit-n").current == "config says 4000, the process has 1024"
     assert by_name(checks, "haproxy strict-limits").status == Status.WARN
@@ -111,9 +115,17 @@ def test_system_checks(tree: tuple[Path, Path]) -> None:
     assert by_name(checks, "net.core.somaxconn").change == "sysctl -w net.core.somaxconn=65535 (and in /etc/sysctl.d/)"
     assert by_name(checks, "net.ipv4.tcp_max_syn_backlog").status == Status.OK
     assert by_name(checks, "net.ipv4.tcp_tw_reuse").status == Status.WARN
-    assert by_name(checks, "TcpExt ListenOverflows since boot").current == "5"
+    listen = by_name(checks, "TcpExt ListenOverflows / ListenDrops since boot")
+    assert listen.current == "5 ListenOverflows, 7 ListenDrops" and "raise somaxconn" in listen.change
     moved = doctor(tree).system_checks(listen_moved={"ListenOverflows": 0, "ListenDrops": 0})
-    assert by_name(moved, "TcpExt ListenOverflows during the recording").status == Status.OK
+    assert by_name(moved, "TcpExt ListenOverflows / ListenDrops during the recording").status == Status.OK
+    # when the listener was failing accept() with EMFILE, the overflow is its symptom: one change, not somaxconn
+    symptom = doctor(tree)
+    symptom.accept_failures = ["haproxy [22669]"]
+    listen = by_name(symptom.system_checks(listen_moved={"ListenOverflows": 3, "ListenDrops": 3}),
+                     "TcpExt ListenOverflows / ListenDrops during the recording")
+    assert listen.change.startswith("a symptom: accept() failed with EMFILE in haproxy [22669]")
+    assert "not somaxconn" in listen.change
 
 
 def test_sum_of_big_consumers_against_file_max(tree: tuple[Path, Path]) -> None:
@@ -152,3 +164,53 @@ def test_systemd_unit_limit_is_read_through_systemctl(tree: tuple[Path, Path], t
     assert soft.status == Status.WARN
     assert soft.change == ("prlimit --pid 50 --nofile=1080:524288 now; for good: set LimitNOFILE=1080:524288 in "
                            "[Service] of app.service, then systemctl daemon-reload && systemctl restart app.service")
+
+
+def test_limit_source_is_the_parent_only_when_the_parent_has_the_same_limit(tree: tuple[Path, Path]) -> None:
+    plain = partial(fakeproc.fake_process, cgroup="0::/user.slice/session-1.scope", exe=b"\x7fELF plain")
+    plain(tree[0], 60, "launcher", 5, "1024", "4096")
+    plain(tree[0], 61, "worker", 5, "1024", "4096", ppid=60)
+    plain(tree[0], 62, "haproxy", 5, "256", "4096", ppid=60)
+    checks = doctor(tree)
+    assert by_name(checks.process_checks(61), "RLIMIT_NOFILE source").current == (
+        "inherited from its parent pid 60 (launcher), whose soft limit is the same")
+    assert by_name(checks.process_checks(62), "RLIMIT_NOFILE source").current == (
+        "set for this process: by its own setrlimit (or its start script's ulimit), or by a prlimit; its parent "
+        "pid 60 (launcher) has 1024")
+
+
+def test_the_need_of_a_process_that_failed_comes_from_what_it_asked_for() -> None:
+    from fdtrace.analysis.needs import need_of
+
+    # haproxy capped at 256 FDs, refusing 120 accepts in its worst second, sized itself for 8220
+    assert need_of(256, 256, 40_867, 120, 8220) == (8220, "HAProxy's Maxsock 8220 (show info)")
+    assert need_of(256, 256, 40_867, 120, None) == (
+        376, "its limit 256 plus the 120 opens refused with EMFILE in its worst second")
+    assert need_of(1024, 900, 0, 0, None) == (900, "peak 900 open")
+    assert need_of(256, 20, 0, 0, None, config_need=2017) == (2017, "its maxconn needs ~2017")
+
+
+EMFILE_RECORDING = Path(__file__).parents[1] / "data" / "emfile"
+
+
+def test_doctor_from_a_recording_checks_a_process_that_is_gone() -> None:
+    from click.testing import CliRunner
+
+    from fdtrace.cli import main
+
+    for selection in (["--comm", "emfile-child"], ["--pid", "15007"]):
+        result = CliRunner().invoke(main, ["doctor", "--from", str(EMFILE_RECORDING), "--json", *selection])
+        assert result.exit_code == 2, result.output
+        checks = [c for c in json.loads(result.output)["checks"] if "emfile-child, gone" in c["scope"]]
+        soft = next(c for c in checks if c["name"] == "RLIMIT_NOFILE soft")
+        # capped at 64, it asked for 4 more in one second: never the capped peak's 77
+        assert (soft["status"], soft["current"], soft["recommended"]) == (
+            "FAIL", "64 (peak 64 open, 4 EMFILE failures, 100%)", ">= 82")
+        assert "it ended: exit 1" in next(c for c in checks if c["name"] == "RLIMIT_NOFILE source")["current"]
+    for selection, said in ((["--comm", "no-such-program"], "no process named no-such-program, running or in the "
+                             "recording"), (["--pid", "4194304"], "no such process: 4194304, running or in the "
+                                            "recording")):
+        result = CliRunner().invoke(main, ["doctor", "--from", str(EMFILE_RECORDING), *selection])
+        assert result.exit_code != 0 and result.output.strip().splitlines() == [f"fdtrace: error: {said}"]
+    alive_only = CliRunner().invoke(main, ["doctor", "--comm", "emfile-child"])
+    assert alive_only.exit_code != 0 and "give --from RECORDING" in alive_only.output

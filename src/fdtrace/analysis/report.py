@@ -19,6 +19,7 @@ from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for, thread_starts
 from fdtrace.analysis.failures import as_time, failures_on, incidents_on
 from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
+from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
 from fdtrace.analysis.report_charts import figure_html
 from fdtrace.analysis.spike_finder import spikes
@@ -212,37 +213,63 @@ def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None =
     if engine is None:
         with engine_for(recording) as own:
             return recommendations(recording, least, own)
-    advice = []
-    errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
-    fd_errors = engine.query(f"SELECT DISTINCT pid, start_ns FROM events WHERE errno IN ({errnos})")
-    failed = set(zip(fd_errors["pid"], fd_errors["start_ns"], strict=True))
-    several = least["host"].nunique() > 1 if len(least) else False
-    for row in least.itertuples():
-        hit = (row.pid, row.start_ns) in failed
-        if row.usage < USAGE_WARN and not hit:
-            continue
-        need = with_margin(row.open_fds)
-        where = f" on {row.host}" if several else ""
-        text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}: peak {row.open_fds} open of a soft limit of "
-                f"{row.fd_soft_limit:.0f}; set it to at least {need} (LimitNOFILE= in its systemd unit, or ulimit -n).")
-        if hit:
-            text += " It failed with EMFILE at its limit, so it needed more than it could show: allow well above that."
-        advice.append(text)
+    advice = fd_advice(fd_needs_on(engine), several=least["host"].nunique() > 1 if len(least) else False)
     system = recording.system
     if len(system) and "file_nr" in system.columns:
         peak, file_max = int(system["file_nr"].max()), int(system["file_max"].min())
         if peak * 2 > file_max:
             advice.append(f"fs.file-max: file-nr peaked at {peak:,} of {file_max:,}; set fs.file-max to at least "
                           f"{peak * 3:,} (sysctl -w fs.file-max=...).")
-        for column in ("listen_overflows", "listen_drops"):
-            if column in system.columns and system[column].max() > system[column].min():
-                moved = int(system[column].max() - system[column].min())
-                advice.append(f"net.core.somaxconn: TcpExt {column} grew by {moved:,} during the recording (a "
-                              "listen queue overflowed); raise somaxconn (65535) and the listeners' backlog.")
+    listen = listen_advice(system, engine)
+    if listen:
+        advice.append(listen)
     advice += _thread_advice(engine)
     if not advice:
         advice.append("No limit was approached in this recording: nothing to change.")
     return advice
+
+
+def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
+    """One line per process that failed with EMFILE or came near its FD limit: the soft limit to
+    set, from what it needed (``fd_needs()``), never from a peak its limit capped."""
+    advice = []
+    for row in needs.itertuples():
+        soft = None if pd.isna(row.fd_soft_limit) else int(row.fd_soft_limit)
+        near = soft is not None and row.need >= soft * USAGE_WARN
+        if not row.emfile and not near:
+            continue
+        where = f" on {row.host}" if several else ""
+        failed = f", failed {row.emfile:,} times with EMFILE" if row.emfile else ""
+        limit = soft if soft is not None else "unlimited"
+        text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}: soft limit {limit}{failed}; it needed at least "
+                f"{row.need} ({row.basis}); set it to {row.recommended} (LimitNOFILE= in its systemd unit, or "
+                "ulimit -n).")
+        if not pd.isna(row.maxsock) and soft is not None and row.maxsock > soft:
+            text += (f" HAProxy sized itself for {int(row.maxsock)} descriptors (Maxsock) but was given {soft}: "
+                     "raise the limit, or lower maxconn until Maxsock fits.")
+        advice.append(text)
+    return advice
+
+
+def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
+    """One line when a listen queue overflowed during the recording; when a listener was failing
+    accept() with EMFILE then, the overflow was its symptom and the FD limit is the fix."""
+    grew = {name: int(system[column].max() - system[column].min())
+            for column, name in (("listen_overflows", "ListenOverflows"), ("listen_drops", "ListenDrops"))
+            if column in system.columns and len(system) and system[column].max() > system[column].min()}
+    if not grew:
+        return None
+    moved = " and ".join(f"TcpExt {name} grew by {count:,}" for name, count in grew.items())
+    refused = engine.query(f"SELECT comm, pid, count(*) AS n FROM events WHERE kind = 'accept' AND errno IN "
+                           f"({', '.join(quote(e) for e in sorted(FD_EXHAUSTION_ERRNOS))}) GROUP BY comm, pid "
+                           "ORDER BY n DESC, pid LIMIT 3")
+    if len(refused):
+        who = ", ".join(f"{r.comm} [{r.pid}] ({r.n:,} times)" for r in refused.itertuples())
+        return (f"Listen queues: {moved} during the recording, while accept() failed with EMFILE in {who}: the "
+                "queue filled because the listener could not take connections. Raise its FD limit (above); "
+                "somaxconn is not the cause.")
+    return (f"net.core.somaxconn: {moved} during the recording (a listen queue overflowed); raise somaxconn "
+            "(65535) and the listeners' backlog, or accept faster.")
 
 
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.

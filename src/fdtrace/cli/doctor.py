@@ -30,17 +30,24 @@ def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, 
 
     checker = Doctor()
     selected = report.select_pids(checker, pids, comms)
-    missing = [pid for pid in pids if checker.sampler.sample(pid) is None]
-    if missing:
-        fail(FdtraceError(f"no such process: {', '.join(map(str, missing))}"))
     listen_moved = None
     if from_dir is not None:
         try:
-            listen_moved = report.apply_recording(Path(from_dir), checker, selected, engine)
+            found = report.apply_recording(Path(from_dir), checker, selected, engine, comms)
         except FdtraceError as error:
             fail(error)
-    checks = report.run_checks(checker, selected, listen_moved)
+        listen_moved = found.listen_moved
+        selected = sorted({*selected, *found.gone})
+    known = {pid for pid in selected if checker.sampler.sample(pid) is not None or pid in checker.recorded}
+    missing = [pid for pid in pids if pid not in known]
+    names = {checker.recorded[p].comm if p in checker.recorded else getattr(checker.sampler.sample(p), "comm", "")
+             for p in known}
+    unmatched = [name for name in comms if name not in names]
+    later = " (for one that is gone, give --from RECORDING)" if from_dir is None else ", running or in the recording"
+    if missing:
+        fail(FdtraceError(f"no such process: {', '.join(map(str, missing))}{later}"))
+    if unmatched:
+        fail(FdtraceError(f"no process named {', '.join(unmatched)}{later}"))
+    checks = report.run_checks(checker, sorted(known), listen_moved)
     click.echo(report.as_json(checks) if as_json else report.as_table(checks))
     sys.exit(int(report.worst(checks)))
-
-

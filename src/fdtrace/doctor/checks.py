@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.integrations.haproxy import config_paths, fds_needed, info_number, parse_config, show_info
+from fdtrace.analysis.needs import need_of
+from fdtrace.integrations.haproxy import HaproxyConfig, config_paths, fds_needed, info_number, parse_config, show_info
 from fdtrace.policy import GO_THREADS_ADVICE, USAGE_CRITICAL, USAGE_WARN, with_margin
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
@@ -26,6 +27,27 @@ class Status(enum.IntEnum):
     OK = 0
     WARN = 1
     FAIL = 2
+
+
+@dataclass
+class RecordedProcess:
+    """What a recording holds of one process: for a process that is gone, all that is known."""
+
+    comm: str
+    start_ns: int | None = None
+    fd_soft_limit: int | None = None
+    fd_hard_limit: int | None = None
+    peak_fds: int | None = None
+    emfile: int = 0  # EMFILE failures
+    emfile_worst_second: int = 0
+    maxsock: int | None = None  # HAProxy's show info
+    threads: int | None = None  # at the sample nearest its thread limit
+    thread_limit_kind: str | None = None
+    thread_limit: int | None = None
+    thread_count: int | None = None  # what that limit counts
+    thread_growth: float = 0.0  # threads per second over the recording
+    exit: str | None = None  # how it ended, when it ended in the recording
+    gone: bool = False  # not running now (a running process of its pid is another one)
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,15 @@ def by_usage(used: float, limit: float | None) -> Status:
     return Status.FAIL if share >= USAGE_CRITICAL else Status.WARN if share >= USAGE_WARN else Status.OK
 
 
+def _unit_soft(shown: str | None) -> int | None:
+    """LimitNOFILESoft= of systemctl show's text, as a number (None: not there, or infinity)."""
+    for item in (shown or "").split():
+        name, _, value = item.partition("=")
+        if name == "LimitNOFILESoft":
+            return int(value) if value.isdigit() else None
+    return None
+
+
 def _soft_hard(soft: int, hard: int | None) -> str:
     """systemd's LimitNOFILE value: SOFT:HARD, or one number when they are equal."""
     if hard is None:
@@ -77,6 +108,8 @@ class Doctor:
         self.sampler = ProcSampler(procfs, cgroupfs=self.cgroupfs)
         self.peaks = peaks or {}
         self.thread_growth: dict[int, float] = {}  # threads per second seen in a recording
+        self.recorded: dict[int, RecordedProcess] = {}  # by pid, from a recording (doctor --from)
+        self.accept_failures: list[str] = []  # "comm [pid]" whose accept() failed with EMFILE in the recording
         self.systemctl = systemctl
 
     # Reading: a process that is gone or unreadable reads as empty.
@@ -121,54 +154,152 @@ class Doctor:
     # Process checks
 
     def process_checks(self, pid: int) -> list[Check]:
-        """Every check for one process; empty when it is gone."""
+        """Every check for one process: from /proc when it runs, else from the recording
+        (``recorded``); empty when neither knows it."""
         sample = self.sampler.sample(pid)
+        recorded = self.recorded.get(pid)
+        if recorded is not None and recorded.gone:
+            return self._recorded_checks(pid, recorded)
         if sample is None:
             return []
         scope = f"pid {pid} ({sample.comm})"
-        checks = [*self._fd_checks(pid, scope, sample.open_fds, sample.fd_soft_limit, sample.fd_hard_limit),
-                  *self._thread_checks(pid, scope, sample)]
-        if sample.comm.startswith("haproxy"):
-            checks += self._haproxy_checks(pid, scope, sample.fd_soft_limit)
+        configs = self._haproxy_configs(pid, scope) if sample.comm.startswith("haproxy") else []
+        config_need = max((fds_needed(c.maxconn, c.listeners) for c, _ in configs
+                           if c is not None and c.maxconn is not None), default=None)
+        fd_checks = self._fd_checks(pid, scope, sample.open_fds, sample.fd_soft_limit, sample.fd_hard_limit,
+                                    config_need, configs)
+        recommended = next((c.recommended for c in fd_checks if c.name == "RLIMIT_NOFILE soft" and c.recommended),
+                           "")
+        checks = [*fd_checks, *self._thread_checks(pid, scope, sample)]
+        for config, problems in configs:
+            checks += problems
+            if config is not None:
+                checks += self._haproxy_checks(pid, scope, sample.fd_soft_limit, config, recommended)
         return checks
 
-    def _limit_source(self, pid: int) -> tuple[str, Callable[[int, int | None], str]]:
-        """(where the limit comes from, how to set soft (and hard) limits for good)."""
-        unit = self._systemd_unit(pid)
-        if unit:
-            current = self._unit_limit(unit)
-            where = f"systemd unit {unit}" + (f" ({current})" if current else "")
-            return where, lambda soft, hard: (f"set LimitNOFILE={_soft_hard(soft, hard)} in [Service] of {unit}, "
-                                              f"then systemctl daemon-reload && systemctl restart {unit}")
-        ppid = self._status_field(pid, "PPid")
-        parent = f"parent pid {ppid}" if ppid and ppid != "0" else "its parent"
-        return (f"inherited from {parent}",
-                lambda soft, hard: (f"raise it where the process is started (ulimit -n {soft} in its start script, "
-                                    f"LimitNOFILE={_soft_hard(soft, hard)} in its systemd unit, or "
-                                    "/etc/security/limits.conf for logins)"))
+    def _haproxy_configs(self, pid: int, scope: str) -> list[tuple[HaproxyConfig | None, list[Check]]]:
+        """Each configuration file the process was started with, and what could not be read of it."""
+        found: list[tuple[HaproxyConfig | None, list[Check]]] = []
+        for path in config_paths(self._cmdline(pid)):
+            try:
+                config = parse_config(path)
+            except OSError as exc:
+                found.append((None, [Check(scope, "haproxy config", Status.WARN,
+                                           f"{path}: unreadable ({exc.strerror})")]))
+                continue
+            problems = [Check(scope, "haproxy config", Status.WARN, problem) for problem in config.problems]
+            found.append((config, problems))
+        return found
 
-    def _fd_checks(self, pid: int, scope: str, open_fds: int, soft: int | None, hard: int | None) -> list[Check]:
-        peak = max(open_fds, self.peaks.get(pid, 0))
+    def _limit_source(self, pid: int, soft: int | None,
+                      configs: list[tuple[HaproxyConfig | None, list[Check]]] | None = None,
+                      ) -> tuple[str, Callable[[int, int | None], str]]:
+        """(where the soft limit comes from, how to set soft (and hard) limits for good): the
+        systemd unit when its LimitNOFILE gave it, HAProxy's own ulimit-n, the parent it was
+        inherited from, or else the process itself (setrlimit) or someone's prlimit."""
+        unit = self._systemd_unit(pid)
+        current = self._unit_limit(unit) if unit else None
+        if unit:
+            def by_unit(new_soft: int, hard: int | None) -> str:
+                return (f"set LimitNOFILE={_soft_hard(new_soft, hard)} in [Service] of {unit}, "
+                        f"then systemctl daemon-reload && systemctl restart {unit}")
+            unit_soft = _unit_soft(current)
+            if current is None or unit_soft is None or unit_soft == soft:
+                return f"systemd unit {unit}" + (f" ({current})" if current else ""), by_unit
+        for config, _ in configs or []:
+            if config is not None and config.ulimit_n is not None and config.ulimit_n == soft:
+                path = config.path
+
+                def by_config(new_soft: int, hard: int | None, path: Path = path) -> str:
+                    return (f"set ulimit-n {new_soft} in the global section of {path}, and let the service's "
+                            "LimitNOFILE allow it")
+                return f"ulimit-n {soft} in {path} (HAProxy sets its own limit)", by_config
+        ppid = self._status_field(pid, "PPid")
+        parent = self.sampler.sample(int(ppid)) if ppid and ppid.isdigit() and ppid != "0" else None
+        start_script = ("raise it where the process is started (ulimit -n {soft} in its start script, "
+                        "LimitNOFILE={both} in its systemd unit, or /etc/security/limits.conf for logins)")
+
+        def by_start(new_soft: int, hard: int | None) -> str:
+            return start_script.format(soft=new_soft, both=_soft_hard(new_soft, hard))
+        if parent is not None and parent.fd_soft_limit == soft:
+            return f"inherited from its parent pid {ppid} ({parent.comm}), whose soft limit is the same", by_start
+        unit_text = f"; its unit {unit} says {current}" if unit and current else ""
+        parent_text = (f"; its parent pid {ppid} ({parent.comm}) has {parent.fd_soft_limit or 'unlimited'}"
+                       if parent is not None else "")
+        return (f"set for this process: by its own setrlimit (or its start script's ulimit), or by a prlimit"
+                f"{parent_text}{unit_text}", by_start)
+
+    def _fd_checks(self, pid: int, scope: str, open_fds: int, soft: int | None, hard: int | None,
+                   config_need: int | None = None,
+                   configs: list[tuple[HaproxyConfig | None, list[Check]]] | None = None) -> list[Check]:
+        recorded = self.recorded.get(pid)
+        peak = max(open_fds, self.peaks.get(pid, 0), (recorded.peak_fds or 0) if recorded else 0)
+        emfile = recorded.emfile if recorded else 0
         seen = f"{open_fds} open" + (f", peak {peak} in the recording" if peak > open_fds else "")
-        where, how = self._limit_source(pid)
+        if emfile:
+            seen += f", {emfile} EMFILE failures"
+        where, how = self._limit_source(pid, soft, configs)
         checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK, where)]
         if soft is None:
             return [*checks, Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {seen}")]
+        need, basis = need_of(soft, peak, emfile, recorded.emfile_worst_second if recorded else 0,
+                              recorded.maxsock if recorded else None, config_need)
         status = by_usage(peak, soft)
-        need = with_margin(peak)
+        if emfile or need > soft:
+            status = Status.FAIL
+        return checks + self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, f"{soft} ({seen}, "
+                                             f"{peak / soft:.0%})", how)
+
+    def _raise_fd_limit(self, scope: str, pid: int | None, soft: int, hard: int | None, need: int, basis: str,
+                        status: Status, current: str, how: Callable[[int, int | None], str]) -> list[Check]:
+        """The one RLIMIT_NOFILE recommendation: the need with the margin."""
+        target = with_margin(need)
         change = ""
         if status != Status.OK:
-            if hard is None or need <= hard:
+            if pid is not None and (hard is None or target <= hard):
                 hard_text = hard if hard is not None else "unlimited"
-                change = f"prlimit --pid {pid} --nofile={need}:{hard_text} now; for good: {how(need, hard)}"
+                change = f"prlimit --pid {pid} --nofile={target}:{hard_text} now; for good: {how(target, hard)}"
+            elif hard is None or target <= hard:
+                change = how(target, hard)
             else:
-                change = f"raise the soft and hard limits to {need}: {how(need, need)}"
-        checks.append(Check(scope, "RLIMIT_NOFILE soft", status, f"{soft} ({seen}, {peak / soft:.0%})",
-                            f">= {need}" if status != Status.OK else "", change))
+                change = f"raise the soft and hard limits to {target}: {how(target, target)}"
+            if not basis.startswith("peak "):  # the need is more than the process could show
+                change += f" (needed: {need}, {basis})"
+        checks = [Check(scope, "RLIMIT_NOFILE soft", status, current, f">= {target}" if status != Status.OK else "",
+                        change)]
         nr_open = self._number("sys/fs/nr_open")
-        if hard is not None and nr_open is not None and need > nr_open:
+        if hard is not None and nr_open is not None and target > nr_open:
             checks.append(Check(scope, "RLIMIT_NOFILE vs fs.nr_open", Status.FAIL, f"fs.nr_open {nr_open}",
-                                f">= {need}", f"sysctl -w fs.nr_open={need} (and in /etc/sysctl.d/)"))
+                                f">= {target}", f"sysctl -w fs.nr_open={target} (and in /etc/sysctl.d/)"))
+        return checks
+
+    def _recorded_checks(self, pid: int, gone: RecordedProcess) -> list[Check]:
+        """The checks of a process that is gone, from what the recording holds of it."""
+        scope = f"pid {pid} ({gone.comm}, gone: from the recording)"
+        ended = f"; it ended: {gone.exit}" if gone.exit else ""
+        checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK,
+                        f"not known: the process is gone and the recording holds its limits, not their origin{ended}")]
+        soft, peak = gone.fd_soft_limit, gone.peak_fds or 0
+        seen = f"peak {peak} open" + (f", {gone.emfile} EMFILE failures" if gone.emfile else "")
+        if soft is None:
+            checks.append(Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {seen}"))
+        else:
+            need, basis = need_of(soft, peak, gone.emfile, gone.emfile_worst_second, gone.maxsock)
+            status = Status.FAIL if gone.emfile or need > soft else by_usage(peak, soft)
+
+            def how(new_soft: int, hard: int | None) -> str:
+                return (f"raise it where {gone.comm} is started (ulimit -n {new_soft} in its start script, or "
+                        f"LimitNOFILE={_soft_hard(new_soft, hard)} in its systemd unit)")
+            checks += self._raise_fd_limit(scope, None, soft, gone.fd_hard_limit, need, basis, status,
+                                           f"{soft} ({seen}, {peak / soft:.0%})", how)
+        if gone.thread_limit_kind and gone.thread_limit:
+            used = gone.thread_count or 0
+            status = by_usage(used, gone.thread_limit)
+            checks.append(Check(scope, f"{gone.thread_limit_kind} (threads)", status,
+                                f"peak {used} of {gone.thread_limit} ({used / gone.thread_limit:.0%})",
+                                f">= {with_margin(used)}" if status else "",
+                                GO_THREADS_ADVICE if status and gone.thread_limit_kind == "Go default" else
+                                f"raise {gone.thread_limit_kind} to {with_margin(used)}" if status else ""))
         return checks
 
     def _thread_checks(self, pid: int, scope: str, sample: ProcessSample) -> list[Check]:
@@ -201,36 +332,32 @@ class Doctor:
                                 GO_THREADS_ADVICE if status else ""))
         return checks
 
-    def _haproxy_checks(self, pid: int, scope: str, soft: int | None) -> list[Check]:
+    def _haproxy_checks(self, pid: int, scope: str, soft: int | None, config: HaproxyConfig,
+                        recommended: str) -> list[Check]:
+        """One configuration's checks; the FD limit to set is the RLIMIT_NOFILE check's
+        (``recommended``), so that the two never disagree."""
         checks = []
-        for path in config_paths(self._cmdline(pid)):
-            try:
-                config = parse_config(path)
-            except OSError as exc:
-                checks.append(Check(scope, "haproxy config", Status.WARN, f"{path}: unreadable ({exc.strerror})"))
-                continue
-            checks += [Check(scope, "haproxy config", Status.WARN, problem) for problem in config.problems]
-            if config.maxconn is not None:
-                need = fds_needed(config.maxconn, config.listeners)
-                limit = soft if soft is not None else config.ulimit_n
-                status = Status.FAIL if limit is not None and need > limit else Status.OK
-                fits = (limit - config.listeners - 16) // 2 if limit is not None else None
-                checks.append(Check(
-                    scope, "haproxy maxconn vs FD limit", status,
-                    f"maxconn {config.maxconn} needs ~{need} FDs (2 per connection + {config.listeners} listeners); "
-                    f"the process may open {limit if limit is not None else 'unlimited'}",
-                    f"FD limit >= {need}, or maxconn <= {fits}" if status else "",
-                    f"set ulimit-n {need} in global and LimitNOFILE={need} for the service, or maxconn {fits}"
-                    if status else ""))
-            if config.ulimit_n is not None and soft is not None and config.ulimit_n != soft:
-                checks.append(Check(scope, "haproxy ulimit-n", Status.WARN,
-                                    f"config says {config.ulimit_n}, the process has {soft}",
-                                    str(soft), "make ulimit-n and the service's LimitNOFILE agree"))
-            if config.strict_limits is False:
-                checks.append(Check(scope, "haproxy strict-limits", Status.WARN, "no strict-limits",
-                                    "strict-limits", "remove 'no strict-limits' so HAProxy refuses to start "
-                                    "without the FDs its maxconn needs"))
-            checks += self._haproxy_runtime(scope, config.stats_sockets, self._uid(pid))
+        if config.maxconn is not None:
+            need = fds_needed(config.maxconn, config.listeners)
+            limit = soft if soft is not None else config.ulimit_n
+            status = Status.FAIL if limit is not None and need > limit else Status.OK
+            fits = (limit - config.listeners - 16) // 2 if limit is not None else None
+            raise_to = recommended.removeprefix(">= ") or str(with_margin(need))
+            checks.append(Check(
+                scope, "haproxy maxconn vs FD limit", status,
+                f"maxconn {config.maxconn} needs ~{need} FDs (2 per connection + {config.listeners} listeners); "
+                f"the process may open {limit if limit is not None else 'unlimited'}",
+                f"FD limit >= {raise_to} (RLIMIT_NOFILE soft, above), or maxconn <= {fits}" if status else "",
+                f"or keep the limit and set maxconn {fits} in {config.path}" if status else ""))
+        if config.ulimit_n is not None and soft is not None and config.ulimit_n != soft:
+            checks.append(Check(scope, "haproxy ulimit-n", Status.WARN,
+                                f"config says {config.ulimit_n}, the process has {soft}",
+                                str(soft), "make ulimit-n and the service's LimitNOFILE agree"))
+        if config.strict_limits is False:
+            checks.append(Check(scope, "haproxy strict-limits", Status.WARN, "no strict-limits",
+                                "strict-limits", "remove 'no strict-limits' so HAProxy refuses to start "
+                                "without the FDs its maxconn needs"))
+        checks += self._haproxy_runtime(scope, config.stats_sockets, self._uid(pid))
         return checks
 
     def _uid(self, pid: int) -> int | None:
@@ -304,11 +431,17 @@ class Doctor:
         moved = listen_moved if listen_moved is not None else {
             "ListenOverflows": system["listen_overflows"] or 0, "ListenDrops": system["listen_drops"] or 0}
         when = "during the recording" if listen_moved is not None else "since boot"
-        for name, count in moved.items():
-            status = Status.WARN if count else Status.OK
-            checks.append(Check("system", f"TcpExt {name} {when}", status, str(count), "0" if status else "",
-                                "a listen queue overflowed: raise somaxconn and the listener's backlog, or accept "
-                                "faster" if status else ""))
+        status = Status.WARN if any(moved.values()) else Status.OK
+        change = ""
+        if status and self.accept_failures:
+            change = (f"a symptom: accept() failed with EMFILE in {', '.join(self.accept_failures)} during the "
+                      "recording, so the queue filled while the listener could not take connections; raise its "
+                      "FD limit (its RLIMIT_NOFILE change), not somaxconn")
+        elif status:
+            change = "a listen queue overflowed: raise somaxconn and the listener's backlog, or accept faster"
+        checks.append(Check("system", f"TcpExt {' / '.join(moved)} {when}", status,
+                            ", ".join(f"{count} {name}" for name, count in moved.items()), "0" if status else "",
+                            change))
         threads = sum(int(self._status_field(p, "Threads") or 0) for p in self.sampler.pids())
         for name, limit in (("kernel.threads-max", system["threads_max"]), ("kernel.pid_max", system["pid_max"])):
             status = by_usage(threads, limit)

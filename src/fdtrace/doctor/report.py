@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from fdtrace.doctor.checks import Check, Doctor, Status
+import pandas as pd
+
+from fdtrace.doctor.checks import Check, Doctor, RecordedProcess, Status
 
 DEFAULT_TOP = 5
 
 
 def select_pids(doctor: Doctor, pids: tuple[int, ...], comms: tuple[str, ...]) -> list[int]:
-    """The processes to check: those named, else the top ones by open FDs and every haproxy."""
+    """The processes to check: those named (running or not: a recording may know them) and the
+    running ones of the names given, else the top ones by open FDs and every haproxy."""
     if pids or comms:
         chosen = set(pids)
         for pid in doctor.sampler.pids():
@@ -27,43 +33,100 @@ def select_pids(doctor: Doctor, pids: tuple[int, ...], comms: tuple[str, ...]) -
     return sorted(chosen)
 
 
-def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: str = "auto") -> dict[str, int]:
-    """From a recording, give the doctor each live process's peak open FDs and thread growth
-    (its samples with the same pid and start, else with the same name). Returns how far the
-    listen-queue counters moved during the recording. ``engine``: as ``fdtrace.analysis.load``'s
-    (only these processes' samples are read)."""
+@dataclass
+class FromRecording:
+    """What ``apply_recording`` found: how far the listen-queue counters moved during the
+    recording, and the processes that are gone that the recording let the doctor check."""
+
+    listen_moved: dict[str, int] = field(default_factory=dict)
+    gone: list[int] = field(default_factory=list)
+
+
+def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
+              gone: bool = False) -> RecordedProcess:
+    def number(value: Any) -> int | None:
+        return None if pd.isna(value) else int(value)
+    mine = threads[(threads["pid"] == row.pid) & (threads["start_ns"] == row.start_ns)] if len(threads) else threads
+    found = RecordedProcess(comm=str(row.comm), start_ns=number(row.start_ns), fd_soft_limit=number(row.fd_soft_limit),
+                            fd_hard_limit=number(row.fd_hard_limit), peak_fds=number(row.peak_fds),
+                            emfile=int(row.emfile), emfile_worst_second=int(row.emfile_worst_second),
+                            maxsock=number(row.maxsock), exit=ends.get((int(row.pid), number(row.start_ns) or -1)),
+                            gone=gone)
+    if len(mine):
+        top = mine.iloc[0]
+        kind = top["thread_limit_kind"]
+        found.thread_limit_kind = kind if isinstance(kind, str) else None
+        found.threads, found.thread_limit = number(top["threads"]), number(top["thread_limit"])
+        found.thread_count = number(top["thread_count"])
+    return found
+
+
+def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: str = "auto",
+                    comms: tuple[str, ...] = ()) -> FromRecording:
+    """Give the doctor what a recording knows: for each running process, its peak open FDs,
+    EMFILE failures and thread growth (its rows with the same pid and start, else with the same
+    name); for each process in ``pids`` that is gone, or of a name in ``comms`` with no running
+    process of that name (or, when neither is given, that failed with EMFILE), all the recording
+    holds of it (``Doctor.recorded``). ``engine``: as ``fdtrace.analysis.load``'s."""
     from fdtrace.analysis import load
-    from fdtrace.analysis.engines import quote
     from fdtrace.analysis.engines.dataset import engine_for
+    from fdtrace.analysis.failures import failures_on
+    from fdtrace.analysis.headroom_series import least_headroom_on
+    from fdtrace.analysis.needs import fd_needs_on
 
     recording = load(directory, engine=engine)
-    live = {pid: doctor.sampler.sample(pid) for pid in pids}
-    names = sorted({s.comm for s in live.values() if s is not None})
-    wanted = " OR ".join([f"pid IN ({', '.join(str(p) for p in pids)})"] * bool(pids)
-                         + [f"comm IN ({', '.join(quote(n) for n in names)})"] * bool(names)) or "false"
     with engine_for(recording) as runner:
-        samples = runner.query(f"SELECT pid, start_ns, comm, ts_ns, open_fds, threads FROM samples WHERE {wanted}")
+        needs = fd_needs_on(runner)
+        threads = least_headroom_on(runner, resource="threads")
+        ended = failures_on(runner)
+        samples = runner.query("SELECT pid, start_ns, comm, ts_ns, threads FROM samples")
     system = recording.system
     getattr(recording, "close", lambda: None)()
-    for pid in pids:
-        sample = live[pid]
-        if sample is None or samples.empty:
+    refused = ended[(ended["kind"].astype(str) == "accept") & ended["failure"].str.endswith("EMFILE")]
+    doctor.accept_failures = [f"{comm} [{pid}]" for (comm, pid), _ in
+                              refused.groupby([refused["comm"].astype(str), "pid"]).size().sort_values(
+                                  ascending=False).head(3).items()]
+    ends = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): str(r.failure)
+            for r in ended.itertuples() if r.kind in ("process_exit", "oom_kill")}
+    live = {pid: doctor.sampler.sample(pid) for pid in pids}
+    found = FromRecording()
+    running = {(s.pid, s.start_ns) for s in live.values() if s is not None}
+    not_running = needs[[(p, s) not in running for p, s in zip(needs["pid"], needs["start_ns"], strict=True)]]
+    for pid, sample in live.items():
+        if sample is None:  # gone: its last process of that pid in the recording
+            rows = not_running[not_running["pid"] == pid].sort_values("start_ns")
+            if len(rows):
+                doctor.recorded[pid] = _recorded(rows.iloc[-1], threads, ends, gone=True)
+                found.gone.append(pid)
             continue
-        same = samples[(samples["pid"] == pid) & (samples["start_ns"] == sample.start_ns)]
-        if same.empty:
-            same = samples[samples["comm"].astype(str) == sample.comm]
-        if same.empty:
+        rows = needs[(needs["pid"] == pid) & (needs["start_ns"] == sample.start_ns)]
+        if rows.empty:
+            rows = needs[needs["comm"].astype(str) == sample.comm]
+        if rows.empty:
             continue
-        doctor.peaks[pid] = int(same["open_fds"].max())
-        span = (same["ts_ns"].max() - same["ts_ns"].min()) / 1e9
+        best = rows.sort_values(["emfile", "need"], ascending=False).iloc[0]
+        doctor.recorded[pid] = _recorded(best, threads, ends)
+        doctor.peaks[pid] = int(rows["peak_fds"].max()) if rows["peak_fds"].notna().any() else 0
+        mine = samples[(samples["pid"] == pid) & (samples["start_ns"] == sample.start_ns)]
+        if mine.empty:
+            mine = samples[samples["comm"].astype(str) == sample.comm]
+        span = (mine["ts_ns"].max() - mine["ts_ns"].min()) / 1e9 if len(mine) else 0
         if span > 0:
-            first, last = same.sort_values("ts_ns")["threads"].iloc[[0, -1]]
+            first, last = mine.sort_values("ts_ns")["threads"].iloc[[0, -1]]
             doctor.thread_growth[pid] = max(0.0, (last - first) / span)
-    moved = {}
+    live_names = {s.comm for s in live.values() if s is not None}
+    wanted = [c for c in comms if c not in live_names]
+    extra = not_running[not_running["comm"].astype(str).isin(wanted)] if wanted else (
+        not_running[not_running["emfile"] > 0] if not pids and not comms else not_running.iloc[0:0])
+    for _, rows in extra.groupby(extra["comm"].astype(str), sort=True):
+        for row in rows.head(DEFAULT_TOP).itertuples():  # needs come with the most failed first
+            if int(row.pid) not in doctor.recorded and int(row.pid) not in live:
+                doctor.recorded[int(row.pid)] = _recorded(row, threads, ends, gone=True)
+                found.gone.append(int(row.pid))
     for column, name in (("listen_overflows", "ListenOverflows"), ("listen_drops", "ListenDrops")):
         if column in system.columns and len(system):
-            moved[name] = int(system[column].max() - system[column].min())
-    return moved
+            found.listen_moved[name] = int(system[column].max() - system[column].min())
+    return found
 
 
 def run_checks(doctor: Doctor, pids: list[int], listen_moved: dict[str, int] | None) -> list[Check]:
@@ -84,16 +147,28 @@ def as_json(checks: list[Check]) -> str:
     return json.dumps({"status": worst(checks).name, "checks": [c.as_dict() for c in checks]}, indent=1)
 
 
+#: Widest a column of the table gets before its text wraps onto more lines.
+COLUMN_WIDTHS = (6, 34, 34, 56, 34)
+
+
 def as_table(checks: list[Check]) -> str:
-    """A table for a terminal, then the changes to make, numbered."""
+    """A table for a terminal (long cells wrap at word boundaries, never cut), then the changes
+    to make, numbered."""
     header = ("STATUS", "SCOPE", "CHECK", "CURRENT", "RECOMMENDED")
     rows = [(c.status.name, c.scope, c.name, c.current, c.recommended) for c in checks]
-    widths = [min(max(len(r[i]) for r in [header, *rows]), 70) for i in range(len(header))]
-    lines = ["  ".join(cell[:70].ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in [header, *rows]]
+    widths = [min(max(len(r[i]) for r in [header, *rows]), COLUMN_WIDTHS[i]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [textwrap.wrap(cell, width, break_long_words=True, break_on_hyphens=False) or [""]
+                 for cell, width in zip(row, widths, strict=True)]
+        for depth in range(max(len(c) for c in cells)):
+            lines.append("  ".join((c[depth] if depth < len(c) else "").ljust(w)
+                                   for c, w in zip(cells, widths, strict=True)).rstrip())
     changes = [c for c in checks if c.change]
     if changes:
         lines += ["", "Changes:"]
-        lines += [f"{i}. [{c.status.name}] {c.scope}, {c.name}: {c.change}" for i, c in enumerate(changes, 1)]
+        for i, c in enumerate(changes, 1):
+            lines += textwrap.wrap(f"{i}. [{c.status.name}] {c.scope}, {c.name}: {c.change}", 110,
+                                   subsequent_indent="   ", break_on_hyphens=False)
     lines += ["", f"overall: {worst(checks).name}"]
     return "\n".join(lines)
