@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fdtrace.analysis import headroom, load, thread_sites, threads
+from fdtrace.analysis import failures, headroom, least_headroom, load, thread_sites, threads
+from fdtrace.analysis.report import recommendations
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
@@ -32,7 +33,11 @@ import (
 )
 
 func main() {
-	debug.SetMaxThreads(2000)
+	limit := 2000
+	if len(os.Args) > 3 { // the thread limit to die at
+		limit, _ = strconv.Atoi(os.Args[3])
+	}
+	debug.SetMaxThreads(limit)
 	n, _ := strconv.Atoi(os.Args[1])
 	if len(os.Args) > 2 { // "wait": start once a byte comes on stdin (the tracer is attached)
 		os.Stdin.Read(make([]byte, 1))
@@ -146,3 +151,45 @@ def test_threads_counts_the_goroutines_blocked_in_read_on_pipes(tmp_path: Path) 
     assert started["stack_id"].notna().all()
     assert sites["threads"].sum() == len(started) > GOROUTINES // 2  # threads idle before may take some goroutines
     assert any(frame.startswith("runtime.newm+") for frame in sites["frames"].iloc[0]), sites["frames"].iloc[0]
+
+
+def test_a_go_program_past_its_thread_limit_is_flagged_with_the_limit_it_printed(tmp_path: Path) -> None:
+    binary = build(tmp_path)
+    out = tmp_path / "rec"
+    limit = 250  # below the 300 goroutines it starts: the runtime prints its limit and exits 2
+    recorder = subprocess.Popen([FDTRACE, "record", "-o", str(out), "--interval", "0.5"],
+                                stderr=subprocess.PIPE, text=True)
+    assert recorder.stderr is not None
+    for line in recorder.stderr:
+        if "recording to" in line:
+            break
+    program = subprocess.Popen([str(binary), str(GOROUTINES), "wait", str(limit)], stdin=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.5)  # the recorder's rounds see its first threads: a Go binary, watched from now on
+        assert program.stdin is not None
+        program.stdin.write(b"x")
+        program.stdin.flush()
+        _, said = program.communicate(timeout=60)
+        assert program.returncode == 2 and f"runtime: program exceeds {limit}-thread limit".encode() in said
+        time.sleep(1.0)
+    finally:
+        program.kill()
+        recorder.send_signal(signal.SIGINT)
+        recorder.communicate(timeout=60)
+    rec = load(out)
+    mine = rec.events[rec.events["pid"] == program.pid]
+    flagged = mine[mine["kind"] == "go_thread_limit"]
+    assert flagged["ret"].tolist() == [limit]  # once, with the limit debug.SetMaxThreads set
+    assert mine[mine["kind"] == "process_exit"]["exit_code"].tolist() == [2]
+    found = failures(rec)
+    assert found[found["pid"] == program.pid]["failure"].tolist() == [f"Go thread limit {limit} exceeded", "exit 2"]
+    doctor = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--from", str(out), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"] if c["scope"].startswith(f"pid {program.pid}")}
+    go = checks["Go thread limit"]
+    assert go["status"] == "FAIL" and f"program exceeds {limit}-thread limit" in go["current"]
+    assert "gone: from the recording" in go["scope"] and doctor.returncode == 2
+    advice = recommendations(rec, least_headroom(rec))
+    assert any(line.startswith(f"Go thread limit of go-threads [{program.pid}]: the runtime said 'program exceeds "
+                               f"{limit}-thread limit'") for line in advice)

@@ -164,7 +164,8 @@ def destinations(recording: Any) -> pd.DataFrame:
 
 
 def failures(recording: Any) -> pd.DataFrame:
-    """Every EMFILE/ENFILE (any syscall), OOM kill, kill by a signal and non-zero exit, in time
+    """Every EMFILE/ENFILE (any syscall), OOM kill, Go thread limit exceeded ("Go thread limit 600
+    exceeded": the runtime said so before it exited 2), kill by a signal and non-zero exit, in time
     order, with ``failure`` saying which (``"accept4 EMFILE"``, ``"killed by SIGKILL"``, ...)."""
     return _incidents.failures(recording)
 
@@ -174,7 +175,8 @@ def incidents(recording: Any, window_s: float = 10.0, exits: bool = False) -> pd
 
     Returns:
         One row per host, program (``comm``) and ``failure``: ``severity`` (``EMFILE/ENFILE``,
-        ``OOM kill``, ``killed by a signal``, ``non-zero exit``), ``count`` of failures,
+        ``OOM kill``, ``Go thread limit``, ``killed by a signal``, ``non-zero exit``), ``count`` of
+        failures,
         ``processes`` that had them, ``first`` and ``last`` time, ``first_pid``, ``first_overall``
         (True on the row holding the recording's first failure, which comes first), and
         ``followed_by``: the three most frequent things the *other* processes did within

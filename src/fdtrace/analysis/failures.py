@@ -23,9 +23,10 @@ _BAD_EXIT = "kind = 'process_exit' AND coalesce(exit_code, 0) <> 0"
 
 #: What each failure is called, the first that applies (a kill also has a non-zero exit code).
 FAILURE_SQL = (f"CASE WHEN {_FD} THEN concat(syscall, ' ', errno) WHEN kind = 'oom_kill' THEN 'OOM kill' "
+               "WHEN kind = 'go_thread_limit' THEN concat('Go thread limit ', CAST(ret AS VARCHAR), ' exceeded') "
                f"WHEN {_KILLED} THEN concat('killed by ', signal) "
                f"WHEN {_BAD_EXIT} THEN concat('exit ', CAST(exit_code AS VARCHAR)) END")
-IS_FAILURE = f"({_FD}) OR kind = 'oom_kill' OR ({_KILLED}) OR ({_BAD_EXIT})"
+IS_FAILURE = f"({_FD}) OR kind IN ('oom_kill', 'go_thread_limit') OR ({_KILLED}) OR ({_BAD_EXIT})"
 
 
 def is_symptom(alias: str) -> str:
@@ -58,7 +59,8 @@ def failures(recording_or_events: Any) -> pd.DataFrame:
 
 
 #: Failure classes, most severe first.
-SEVERITIES: tuple[str, ...] = ("EMFILE/ENFILE", "OOM kill", "killed by a signal", "non-zero exit", "other")
+SEVERITIES: tuple[str, ...] = ("EMFILE/ENFILE", "OOM kill", "Go thread limit", "killed by a signal", "non-zero exit",
+                               "other")
 
 #: Symptoms kept per incident row, the most frequent.
 SYMPTOMS_SHOWN = 3
@@ -70,12 +72,14 @@ def severity_of(failure: str) -> tuple[int, str]:
         rank = 0
     elif failure == "OOM kill":
         rank = 1
-    elif failure.startswith("killed by "):
+    elif failure.startswith("Go thread limit "):
         rank = 2
-    elif failure.startswith("exit "):
+    elif failure.startswith("killed by "):
         rank = 3
-    else:
+    elif failure.startswith("exit "):
         rank = 4
+    else:
+        rank = 5
     return rank, SEVERITIES[rank]
 
 

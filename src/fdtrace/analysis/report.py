@@ -17,7 +17,7 @@ from fdtrace.analysis.binning import binned_counts, pivot_rates
 from fdtrace.analysis.destinations import destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for, thread_starts
-from fdtrace.analysis.failures import as_time, failures_on, incidents_on
+from fdtrace.analysis.failures import as_time, failures_on, incidents_on, severity_of
 from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
 from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
@@ -109,9 +109,9 @@ def _per_process(counted: pd.DataFrame, top: int, several: bool, **chosen: Any) 
 
 def _markers(found: pd.DataFrame, incidents: pd.DataFrame, several: bool) -> pd.DataFrame:
     """OOM kills and kills by a signal (each one), and the first failure of each incident."""
-    single = found[(found["failure"] == "OOM kill") | found["failure"].str.startswith("killed by ")].head(500)
-    rows = [{"time": r.time, "marker": "OOM kill" if r.failure == "OOM kill" else "killed by a signal",
-             "text": f"{_label(r.host, r.comm, r.pid, several)}: {r.failure}"} for r in single.itertuples()]
+    single = found[(found["failure"] == "OOM kill") | found["failure"].str.startswith(("killed by ", "Go thread "))]
+    rows = [{"time": r.time, "marker": severity_of(r.failure)[1],
+             "text": f"{_label(r.host, r.comm, r.pid, several)}: {r.failure}"} for r in single.head(500).itertuples()]
     rows += [{"time": r.first, "marker": "first failure",
               "text": f"{_label(r.host, r.comm, r.first_pid, several)}: first {r.failure} of {r.count:,}"}
              for r in incidents.itertuples() if r.severity == "EMFILE/ENFILE"]
@@ -224,6 +224,7 @@ def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None =
     if listen:
         advice.append(listen)
     advice += _thread_advice(engine)
+    advice += go_limit_advice(engine)
     if not advice:
         advice.append("No limit was approached in this recording: nothing to change.")
     return advice
@@ -270,6 +271,16 @@ def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
                 "somaxconn is not the cause.")
     return (f"net.core.somaxconn: {moved} during the recording (a listen queue overflowed); raise somaxconn "
             "(65535) and the listeners' backlog, or accept faster.")
+
+
+def go_limit_advice(engine: Engine) -> list[str]:
+    """A line per Go program that said it exceeded its thread limit (the runtime's own message:
+    the only place a limit set by debug.SetMaxThreads shows)."""
+    said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit FROM events "
+                        "WHERE kind = 'go_thread_limit' GROUP BY host, pid ORDER BY host, pid")
+    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said 'program exceeds {r.thread_limit}-thread "
+            f"limit' and the program exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read "
+            f"from that message only); {GO_THREADS_ADVICE}." for r in said.itertuples()]
 
 
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.

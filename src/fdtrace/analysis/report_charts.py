@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 #: One colour per process, the same in every panel.
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 #: Marker symbols of the failures drawn one by one.
-MARKER_SYMBOLS = {"OOM kill": "x", "killed by a signal": "diamond", "first failure": "triangle-up"}
+MARKER_SYMBOLS = {"OOM kill": "x", "Go thread limit": "star", "killed by a signal": "diamond",
+                  "first failure": "triangle-up"}
 PANEL_HEIGHT = 230
 
 
@@ -33,7 +34,8 @@ def panels_of(report: Report) -> list[str]:
     if report.fd_series:
         titles.append("Open FDs of the fullest processes (dashed: their soft limits)")
     if len(report.failure_rate.columns) or len(report.markers):
-        titles.append("EMFILE/ENFILE per second, by process (markers: OOM kills, kills, first failures)")
+        titles.append("EMFILE/ENFILE per second, by process (markers: OOM kills, Go thread limits, kills, "
+                      "first failures)")
     if report.thread_series:
         titles.append("Threads of the processes nearest a thread limit (dashed: the limit)")
     if len(report.call_rate.columns):

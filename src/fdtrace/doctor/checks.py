@@ -48,6 +48,7 @@ class RecordedProcess:
     thread_growth: float = 0.0  # threads per second over the recording
     exit: str | None = None  # how it ended, when it ended in the recording
     gone: bool = False  # not running now (a running process of its pid is another one)
+    go_thread_limit: int | None = None  # the N of the Go runtime's "program exceeds N-thread limit"
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,11 @@ class Doctor:
                         f"LimitNOFILE={_soft_hard(new_soft, hard)} in its systemd unit)")
             checks += self._raise_fd_limit(scope, None, soft, gone.fd_hard_limit, need, basis, status,
                                            f"{soft} ({seen}, {peak / soft:.0%})", how)
-        if gone.thread_limit_kind and gone.thread_limit:
+        if gone.go_thread_limit is not None:
+            checks.append(Check(scope, "Go thread limit", Status.FAIL,
+                                f"exceeded: the runtime said 'program exceeds {gone.go_thread_limit}-thread limit' "
+                                "and exited 2", "fewer threads blocked in syscalls", GO_THREADS_ADVICE))
+        elif gone.thread_limit_kind and gone.thread_limit:
             used = gone.thread_count or 0
             status = by_usage(used, gone.thread_limit)
             checks.append(Check(scope, f"{gone.thread_limit_kind} (threads)", status,
@@ -321,7 +326,13 @@ class Doctor:
             limit = sample.go_max_threads
             status = by_usage(threads, limit)
             growth = self.thread_growth.get(pid, 0.0)
-            current = f"{threads} threads of Go's default {limit} (a Go binary)"
+            current = (f"{threads} threads of Go's default {limit} (a Go binary; a lower limit set by "
+                       "debug.SetMaxThreads is not visible to fdtrace until the runtime prints it, exceeded)")
+            said = self.recorded.get(pid)
+            if said is not None and said.go_thread_limit is not None:
+                current = (f"{threads} threads; in the recording, {said.comm} exceeded its {said.go_thread_limit}-"
+                           "thread limit (the runtime's message) and exited 2")
+                status = max(status, by_usage(threads, said.go_thread_limit), Status.WARN)
             if growth > 0:
                 eta = (limit - threads) / growth
                 current += f", growing {growth:.0f}/s in the recording: the limit in {eta:.0f} s"

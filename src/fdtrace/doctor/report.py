@@ -43,7 +43,7 @@ class FromRecording:
 
 
 def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
-              gone: bool = False) -> RecordedProcess:
+              gone: bool = False, go_limits: dict[tuple[int, int], int] | None = None) -> RecordedProcess:
     def number(value: Any) -> int | None:
         return None if pd.isna(value) else int(value)
     mine = threads[(threads["pid"] == row.pid) & (threads["start_ns"] == row.start_ns)] if len(threads) else threads
@@ -51,7 +51,8 @@ def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
                             fd_hard_limit=number(row.fd_hard_limit), peak_fds=number(row.peak_fds),
                             emfile=int(row.emfile), emfile_worst_second=int(row.emfile_worst_second),
                             maxsock=number(row.maxsock), exit=ends.get((int(row.pid), number(row.start_ns) or -1)),
-                            gone=gone)
+                            gone=gone, go_thread_limit=(go_limits or {}).get(
+                                (int(row.pid), -1 if pd.isna(row.start_ns) else int(row.start_ns))))
     if len(mine):
         top = mine.iloc[0]
         kind = top["thread_limit_kind"]
@@ -66,8 +67,9 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
     """Give the doctor what a recording knows: for each running process, its peak open FDs,
     EMFILE failures and thread growth (its rows with the same pid and start, else with the same
     name); for each process in ``pids`` that is gone, or of a name in ``comms`` with no running
-    process of that name (or, when neither is given, that failed with EMFILE), all the recording
-    holds of it (``Doctor.recorded``). ``engine``: as ``fdtrace.analysis.load``'s."""
+    process of that name (or, when neither is given, that failed with EMFILE or exceeded Go's
+    thread limit), all the recording holds of it (``Doctor.recorded``). ``engine``: as
+    ``fdtrace.analysis.load``'s."""
     from fdtrace.analysis import load
     from fdtrace.analysis.engines.dataset import engine_for
     from fdtrace.analysis.failures import failures_on
@@ -88,6 +90,8 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
                                   ascending=False).head(3).items()]
     ends = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): str(r.failure)
             for r in ended.itertuples() if r.kind in ("process_exit", "oom_kill")}
+    go_limits = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): int(r.failure.split()[3])
+                 for r in ended.itertuples() if r.kind == "go_thread_limit"}
     live = {pid: doctor.sampler.sample(pid) for pid in pids}
     found = FromRecording()
     running = {(s.pid, s.start_ns) for s in live.values() if s is not None}
@@ -96,7 +100,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
         if sample is None:  # gone: its last process of that pid in the recording
             rows = not_running[not_running["pid"] == pid].sort_values("start_ns")
             if len(rows):
-                doctor.recorded[pid] = _recorded(rows.iloc[-1], threads, ends, gone=True)
+                doctor.recorded[pid] = _recorded(rows.iloc[-1], threads, ends, gone=True, go_limits=go_limits)
                 found.gone.append(pid)
             continue
         rows = needs[(needs["pid"] == pid) & (needs["start_ns"] == sample.start_ns)]
@@ -105,7 +109,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
         if rows.empty:
             continue
         best = rows.sort_values(["emfile", "need"], ascending=False).iloc[0]
-        doctor.recorded[pid] = _recorded(best, threads, ends)
+        doctor.recorded[pid] = _recorded(best, threads, ends, go_limits=go_limits)
         doctor.peaks[pid] = int(rows["peak_fds"].max()) if rows["peak_fds"].notna().any() else 0
         mine = samples[(samples["pid"] == pid) & (samples["start_ns"] == sample.start_ns)]
         if mine.empty:
@@ -116,12 +120,15 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
             doctor.thread_growth[pid] = max(0.0, (last - first) / span)
     live_names = {s.comm for s in live.values() if s is not None}
     wanted = [c for c in comms if c not in live_names]
+    failed = (not_running["emfile"] > 0) | pd.Series(
+        [(p, -1 if pd.isna(s) else s) in go_limits for p, s in zip(not_running["pid"], not_running["start_ns"],
+                                                                    strict=True)], index=not_running.index, dtype=bool)
     extra = not_running[not_running["comm"].astype(str).isin(wanted)] if wanted else (
-        not_running[not_running["emfile"] > 0] if not pids and not comms else not_running.iloc[0:0])
+        not_running[failed] if not pids and not comms else not_running.iloc[0:0])
     for _, rows in extra.groupby(extra["comm"].astype(str), sort=True):
         for row in rows.head(DEFAULT_TOP).itertuples():  # needs come with the most failed first
             if int(row.pid) not in doctor.recorded and int(row.pid) not in live:
-                doctor.recorded[int(row.pid)] = _recorded(row, threads, ends, gone=True)
+                doctor.recorded[int(row.pid)] = _recorded(row, threads, ends, gone=True, go_limits=go_limits)
                 found.gone.append(int(row.pid))
     for column, name in (("listen_overflows", "ListenOverflows"), ("listen_drops", "ListenDrops")):
         if column in system.columns and len(system):

@@ -180,7 +180,7 @@ def decode(
         "comm": _comm_column(raw["comm"]),
         "kind": _dictionary(kinds, _KIND_DICT),
         "syscall": _dictionary(raw["syscall"], list(SYSCALL_NAMES)),
-        "ret": _masked(raw["ret"], is_syscall, pa.int64()),
+        "ret": _masked(raw["ret"], is_syscall | (kinds == Kind.GO_THREAD_LIMIT), pa.int64()),
         "errno": _dictionary(np.minimum(raw["errno"], 4095), _ERRNO_DICT),
         "fd": _masked(raw["fd"], (raw["fd"] >= 0) & is_syscall, pa.int32()),
         "family": family,

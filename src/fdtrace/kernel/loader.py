@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import platform
 import sys
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,9 +23,14 @@ import numpy as np
 from fdtrace.errors import FdtraceError
 from fdtrace.kernel.features import KernelFeatures
 from fdtrace.kernel.ringbuf import RingReader, bulk_read_supported
+from fdtrace.procfs.golang import go_register_abi, go_version
 from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
 
-BPF_SOURCES = ("descriptors.bpf.c", "sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c", "connections.bpf.c")
+#: Go binaries watched for their thread-limit message at most (each one is a uprobe).
+MAX_GO_BINARIES = 256
+
+BPF_SOURCES = ("descriptors.bpf.c", "sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c", "connections.bpf.c",
+               "go_runtime.bpf.c")
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,7 @@ class BpfTracer:
         self.skipped: list[str] = list(features.missing)
         self._chunks: list[bytes] = []
         self._error_keys: dict[tuple[int, int], list[Any]] = {}
+        self._go_binaries: dict[tuple[int, int], str | None] = {}  # (st_dev, st_ino) -> Go version
         text, cflags = program_text().encode(), program_cflags(options, features)
         try:
             self._bpf = bcc.BPF(text=text, cflags=cflags)
@@ -213,6 +220,31 @@ class BpfTracer:
         raw = b"".join(self._chunks)
         self._chunks.clear()
         return np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+
+    def watch_go_runtime(self, pid: int) -> str | None:
+        """Attach the Go thread-limit uprobe (bpf/go_runtime.bpf.c) to the binary a Go process
+        runs, once per binary. Returns a note when it cannot be (once per binary), else None."""
+        exe = f"/proc/{pid}/exe"
+        try:
+            info = os.stat(exe)
+        except OSError:
+            return None
+        binary = (info.st_dev, info.st_ino)
+        if binary in self._go_binaries:
+            return None
+        if len(self._go_binaries) >= MAX_GO_BINARIES:
+            return None
+        version = go_version(Path(exe))
+        self._go_binaries[binary] = version
+        if not go_register_abi(version) or platform.machine() not in ("x86_64", "aarch64"):
+            return (f"pid {pid}: Go {version or 'before 1.18'} on {platform.machine()}: its thread-limit message "
+                    "is not read (needs Go 1.18 or later on x86_64 or arm64)")
+        try:
+            self._bpf.attach_uprobe(name=exe.encode(), sym=b"runtime.gwrite", fn_name=b"fdt_go_gwrite")
+        except Exception as exc:  # bcc raises plain Exception: a stripped binary has no symbol
+            return f"pid {pid}: its Go thread-limit message is not read ({_one_line(exc)})"
+        self.attached.append(f"uprobe:runtime.gwrite of {os.readlink(exe) if os.path.islink(exe) else exe}")
+        return None
 
     def stats(self) -> dict[str, int]:
         """Loss and overflow counters since load, summed over CPUs."""

@@ -81,6 +81,10 @@ def check_nofile(features: KernelFeatures) -> None:
                            f"(prlimit --nofile={needed}:{needed}, ulimit -Hn, or LimitNOFILE= of its unit)")
 
 
+#: Notes kept at most (the Go binaries that cannot be watched add one each).
+MAX_NOTES = 64
+
+
 class KernelSession:
     """Attaches the probes on ``start()``; each ``poll()`` returns the events since the last.
 
@@ -148,6 +152,13 @@ class KernelSession:
     def probes(self) -> list[str]:
         """The tracepoints attached."""
         return list(self.tracer.attached)
+
+    def watch_go_runtime(self, pid: int) -> None:
+        """Read the thread-limit message of this Go process's binary from now on (see
+        ``BpfTracer.watch_go_runtime``); what cannot be watched becomes a note."""
+        note = self.tracer.watch_go_runtime(pid)
+        if note is not None and len(self.notes) < MAX_NOTES:
+            self.notes.append(note)
 
     def poll(self) -> EventBatch:
         """Read and decode the events waiting in the ring buffer."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
@@ -12,9 +13,10 @@ GO_DEFAULT_MAX_THREADS = 10_000
 _ELF_MAGIC = b"\x7fELF"
 
 
-def elf_sections(exe: Path) -> set[str] | None:
-    """The section names of an ELF executable; None if it is not ELF or has no section table
-    (then only a scan of its bytes can tell). Reads the headers, not the whole file."""
+def elf_sections(exe: Path) -> dict[str, tuple[int, int]] | None:
+    """The sections of an ELF executable, {name: (file offset, size)}; None if it is not ELF or
+    has no section table (then only a scan of its bytes can tell). Reads the headers, not the
+    whole file."""
     try:
         with open(exe, "rb") as binary:
             ident = binary.read(64)
@@ -50,12 +52,12 @@ def elf_sections(exe: Path) -> set[str] | None:
             strings = binary.read(min(strings_size, 1 << 20))
     except (OSError, struct.error):
         return None
-    names = set()
+    found = {}
     for index in range(shnum):
-        start = header(index)[0]
+        start, offset, size = header(index)
         end = strings.find(b"\0", start)
-        names.add(strings[start:end if end >= 0 else None].decode("ascii", "replace"))
-    return names
+        found[strings[start:end if end >= 0 else None].decode("ascii", "replace")] = (offset, size)
+    return found
 
 
 def is_go_binary(exe: Path, scan_bytes: int = 64 << 20) -> bool:
@@ -79,3 +81,31 @@ def is_go_binary(exe: Path, scan_bytes: int = 64 << 20) -> bool:
     except OSError:
         return False
     return False
+
+
+def go_version(exe: Path) -> str | None:
+    """The Go version a binary was built with ("go1.19.8"), from the build info section of Go 1.18
+    and later, which holds the version inline; None for other binaries and older Go (whose build
+    info holds pointers into the binary instead)."""
+    sections = elf_sections(exe) or {}
+    if ".go.buildinfo" not in sections:
+        return None
+    offset, _ = sections[".go.buildinfo"]
+    try:
+        with open(exe, "rb") as binary:
+            binary.seek(offset)
+            head = binary.read(32 + 1 + 64)
+    except OSError:
+        return None
+    if not head.startswith(BUILDINFO_MAGIC) or len(head) < 34 or not head[15] & 2:  # 2: strings inline
+        return None
+    length = head[32]  # a varint; a version is far shorter than 128 bytes
+    text = head[33:33 + length] if length < 128 else b""
+    return text.decode("ascii", "replace") if text.startswith(b"go") else None
+
+
+def go_register_abi(version: str | None) -> bool:
+    """Whether a Go version passes arguments in registers on every architecture fdtrace watches
+    Go on (amd64 from 1.17, arm64 from 1.18): 1.18 and later."""
+    match = re.match(r"go1\.(\d+)", version or "")
+    return match is not None and int(match[1]) >= 18

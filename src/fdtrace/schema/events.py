@@ -30,6 +30,7 @@ class Kind(enum.IntEnum):
     PROCESS_EXIT = 10
     OOM_KILL = 11
     TCP_ESTABLISHED = 12  # a TCP connection of this host became established (clock pairs; own table)
+    GO_THREAD_LIMIT = 13  # Go's runtime printed "program exceeds N-thread limit" (N in ret); it exits 2
 
     @property
     def label(self) -> str:
@@ -148,7 +149,9 @@ EVENT_FIELDS: tuple[Field, ...] = (
     Field("comm", "dict_string", False, "task name (16 bytes at most)"),
     Field("kind", "dict_string", False, "what happened: one of Kind's labels, e.g. socket, fd_error, oom_kill"),
     Field("syscall", "dict_string", False, "the syscall for socket/accept/connect/close/fd_error, else empty"),
-    Field("ret", "int64", True, "the syscall's return value: fd or -errno"),
+    Field("ret", "int64", True,
+          "the syscall's return value: fd or -errno; go_thread_limit: the N of the runtime's 'program exceeds "
+          "N-thread limit'"),
     Field("errno", "dict_string", False, "error name such as EMFILE; empty when the call succeeded"),
     Field("fd", "int32", True, "file descriptor made (socket, accept) or used (connect, close)"),
     Field("family", "dict_string", True,

@@ -154,6 +154,9 @@ class LiveSource:
             if self.options.comms and self.options.samples_of_comms_only:
                 samples = [s for s in samples if s.comm in self.options.comms]
             system = self.sampler.system()
+            for sample in samples:
+                if sample.go_max_threads is not None:  # a Go binary: its thread-limit message is read
+                    self.kernel.watch_go_runtime(sample.pid)
         self._pids_with_events.clear()
         haproxy = self.haproxy.sample() if self.haproxy is not None else []
         sample_round = SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,

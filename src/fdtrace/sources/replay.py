@@ -40,6 +40,10 @@ def _with_host(events: pa.Table, host: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+#: Kinds that are a failure whatever their fields say (replay's n and N stop at them).
+PROBLEM_KINDS = ["oom_kill", "go_thread_limit"]
+
+
 @dataclass
 class EventBatch:
     """The events a poll of the player hands out, at ``mono_ns`` (the virtual wall clock), with
@@ -167,7 +171,8 @@ class EventPlayer:
     def seek_next_problem(self, backwards: bool = False) -> int | None:
         """Jump to the next failure that matters after the current time (``backwards``: the last
         one before it): any call that failed with EMFILE or ENFILE (socket, accept and fd_error
-        alike), an OOM kill, or a process killed by a signal. Returns its wall time, or None
+        alike), an OOM kill, a Go program past its thread limit, or a process killed by a
+        signal. Returns its wall time, or None
         when there is none."""
         if backwards:
             end = int(np.searchsorted(self._times, self.now_ns, side="left"))
@@ -190,7 +195,7 @@ class EventPlayer:
         kind = part["kind"].cast(pa.string())
         problem = pc.or_(
             pc.or_(pc.is_in(part["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS))),
-                   pc.equal(kind, "oom_kill")),
+                   pc.is_in(kind, value_set=pa.array(PROBLEM_KINDS))),
             pc.and_(pc.equal(kind, "process_exit"), pc.is_valid(part["signal"])))
         return np.flatnonzero(problem.to_numpy(zero_copy_only=False))
 

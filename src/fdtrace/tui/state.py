@@ -47,6 +47,7 @@ class ProcessView:
     totals: Counter[str] = field(default_factory=Counter)
     rates: dict[str, float] = field(default_factory=dict)
     fd_exhaustion_errors: int = 0  # EMFILE + ENFILE from any syscall
+    go_thread_limit: int | None = None  # the N of Go's "program exceeds N-thread limit", when it said so
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
     history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     thread_history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -114,6 +115,8 @@ class ProcessView:
             found.append("OOM-killed")
         if self.fd_exhaustion_errors:
             found.append(f"{self.fd_exhaustion_errors} EMFILE/ENFILE")
+        if self.go_thread_limit is not None:
+            found.append(f"exceeded Go's {self.go_thread_limit}-thread limit")
         usage = self.usage
         if usage is not None and usage > USAGE_WARN:
             found.append(f"FDs at {usage:.0%}")
@@ -280,7 +283,8 @@ class IncidentState:
                     view.fd_exhaustion_errors += count
                     self._window_errors[(pid, syscall, errno)] += count
         self._destinations(events)
-        rare = pc.is_in(events["kind"].cast(pa.string()), value_set=pa.array(["oom_kill", "process_exit"]))
+        rare = pc.is_in(events["kind"].cast(pa.string()),
+                        value_set=pa.array(["oom_kill", "process_exit", "go_thread_limit"]))
         if pc.any(rare).as_py():
             for row in events.filter(rare).to_pylist():
                 self._lifecycle(row)
@@ -316,7 +320,16 @@ class IncidentState:
                     f"oom_score_adj {row['oom_score_adj']}")
             self._log(LogEntry(time_ns, view.pid, view.comm, text, "error"))
             return
+        if row["kind"] == "go_thread_limit":
+            view.go_thread_limit = row["ret"]
+            self._log(LogEntry(time_ns, view.pid, view.comm, f"Go runtime: program exceeds {row['ret']}-thread limit "
+                               f"(debug.SetMaxThreads; it exits 2)", "error"))
+            return
         view.ended_ns = time_ns
+        if view.go_thread_limit is not None and row["exit_code"] == 2:
+            view.ended = f"exit 2: Go's {view.go_thread_limit}-thread limit"
+            self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "error"))
+            return
         if row["signal"]:
             view.ended = row["signal"]
             self._log(LogEntry(time_ns, view.pid, view.comm, f"killed by {row['signal']}", "error"))
