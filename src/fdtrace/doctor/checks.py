@@ -327,7 +327,7 @@ class Doctor:
             status = by_usage(threads, limit)
             growth = self.thread_growth.get(pid, 0.0)
             current = (f"{threads} threads of Go's default {limit} (a Go binary; a lower limit set by "
-                       "debug.SetMaxThreads is not visible to fdtrace until the runtime prints it, exceeded)")
+                       "debug.SetMaxThreads is not visible: the runtime prints it only once it is exceeded)")
             said = self.recorded.get(pid)
             if said is not None and said.go_thread_limit is not None:
                 current = (f"{threads} threads; in the recording, {said.comm} exceeded its {said.go_thread_limit}-"
