@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn
+import threading
+import time
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
 
 from fdtrace.errors import FdtraceError
 from fdtrace.pipeline import Pipeline, Stop, Update
+
+if TYPE_CHECKING:
+    from fdtrace.sources.live import LiveSource
 
 
 def fail(error: FdtraceError) -> NoReturn:
@@ -48,14 +53,86 @@ def check_trace_options(pids: tuple[int, ...], follow: bool, ring_pages: int, ma
         fail(FdtraceError("--follow follows the processes of --pid: give at least one"))
 
 
+class StartupProgress:
+    """The line that says what fdtrace is doing while it starts (bcc compiles for seconds): on a
+    terminal, one line redrawn with the step and the seconds so far, cleared at the end. Not on
+    a terminal it says nothing (logs and pipes get the result, and an error stays one line)."""
+
+    TICK_S = 0.2
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._stage = ""
+        self._began = time.monotonic()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._ticker: threading.Thread | None = None
+
+    def stage(self, text: str) -> None:
+        """A new step begins."""
+        with self._lock:
+            self._stage = text
+        if not self.tty:
+            return
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="fdtrace-startup", daemon=True)
+            self._ticker.start()
+        self._draw()
+
+    def _draw(self) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            seconds = time.monotonic() - self._began
+            self.stream.write(f"\r\033[Kfdtrace: {self._stage}... {seconds:.1f} s")
+            self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self._done.wait(self.TICK_S):
+            self._draw()
+
+    def __enter__(self) -> StartupProgress:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        with self._lock:
+            self._done.set()
+            if self.tty and self._stage:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+        if self._ticker is not None:
+            self._ticker.join()
+
+
+def start_live(source: LiveSource) -> None:
+    """Start a live source with the start-up line shown; any problem is one line and an exit."""
+    failed = None
+    with StartupProgress() as progress:
+        source.on_stage = progress.stage
+        try:
+            source.start()
+        except FdtraceError as error:
+            failed = error
+    if failed is not None:  # after the start-up line is cleared
+        source.stop()
+        fail(failed)
+
+
 def start(pipeline: Pipeline, echo_notes: bool = True) -> None:
     """Start a pipeline over the live source; any problem is one line and an exit."""
     from fdtrace.sources.live import LiveSource
 
-    try:
-        pipeline.start()
-    except FdtraceError as error:
-        fail(error)
+    failed = None
+    with StartupProgress() as progress:
+        if isinstance(pipeline.source, LiveSource):
+            pipeline.source.on_stage = progress.stage
+        try:
+            pipeline.start()
+        except FdtraceError as error:
+            failed = error
+    if failed is not None:
+        fail(failed)
     if echo_notes and isinstance(pipeline.source, LiveSource):
         for text in pipeline.source.notes:
             note(text)

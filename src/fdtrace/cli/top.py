@@ -14,6 +14,7 @@ from fdtrace.cli.common import (
     pid_option,
     ring_pages_option,
     stacks_options,
+    start_live,
 )
 from fdtrace.errors import FdtraceError
 
@@ -45,11 +46,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
             stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,
                                     live_phases=True, keep_exited=0, comms=comms, samples_of_comms_only=True))
-    try:
-        source.start()
-    except FdtraceError as error:
-        source.stop()
-        fail(error)
+    start_live(source)
     from fdtrace.tui.app import make_app
 
     make_app(source, Path(record_dir) if record_dir else None, keep_exited_s=keep_exited).run()

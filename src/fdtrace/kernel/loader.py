@@ -11,7 +11,7 @@ import mmap
 import os
 import platform
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -146,7 +146,9 @@ def _import_bcc() -> Any:
 class BpfTracer:
     """The loaded programs: attach on construction, then poll and read maps until close()."""
 
-    def __init__(self, options: TraceOptions, features: KernelFeatures) -> None:
+    def __init__(self, options: TraceOptions, features: KernelFeatures,
+                 on_stage: Callable[[str], None] | None = None) -> None:
+        stage = on_stage or (lambda _text: None)
         bcc = _import_bcc()
         self.options = options
         self.features = features
@@ -156,10 +158,12 @@ class BpfTracer:
         self._error_keys: dict[tuple[int, int], list[Any]] = {}
         self._go_binaries: dict[tuple[int, int], str | None] = {}  # (st_dev, st_ino) -> Go version
         text, cflags = program_text().encode(), program_cflags(options, features)
+        stage(f"compiling the BPF programs ({len(BPF_SOURCES)} files)")
         try:
             self._bpf = bcc.BPF(text=text, cflags=cflags)
         except Exception as exc:  # bcc raises plain Exception on compile errors
             raise FdtraceError(f"the BPF programs did not compile or load: {_one_line(exc)}") from None
+        stage("attaching the probes")
         self._attach_syscalls()
         # TRACEPOINT_PROBEs are attached by bcc at load; take the list from bcc itself.
         auto = {tp.decode() if isinstance(tp, bytes) else tp for tp in self._bpf.tracepoint_fds}

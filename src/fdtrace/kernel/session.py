@@ -8,6 +8,7 @@ import resource
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,8 +114,11 @@ class KernelSession:
         self._frames_seen: OrderedDict[tuple[int, tuple[str, ...], str | None], int] = OrderedDict()
         self._pending_stacks: list[Stack] = []
 
-    def start(self) -> None:
-        """Check the environment, compile and attach. Raises FdtraceError with the reason."""
+    def start(self, on_stage: Callable[[str], None] | None = None) -> None:
+        """Check the environment, compile and attach (``on_stage`` hears each step's name as it
+        begins: compiling takes seconds). Raises FdtraceError with the reason."""
+        stage = on_stage or (lambda _text: None)
+        stage("checking privileges, tracefs and the kernel's tracepoints")
         raise_nofile_limit()
         check_privileges()
         note = ensure_tracefs()
@@ -128,7 +132,7 @@ class KernelSession:
             if not features.stack_top:
                 self.notes.append("this kernel lacks bpf_task_pt_regs (Linux 5.15): stacks skip the caller of "
                                   "libc's syscall wrappers")
-        self._tracer = BpfTracer(self.options, features)
+        self._tracer = BpfTracer(self.options, features, on_stage=stage)
         if self.options.stacks:
             self._symbolizer = Symbolizer(self._tracer)
             self._descriptors = DescriptorTracker(self._tracer, self._resolve_sites,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fdtrace.integrations.haproxy import HaproxySampler
@@ -80,6 +81,8 @@ class LiveSource:
         self._next_phases = 0
         self._clock_quality = ClockQualityReader()
         self._boot_wall_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        #: Hears each start-up step as it begins (the command line shows them while bcc compiles).
+        self.on_stage: Callable[[str], None] | None = None
 
     @property
     def notes(self) -> list[str]:
@@ -107,7 +110,7 @@ class LiveSource:
             interval_s=self.options.interval_s, cmdline=self.options.cmdline)
 
     def start(self) -> None:
-        self.kernel.start()
+        self.kernel.start(on_stage=self.on_stage)
         self._info = self._describe()
         if self.haproxy is not None:
             self.haproxy.start()
