@@ -23,7 +23,7 @@ static __always_inline int fdt_fd_alloc_exit(void *ctx, long ret, u8 sc)
         return 0;
     struct fdt_counters *c = fdt_counters_for(tgid);
     if (c)
-        lock_xadd(&c->n[FDT_C_FD_ERRORS], 1);
+        lock_xadd(&c->n[FDT_C_OTHER_FD_CALL_ERRORS], 1);
     fdt_count_error(tgid, c, sc, ret);
 #ifdef FDT_STACKS
     u64 stack_id = fdt_user_stack(ctx, tgid);

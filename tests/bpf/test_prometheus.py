@@ -59,12 +59,12 @@ def test_metrics_show_the_child_at_its_limit_and_its_errors() -> None:
             metrics = scrape(port)
             socket_errors = tuple(sorted(labels + (("errno", "EMFILE"), ("syscall", "socket"))))
             at_limit = metrics.get(("process_open_fds", labels)) == 64
-            if at_limit and ("fdtrace_fd_errors_total", socket_errors) in metrics:
+            if at_limit and ("fdtrace_failed_calls_total", socket_errors) in metrics:
                 break
         assert metrics[("process_open_fds", labels)] == 64
         assert metrics[("process_max_fds", labels)] == 64
         errors = {dict(key)["syscall"]: value for (name, key) in metrics
-                  if name == "fdtrace_fd_errors_total" and dict(key)["pid"] == str(child.pid)
+                  if name == "fdtrace_failed_calls_total" and dict(key)["pid"] == str(child.pid)
                   for value in [metrics[(name, key)]]}
         assert errors == {"openat": 1.0, "socket": 2.0}
         assert metrics[("fdtrace_sockets_total", labels)] == 2.0

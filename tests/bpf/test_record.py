@@ -82,7 +82,7 @@ def test_recording_holds_exact_counts_samples_and_metadata(tmp_path: Path) -> No
     assert "cmdline" not in rec.samples.columns
 
     [counts] = rec.counters[rec.counters["pid"] == child.pid].groupby("first_ts").tail(1).to_dict("records")
-    assert counts["sockets"] == 7 and counts["socket_errors"] == 2 and counts["fd_errors"] == 1
+    assert counts["sockets"] == 7 and counts["socket_errors"] == 2 and counts["other_fd_call_errors"] == 1
 
     [(host, meta)] = rec.meta.items()
     assert meta["schema_version"] == SCHEMA_VERSION and meta["complete"] is True and meta["boot_id"]

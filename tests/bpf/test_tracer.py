@@ -172,7 +172,7 @@ def test_emfile_under_prlimit_is_counted_per_syscall(live_tracer: LiveTracer) ->
     assert run.total.errors == {
         ("openat", "EMFILE"): 3, ("pipe2", "EMFILE"): 4, ("socket", "EMFILE"): 3, ("accept4", "EMFILE"): 5,
     }
-    assert run.total.counts["fd_errors"] == 7
+    assert run.total.counts["other_fd_call_errors"] == 7
     assert run.total.counts["socket_errors"] == 3
     assert run.total.counts["accept_errors"] == 5
 

@@ -4,6 +4,7 @@ recorder): the same app `fdtrace top` runs, fed from a recording on a clock the 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -292,5 +293,30 @@ def test_the_cursor_keeps_its_row_as_the_order_changes_unless_a_process_is_follo
         assert app.followed_pid is None and table.cursor_row == table.row_count - 1
         await pilot.press("g")
         assert table.cursor_row == 0
+
+    run(scenario)
+
+
+def test_replay_shows_its_position_with_the_failures_marked() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
+        await pilot.pause(0.3)
+        player = feed.player
+        bar = app.query_one("#position", Static)
+        assert bar.display
+        shown = str(bar.render())
+        start = time.strftime("%H:%M:%S", time.gmtime(player.start_ns / 1e9))
+        end = time.strftime("%H:%M:%S", time.gmtime(player.end_ns / 1e9))
+        assert shown.startswith(f"{start} ●") and f" {end} {start} UTC" in shown
+        # every EMFILE of the recording is marked, at its place in the span (the fixture's fall in one cell)
+        cells = shown[len(start) + 1:shown.index(f" {end}")]
+        emfile = RECORDING.events[RECORDING.events["errno"].isin(["EMFILE", "ENFILE"])]["time"]
+        first = (emfile.iloc[0].value - player.start_ns) / (player.end_ns - player.start_ns)
+        assert cells.index("▲") == min(len(cells) - 1, int(first * len(cells)))
+        assert cells.count("▲") == len({int((t.value - player.start_ns) / (player.end_ns - player.start_ns)
+                                            * len(cells)) for t in emfile})
+        await play_to_end(pilot, clock, feed)
+        played = str(app.query_one("#position", Static).render())
+        now = time.strftime("%H:%M:%S", time.gmtime(feed.player.now_ns / 1e9))
+        assert "─" not in played and played.endswith(f" {end} {now} UTC")  # all of it played, and time goes on
 
     run(scenario)

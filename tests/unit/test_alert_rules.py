@@ -46,7 +46,7 @@ def exported_names() -> set[str]:
         store = CounterStore()
         store.update([{"pid": 7, "first_ts": 1, "exit_ts": None, "comm": "haproxy", "sockets": 1, "socket_errors": 1,
                        "accepts": 0, "accept_errors": 0, "connects": 0, "connect_errors": 0, "closes": 0,
-                       "close_errors": 0, "fd_errors": 1, "threads_started": 0, "threads_exited": 0}], [],
+                       "close_errors": 0, "other_fd_call_errors": 1, "threads_started": 0, "threads_exited": 0}], [],
                      [{"pid": 7, "first_ts": 1, "syscall": "socket", "errno": 24, "count": 1}])
         sink.update([sample], {"file_nr": 10, "file_max": 100}, store, {"ringbuf_full": 0},
                     [{"socket": "/run/haproxy.sock", "curr_conns": 950, "maxconn": 1000}])
@@ -68,7 +68,7 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     for expression in rule_expressions + panel_expressions:
         unknown = named_metrics(expression) - exported
         assert not unknown, (expression, unknown)
-    assert {"process_open_fds", "process_max_fds", "fdtrace_fd_errors_total", "fdtrace_process_thread_limit",
+    assert {"process_open_fds", "process_max_fds", "fdtrace_failed_calls_total", "fdtrace_process_thread_limit",
             "fdtrace_haproxy_maxconn", "fdtrace_events_lost_total"} <= set().union(*map(named_metrics,
                                                                                          rule_expressions))
 

@@ -29,6 +29,26 @@ def test_haproxy_near_maxconn_for_30_seconds_alerts_once() -> None:
     assert len([e for e in state.log if "does not answer" in e.text]) == 1
 
 
+def test_a_stats_socket_that_stops_answering_keeps_its_last_answer() -> None:
+    from fdtrace.tui.adapters import haproxy_line
+
+    state = IncidentState()
+    good = {"socket": "/run/haproxy.sock", "error": None, "haproxy_pid": 7, "curr_conns": 255, "maxconn": 256,
+            "ulimit_n": 256, "maxsock": 8220, "conn_rate": 90}
+    state.apply_haproxy([good], 1_000_000_000)
+    state.apply_haproxy([{"socket": "/run/haproxy.sock", "error": "timed out"}], 4_000_000_000)  # out of FDs
+    view = state.haproxy["/run/haproxy.sock"]
+    assert view.row == good and view.error == "timed out"
+    [said] = [e for e in state.log if "does not answer" in e.text]
+    assert (said.pid, said.comm) == (7, "haproxy")  # its pid, not 0
+    assert said.text.endswith("timed out; last answer: 255/256 connections")
+    shown = haproxy_line([view], 4_000_000_000).plain
+    assert shown.startswith("haproxy /run/haproxy.sock: does not answer (timed out); its last answer, 3 s ago: "
+                            "255/256 connections (100%)  Ulimit-n 256  Maxsock 8220")
+    state.apply_haproxy([{**good, "curr_conns": 10}], 5_000_000_000)
+    assert view.error is None and view.row["curr_conns"] == 10
+
+
 def test_the_live_view_alerts_on_the_thread_limit_that_binds() -> None:
     state = IncidentState()
     gopher = ProcessSample(pid=8, start_ns=1, comm="gopher", open_fds=10, fd_soft_limit=1024, fd_hard_limit=4096,

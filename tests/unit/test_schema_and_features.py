@@ -88,3 +88,18 @@ def test_headless_modules_import_neither_textual_nor_bcc_nor_matplotlib() -> Non
 def test_missing_tracefs_without_mount_permission_is_explained(tmp_path: Path) -> None:
     with pytest.raises(FdtraceError, match=r"tracefs is not mounted at .* run 'mount -t tracefs"):
         features.ensure_tracefs(tmp_path / "tracing", mount=False)
+
+
+def test_a_renamed_counter_reads_under_its_new_name_from_older_recordings() -> None:
+    from pathlib import Path
+
+    from fdtrace.analysis import load
+    from fdtrace.analysis.engines.dataset import engine_for
+
+    fixture = Path(__file__).parents[1] / "data" / "emfile"  # written by schema version 4: "fd_errors"
+    for engine in ("pandas", "duckdb"):
+        with engine_for(load(fixture, engine=engine)) as runner:
+            counted = runner.query("SELECT max(other_fd_call_errors) AS n FROM counters WHERE comm = 'emfile-child'")
+        assert int(counted["n"].iloc[0]) == 1  # its one failed pipe2()
+    assert load(fixture, columns={"counters": ["comm", "other_fd_call_errors"]}).counters[
+        "other_fd_call_errors"].max() == 1

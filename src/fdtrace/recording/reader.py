@@ -10,7 +10,7 @@ from typing import Any
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import TABLES, host_dir, part_files
-from fdtrace.recording.upgrade import upgrade
+from fdtrace.recording.upgrade import stored_names, upgrade
 from fdtrace.safe_files import is_regular, read_regular
 from fdtrace.schema import META_FIELDS, SCHEMA_VERSION, VERSIONS
 from fdtrace.schema import TABLES as TABLES_DECLARED
@@ -126,7 +126,7 @@ def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: l
             continue
         try:
             present = set(pq.read_schema(path).names)
-            wanted = None if columns is None else [c for c in columns if c in present]
+            wanted = None if columns is None else [c for c in stored_names(table, columns, version) if c in present]
             parts.append(upgrade(table, pq.read_table(path, columns=wanted), version, columns))
         except (OSError, pa.ArrowException, ValueError) as exc:
             skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")

@@ -14,6 +14,23 @@ KNOWN_DEFAULTS: dict[tuple[int, str, str], object] = {
 }
 
 
+#: Columns renamed: (table, current name) -> (the last version with the old name, the old name).
+RENAMED: dict[tuple[str, str], tuple[int, str]] = {
+    ("counters", "other_fd_call_errors"): (4, "fd_errors"),
+}
+
+
+def stored_names(table: str, columns: list[str], version: int) -> list[str]:
+    """The names to read from a part of ``version`` for ``columns``: each, and its old name
+    where it was renamed since."""
+    names = list(columns)
+    for name in columns:
+        last, old_name = RENAMED.get((table, name), (0, ""))
+        if version <= last:
+            names.append(old_name)
+    return names
+
+
 def upgrade(table: str, data: Any, version: int, columns: list[str] | None = None) -> Any:
     """``data`` (a ``pyarrow.Table`` read from a part of ``table``) with the current columns, in
     their declared order and types: a column the part lacks is null (or its known value), one
@@ -27,8 +44,10 @@ def upgrade(table: str, data: Any, version: int, columns: list[str] | None = Non
     present = set(data.column_names)
     for spec in wanted:
         target = arrow_type(spec.arrow_type)
-        if spec.name in present:
-            column = data[spec.name]
+        last, old_name = RENAMED.get((table, spec.name), (0, ""))
+        name = old_name if version <= last and spec.name not in present and old_name in present else spec.name
+        if name in present:
+            column = data[name]
             if column.type != target:
                 column = column.cast(target)
         elif spec.name in declared.optional:

@@ -66,12 +66,13 @@ NOT_FAILURES: tuple[str, ...] = ("", "EAGAIN", "EINPROGRESS")
 
 #: Exact in-kernel counters kept per process. ``*_errors`` count failed calls: a negative
 #: return other than EAGAIN and EINPROGRESS, the normal answers of non-blocking sockets.
+#: ``other_fd_call_errors`` was ``fd_errors`` before schema version 5 (read under either name).
 COUNTERS: tuple[str, ...] = (
     "sockets", "socket_errors",
     "accepts", "accept_errors",
     "connects", "connect_errors",
     "closes", "close_errors",
-    "fd_errors",
+    "other_fd_call_errors",  # failed calls of the other fd-making syscalls (open, pipe, dup, ...)
     "threads_started", "threads_exited",
 )
 

@@ -142,7 +142,7 @@ class PrometheusSink:
             for totals in snap.counters:
                 family.add_metric([str(totals.pid), totals.comm], totals.counts[counter])
             yield family
-        errors = CounterMetricFamily("fdtrace_fd_errors_total", "Failed calls by syscall and errno, per process.",
+        errors = CounterMetricFamily("fdtrace_failed_calls_total", "Failed calls by syscall and errno, per process.",
                                      labels=["pid", "comm", "syscall", "errno"])
         for totals in snap.counters:
             for (syscall, errno), count in sorted(totals.errors.items()):

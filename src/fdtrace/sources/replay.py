@@ -96,6 +96,7 @@ class EventPlayer:
         self._position = 0  # index of the next event to hand out
         self._anchor_virtual = self.start_ns
         self._anchor_real = clock()
+        self._problem_times: np.ndarray | None = None
 
     @staticmethod
     def _loss_index(losses: list[pa.Table]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -188,6 +189,13 @@ class EventPlayer:
             target = int(self._times[after + int(hits[0])])
         self.seek(target)
         return target
+
+    def problem_times(self) -> np.ndarray:
+        """The wall times of every failure ``seek_next_problem`` stops at (the position bar marks
+        them), computed once."""
+        if self._problem_times is None:
+            self._problem_times = self._times[self._problems(0, len(self._times))]
+        return self._problem_times
 
     def _problems(self, start: int, end: int) -> np.ndarray:
         """Indexes, from ``start``, of the problem events among events[start:end]."""

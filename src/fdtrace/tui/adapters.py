@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.text import Text
 
@@ -15,10 +16,23 @@ from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, du
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("pid", "PID", 7), ("comm", "COMM", 15), ("fds", "FDS / SOFT LIMIT", 22), ("use", "USE", 4),
     ("sockets", "SOCK", 6), ("socket_s", "SOCK/s", 6), ("accept_s", "ACC/s", 6), ("connect_s", "CONN/s", 6),
-    ("close_s", "CLOSE/s", 7), ("emfile", "EMFILE", 6), ("emfile_s", "EMFILE/s", 8), ("threads", "THR", 5),
+    ("close_s", "CLOSE/s", 7), ("emfile", "EMFILE/ENFILE", 13), ("threads", "THR", 5),
     ("threads_s", "THR/s", 5), ("tte", "FULL IN", 7), ("state", "ALERTS", 44),
 )
 BAR_WIDTH = 10
+
+#: What the sort orders are called on screen: their column's header (the other orders have none).
+SORT_LABELS: dict[str, str] = {key: label for key, label, _ in COLUMNS} | {
+    "headroom": "headroom", "emfile_s": "EMFILE/ENFILE per second"}
+
+#: The per-second rates and totals of a process's detail, named as everywhere else.
+RATE_LABELS: dict[str, str] = {"socket": "socket()", "accept": "accept()", "connect": "connect()",
+                               "close": "close()", "fd_exhaustion": "EMFILE/ENFILE", "thread_start": "threads started"}
+TOTAL_LABELS: dict[str, str] = {
+    "socket": "socket()", "accept": "accept()", "connect": "connect()", "close": "close()",
+    "fd_error": "EMFILE/ENFILE of other calls (open, pipe, dup, ...)", "thread_start": "threads started",
+    "thread_exit": "threads ended", "process_start": "processes started", "process_exec": "execs",
+    "process_exit": "ended", "oom_kill": "OOM kills", "go_thread_limit": "Go thread limit exceeded"}
 
 
 def usage_style(usage: float | None) -> str:
@@ -59,6 +73,14 @@ def _alert_style(view: ProcessView) -> str:
     return "dark_orange" if view.alerts else "dim"
 
 
+def _exhaustion_cell(view: ProcessView) -> Text | str:
+    """EMFILE/ENFILE of any call so far, and their rate now: "38679 12k/s"."""
+    if not view.fd_exhaustion_errors:
+        return "·"
+    per_s = view.rates.get("fd_exhaustion", 0.0)
+    return Text(f"{view.fd_exhaustion_errors}" + (f" {rate(per_s)}/s" if per_s > 0 else ""), style="bold red")
+
+
 def process_cells(view: ProcessView) -> dict[str, object]:
     """The table cells of one process, by column key."""
     usage = view.usage
@@ -77,8 +99,7 @@ def process_cells(view: ProcessView) -> dict[str, object]:
         "accept_s": rate(view.rates.get("accept", 0.0)),
         "connect_s": rate(view.rates.get("connect", 0.0)),
         "close_s": rate(view.rates.get("close", 0.0)),
-        "emfile": Text(str(view.fd_exhaustion_errors), style="bold red") if view.fd_exhaustion_errors else "·",
-        "emfile_s": rate(view.rates.get("fd_exhaustion", 0.0)),
+        "emfile": _exhaustion_cell(view),
         "threads": "-" if view.threads is None else str(view.threads),
         "threads_s": rate(view.rates.get("thread_start", 0.0)),
         "tte": duration(view.seconds_to_exhaustion()),
@@ -113,9 +134,12 @@ def haproxy_line(views: list[HaproxyView], now_ns: int) -> Text:
             text.append("\n")
         text.append(f"haproxy {view.socket}: ", style="bold")
         row = view.row
-        if row.get("error"):
-            text.append(f"does not answer ({row['error']})", style="dark_orange")
-            continue
+        if view.error is not None:
+            text.append(f"does not answer ({view.error})", style="bold red" if row else "dark_orange")
+            if not row:
+                continue
+            ago = (now_ns - view.answered_ns) / 1e9 if view.answered_ns is not None else None
+            text.append(f"; its last answer{f', {ago:.0f} s ago' if ago is not None else ''}: ", style="dim")
         usage = view.usage
         text.append(f"{row.get('curr_conns')}/{row.get('maxconn')} connections", style=usage_style(usage))
         if usage is not None:
@@ -145,6 +169,34 @@ def phases_line(phases: dict[int, PhaseNow], now_ns: int) -> Text:
         held_s = max(0.0, (now_ns - now.since_wall_ns) / 1e9)
         style = "bold red" if held_s >= PHASE_STUCK_S else "dark_orange" if held_s >= PHASE_SLOW_S else ""
         text.append(f"{now.label} {held_s:.1f}s", style=style)
+    return text
+
+
+def position_bar(start_ns: int, end_ns: int, now_ns: int, failures_ns: Any, width: int) -> Text:
+    """Replay's position: the recording's span as a bar ``width`` cells wide, the part played
+    filled, each failure (EMFILE/ENFILE, OOM kill, Go thread limit, kill) marked where it lies,
+    and the times at both ends and now."""
+    left = time.strftime("%H:%M:%S", time.gmtime(start_ns / 1e9))
+    right = time.strftime("%H:%M:%S", time.gmtime(end_ns / 1e9))
+    now = min(max(now_ns, start_ns), end_ns)
+    label = f" {time.strftime('%H:%M:%S', time.gmtime(now_ns / 1e9))} UTC"  # past the end, time goes on
+    cells = max(10, width - len(left) - len(right) - len(label) - 4)
+    span = max(end_ns - start_ns, 1)
+
+    def cell(at_ns: int) -> int:
+        return min(cells - 1, max(0, int((at_ns - start_ns) / span * cells)))
+    marked = {cell(int(t)) for t in failures_ns}
+    played = cell(now) if now_ns < end_ns else cells - 1
+    text = Text(f"{left} ", style="dim")
+    for i in range(cells):
+        if i in marked:
+            text.append("▲", style="bold red")
+        elif i == played:
+            text.append("●", style="bold")
+        else:
+            text.append("━" if i < played else "─", style="cyan" if i < played else "dim")
+    text.append(f" {right}", style="dim")
+    text.append(label, style="bold")
     return text
 
 
@@ -204,10 +256,12 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
             if failed:
                 text.append(f" ({failed} failed)", style="bold red")
         text.append("\n")
-    text.append("\nper second: " + "  ".join(f"{k} {rate(v)}" for k, v in view.rates.items()) + "\n")
-    text.append("totals: " + "  ".join(f"{k} {n}" for k, n in sorted(view.totals.items())) + "\n")
+    text.append("\nper second: " + "  ".join(f"{RATE_LABELS.get(k, k)} {rate(v)}" for k, v in view.rates.items())
+                + "\n")
+    text.append("totals: " + "  ".join(f"{TOTAL_LABELS.get(k, k)} {n}" for k, n in sorted(view.totals.items()))
+                + "\n")
     if view.errors:
-        text.append("\nerrors by syscall:\n", style="bold")
+        text.append("\nfailed calls by syscall (EMFILE/ENFILE in red):\n", style="bold")
         for (syscall, errno), count in view.errors.most_common(12):
             style = "bold red" if errno in FD_EXHAUSTION_ERRNOS else ""
             text.append(f"  {syscall:<14} {errno:<14} {count}\n", style=style)

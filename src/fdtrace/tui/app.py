@@ -16,7 +16,16 @@ from textual.widgets import DataTable, Footer, Input, RichLog, Static
 from fdtrace.pipeline import Pipeline, Source, SourceInfo, Update
 from fdtrace.sinks.parquet import ParquetSink
 from fdtrace.sources.replay import ReplaySource
-from fdtrace.tui.adapters import COLUMNS, haproxy_line, log_line, phases_line, process_cells, system_line
+from fdtrace.tui.adapters import (
+    COLUMNS,
+    SORT_LABELS,
+    haproxy_line,
+    log_line,
+    phases_line,
+    position_bar,
+    process_cells,
+    system_line,
+)
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
 from fdtrace.tui.state import SORT_KEYS, IncidentState, LogEntry, ProcessView
@@ -124,6 +133,7 @@ class FdtraceApp(App[None]):
         yield Static(id="haproxy")
         yield Static(id="phases")
         yield DataTable(id="processes", cursor_type="row", zebra_stripes=True)
+        yield Static(id="position")
         yield RichLog(id="log", max_lines=2000)
         yield Input(placeholder="filter by name or pid; escape clears", id="filter")
         yield Footer()
@@ -223,7 +233,7 @@ class FdtraceApp(App[None]):
             header = self.query_one("#system", Static)
         except NoMatches:  # an update that arrived while the app was closing: nothing to draw on
             return
-        sort = self.sort + (" reversed" if self.reverse else "")
+        sort = SORT_LABELS.get(self.sort, self.sort) + (" reversed" if self.reverse else "")
         header.update(system_line(self.state.system, status, sort, self.frozen))
         haproxy = self.query_one("#haproxy", Static)
         haproxy.display = bool(self.state.haproxy)
@@ -234,6 +244,14 @@ class FdtraceApp(App[None]):
         if self.state.phases:
             phases.update(phases_line(self.state.phases, self.state.now_ns))
         self._redraw_table(rows[:MAX_ROWS])
+        position = self.query_one("#position", Static)
+        position.display = isinstance(self.source, ReplaySource)
+        if isinstance(self.source, ReplaySource):
+            with self.pipeline.lock:
+                player = self.source.player
+                bar = position_bar(player.start_ns, player.end_ns, player.now_ns, player.problem_times(),
+                                   max(self.size.width - 2, 20))
+            position.update(bar)
         log = self.query_one("#log", RichLog)
         if self._log_rebuild:
             log.clear()

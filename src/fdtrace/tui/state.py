@@ -164,7 +164,10 @@ class HaproxyView:
     """One HAProxy stats socket's latest `show info`, and how long it has been near maxconn."""
 
     socket: str
-    row: dict[str, Any] = field(default_factory=dict)
+    row: dict[str, Any] = field(default_factory=dict)  # the last answer (kept while it does not answer)
+    error: str | None = None  # why it does not answer now
+    error_since_ns: int | None = None
+    answered_ns: int | None = None  # when the last answer came
     busy_since_ns: int | None = None
     alerted: bool = False
     unreachable_logged: bool = False
@@ -389,13 +392,19 @@ class IncidentState:
         and say once when a socket does not answer."""
         for row in rows:
             view = self.haproxy.setdefault(row["socket"], HaproxyView(row["socket"]))
-            view.row = row
-            if row.get("error"):
+            if row.get("error"):  # keep the last answer: a socket times out when HAProxy is out of FDs
+                if view.error is None:
+                    view.error_since_ns = time_ns
+                view.error = str(row["error"])
                 if not view.unreachable_logged:
-                    self._log(LogEntry(time_ns, 0, "haproxy", f"stats socket {row['socket']} does not answer: "
-                                                               f"{row['error']}", "warning"))
+                    pid = int(view.row.get("haproxy_pid") or 0)
+                    last = (f"; last answer: {view.row.get('curr_conns')}/{view.row.get('maxconn')} connections"
+                            if view.row else "")
+                    self._log(LogEntry(time_ns, pid, "haproxy", f"stats socket {row['socket']} does not answer: "
+                                                                f"{row['error']}{last}", "warning"))
                     view.unreachable_logged = True
                 continue
+            view.row, view.error, view.error_since_ns, view.answered_ns = row, None, None, time_ns
             view.unreachable_logged = False
             usage = view.usage
             if usage is None or usage <= HAPROXY_BUSY:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from fdtrace.recording.upgrade import RENAMED
 from fdtrace.schema import TABLES
 from fdtrace.schema.fields import Field
 
@@ -57,6 +58,10 @@ def select_list(table: str, present: set[str], time_expr: str, host_expr: str,
                 shift = f" - CASE CAST({host_expr} AS VARCHAR) {cases} ELSE 0 END" if cases else ""
             items.append(f"CAST({time_expr} AS BIGINT){shift} AS time_ns" if spec.name in present
                          else "CAST(NULL AS BIGINT) AS time_ns")
+        elif (table, spec.name) in RENAMED and RENAMED[(table, spec.name)][1] in present:
+            old = RENAMED[(table, spec.name)][1]  # parts of older versions have it under its old name
+            value = f'coalesce("{spec.name}", "{old}")' if spec.name in present else f'"{old}"'
+            items.append(f'CAST({value} AS {sql_type}) AS "{spec.name}"')
         elif spec.name in present:
             items.append(f'CAST("{spec.name}" AS {sql_type}) AS "{spec.name}"')
         else:
