@@ -192,6 +192,8 @@ def test_a_go_program_past_its_thread_limit_is_flagged_with_the_limit_it_printed
     go = checks["Go thread limit"]
     assert go["status"] == "FAIL" and f"program exceeds {limit}-thread limit" in go["current"]
     assert "gone: from the recording" in go["scope"] and doctor.returncode == 2
+    shown = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120).stdout
+    assert f"go-threads [{program.pid}]: exceeded its Go thread limit (the runtime said so, and exits 2) at " in shown
     advice = recommendations(rec, least_headroom(rec))
     assert any(line.startswith(f"Go thread limit of go-threads [{program.pid}]: the runtime said 'program exceeds "
                                f"{limit}-thread limit'") for line in advice)

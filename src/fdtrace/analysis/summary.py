@@ -44,7 +44,8 @@ def _failed(engine: Engine) -> pd.DataFrame:
     fd = f"errno IN ({errnos})"
     return engine.query(
         f"SELECT host, pid, comm, kind, errno, syscall, signal, anon_rss_kb, CASE WHEN {fd} THEN NULL ELSE time_ns END "
-        f"AS at, count(*) AS n, min(time_ns) AS first FROM events WHERE {fd} OR kind = 'oom_kill' OR "
+        f"AS at, count(*) AS n, min(time_ns) AS first FROM events WHERE {fd} "
+        "OR kind IN ('oom_kill', 'go_thread_limit') OR "
         "(kind = 'process_exit' AND signal IS NOT NULL AND signal <> '') GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9")
 
 
@@ -68,14 +69,16 @@ def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
                          f"{_ns(totals['first'])}")
     ends = failed[failed["at"].notna()].sort_values(["at", "host", "pid"])
     for row in ends.itertuples():
-        what = "OOM-killed" if row.kind == "oom_kill" else f"killed by {row.signal}"
+        what = {"oom_kill": "OOM-killed", "go_thread_limit": "exceeded its Go thread limit (the runtime said so, and "
+                "exits 2)"}.get(str(row.kind), f"killed by {row.signal}")
         lines.append(f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.at)}")
     if len(least):
         for row in least[least["usage"] >= 1.0].itertuples():
             lines.append(f"  {who(row.host, row.comm, row.pid)}: reached its FD limit, {row.open_fds} of "
                          f"{row.fd_soft_limit:.0f} at {when(row.time)}")
     if not lines:
-        return ["what went wrong: nothing (no EMFILE/ENFILE, OOM kill, kill by a signal or full FD table)"]
+        return ["what went wrong: nothing (no EMFILE/ENFILE, OOM kill, Go thread limit, kill by a signal or full FD "
+                "table)"]
     return ["what went wrong:", *_capped(lines, "failing processes")]
 
 

@@ -77,12 +77,12 @@ def summarize(events: Any) -> dict[str, Any]:
 
     kinds = pa.table({"kind": events["kind"], "time_ns": events["time"].cast(pa.int64())}).unify_dictionaries()
     fd_errnos = sorted(FD_EXHAUSTION_ERRNOS)
-    ends = _matches(events["kind"], ["oom_kill", "process_exit"])
+    ends = _matches(events["kind"], ["oom_kill", "process_exit", "go_thread_limit"])
     failing = pc.or_(_matches(events["errno"], fd_errnos), ends)
     failed = rows_of(events.filter(failing))  # few rows: these are copied as text
     signalled = pc.and_(pc.is_valid(failed["signal"]), pc.not_equal(pc.fill_null(failed["signal"], ""), ""))
     fd = pc.is_in(failed["errno"], value_set=pa.array(fd_errnos))
-    keep = pc.or_(pc.or_(fd, pc.equal(failed["kind"], "oom_kill")),
+    keep = pc.or_(pc.or_(fd, pc.is_in(failed["kind"], value_set=pa.array(["oom_kill", "go_thread_limit"]))),
                   pc.and_(pc.equal(failed["kind"], "process_exit"), signalled))
     failed = failed.filter(pc.fill_null(keep, False))
     failed = failed.append_column("at", pc.if_else(pc.is_in(failed["errno"], value_set=pa.array(fd_errnos)),

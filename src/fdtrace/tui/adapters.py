@@ -246,7 +246,13 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         share = count / limit if limit else None
         text.append(f"thread limit: {kind}, {count} of {limit} ", style="")
         text.append(f"({share:.0%})" if share is not None else "", style=usage_style(share))
+        if kind == "Go default":
+            text.append("  (a lower limit set by debug.SetMaxThreads is not visible until the runtime says it was "
+                        "exceeded)", style="dim")
         text.append("\n")
+    if view.go_thread_limit is not None:
+        text.append(f"the Go runtime said: program exceeds {view.go_thread_limit}-thread limit (it exits 2)\n",
+                    style="bold red")
     if view.destinations:
         busiest = sorted(view.destinations.items(), key=lambda item: (-item[1][0], item[0]))[:5]
         text.append("connect() destinations: ")
