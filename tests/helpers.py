@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,3 +75,13 @@ def pids_cgroup(limit: int) -> Iterator[Path]:
         yield group / "cgroup.procs"
     finally:
         _remove(group)
+
+
+def started(argv: list[str], says: str) -> subprocess.Popen[str]:
+    """A fdtrace command started, once its stderr says ``says`` (its probes are attached)."""
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if says in line:
+            break
+    return process

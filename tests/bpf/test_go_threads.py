@@ -17,6 +17,7 @@ import pytest
 from fdtrace.analysis import failures, headroom, least_headroom, load, thread_sites, threads
 from fdtrace.analysis.report import recommendations
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
+from tests.helpers import started
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
 FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
@@ -71,13 +72,7 @@ def build(tmp_path: Path) -> Path:
 
 def start_recorder(out: Path) -> subprocess.Popen[str]:
     """`fdtrace record` of the whole host, sampling every 0.5 s, once its probes are attached."""
-    recorder = subprocess.Popen([FDTRACE, "record", "-o", str(out), "--interval", "0.5"],
-                                stderr=subprocess.PIPE, text=True)
-    assert recorder.stderr is not None
-    for line in recorder.stderr:
-        if "recording to" in line:
-            break
-    return recorder
+    return started([FDTRACE, "record", "-o", str(out), "--interval", "0.5"], "recording to")
 
 
 def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from fdtrace.cli.report import report
 from fdtrace.cli.run import run
 from fdtrace.cli.top import replay, top
 from fdtrace.cli.trace import trace
+from fdtrace.cli.trace_export import trace_export
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,5 +24,6 @@ def main() -> None:
     """Trace sockets, FD exhaustion (EMFILE/ENFILE), threads and OOM kills with eBPF."""
 
 
-for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact):
+for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact,
+                trace_export):
     main.add_command(command)

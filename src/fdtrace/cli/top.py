@@ -32,12 +32,34 @@ from fdtrace.errors import FdtraceError
               help="Only processes with this task name, in the table and the log (repeatable).")
 @click.option("--keep-exited", type=float, default=300.0, show_default=True,
               help="Seconds a process that ended stays in the table (and one not seen, without alerts).")
+@click.option("--prometheus", "prometheus_url", default=None, metavar="URL",
+              help="The fleet instead of this host: every host's fdtrace metrics from this Prometheus server, "
+                   "hosts ranked by failures and least headroom (Enter opens one). Needs no root.")
+@click.option("--host-label", default="instance", show_default=True,
+              help="With --prometheus: the label that names a host.")
+@click.option("--job", "prometheus_job", default="fdtrace", show_default=True,
+              help="With --prometheus: the scrape job of the fdtrace exporters.")
+@click.option("--window", default="5m", show_default=True,
+              help="With --prometheus: how far back failures, OOM kills and losses are counted.")
 @ring_pages_option
 @stacks_options
 def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str | None,
-        haproxy_sockets: tuple[str, ...], comms: tuple[str, ...], keep_exited: float, ring_pages: int,
-        stacks: bool, max_stacks: int, max_fds: int) -> None:
-    """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen."""
+        haproxy_sockets: tuple[str, ...], comms: tuple[str, ...], keep_exited: float, prometheus_url: str | None,
+        host_label: str, prometheus_job: str, window: str, ring_pages: int, stacks: bool, max_stacks: int,
+        max_fds: int) -> None:
+    """The live view: processes by FD headroom, errors, OOM kills and threads, as they happen
+    (with --prometheus: the fleet's hosts)."""
+    if prometheus_url is not None:
+        from fdtrace.sources.prometheus_fleet import PrometheusFleet
+
+        try:
+            fleet = PrometheusFleet(prometheus_url, host_label=host_label, window=window, job=prometheus_job)
+        except FdtraceError as error:
+            fail(error)
+        from fdtrace.tui.fleet import FleetApp
+
+        FleetApp(fleet).run()
+        return
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.sources.live import LiveOptions, LiveSource
 

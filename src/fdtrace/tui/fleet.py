@@ -1,0 +1,174 @@
+"""`fdtrace top --prometheus URL`: the fleet from a Prometheus server, hosts ranked by failures
+and least headroom; Enter opens a host's processes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from fdtrace.sources.prometheus_fleet import HostRow, ProcessRow, PrometheusFleet
+from fdtrace.tui.adapters import usage_style
+
+HOST_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("host", "HOST", 24), ("state", "STATE", 6), ("emfile", "EMFILE/ENFILE", 13), ("fds", "FULLEST FD TABLE", 40),
+    ("threads", "NEAREST THREAD LIMIT", 44), ("oom", "OOM KILLS", 9), ("lost", "LOST", 8))
+PROCESS_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("pid", "PID", 8), ("comm", "COMM", 16), ("fds", "FDS / SOFT LIMIT", 16), ("use", "USE", 5),
+    ("emfile", "EMFILE/ENFILE", 13), ("threads", "THR", 7), ("limit", "THREAD LIMIT", 30), ("thr_use", "THR USE", 7))
+
+
+def _share(value: float | None) -> Text:
+    return Text("-" if value is None else f"{value:.0%}", style=usage_style(value))
+
+
+def _count(value: float) -> Text | str:
+    return Text(f"{value:,.0f}", style="bold red") if value >= 0.5 else "·"
+
+
+def host_cells(host: HostRow) -> dict[str, Any]:
+    """One host's cells, by column key."""
+    fullest, nearest = host.fullest(), host.nearest_thread_limit()
+    fds: Text | str = "-"
+    if fullest is not None:
+        fds = Text(f"{fullest.comm} [{fullest.pid}] {fullest.open_fds:.0f}/{fullest.fd_soft_limit:.0f} ")
+        fds.append_text(_share(fullest.fd_usage))
+    threads: Text | str = "-"
+    if nearest is not None:
+        threads = Text(f"{nearest.comm} [{nearest.pid}] {nearest.thread_used:.0f}/{nearest.thread_limit:.0f} "
+                       f"({nearest.thread_limit_kind}) ")
+        threads.append_text(_share(nearest.thread_usage))
+    return {"host": host.host, "state": Text("up", style="green") if host.up else Text("DOWN", style="bold red"),
+            "emfile": _count(host.emfile_recent), "fds": fds, "threads": threads,
+            "oom": _count(host.oom_kills_recent), "lost": _count(host.lost_recent)}
+
+
+def process_cells(process: ProcessRow) -> dict[str, Any]:
+    """One process's cells, by column key."""
+    limit = "-"
+    if process.thread_limit is not None:
+        limit = f"{process.thread_used or 0:.0f}/{process.thread_limit:.0f} ({process.thread_limit_kind})"
+    fds = "-" if process.open_fds is None else (
+        f"{process.open_fds:.0f}/{process.fd_soft_limit:.0f}" if process.fd_soft_limit else f"{process.open_fds:.0f}")
+    return {"pid": str(process.pid), "comm": process.comm, "fds": fds, "use": _share(process.fd_usage),
+            "emfile": _count(process.emfile_recent), "threads": "-" if process.threads is None else
+            f"{process.threads:.0f}", "limit": limit, "thr_use": _share(process.thread_usage)}
+
+
+def _process_key(process: ProcessRow) -> tuple[Any, ...]:
+    shares = [s for s in (process.fd_usage, process.thread_usage) if s is not None]
+    return (process.emfile_recent <= 0, -max(shares, default=0.0), process.pid)
+
+
+class HostScreen(Screen[None]):
+    """One host's processes, failing first, then by the share of a limit they use."""
+
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "Back")]
+
+    def __init__(self, host: str) -> None:
+        super().__init__()
+        self.host = host
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="host-title")
+        yield DataTable(id="host-processes", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#host-processes", DataTable)
+        for key, label, width in PROCESS_COLUMNS:
+            table.add_column(label, key=key, width=width)
+        self.refresh_rows()
+
+    def refresh_rows(self) -> None:
+        """Redraw from what the app last read."""
+        app = self.app
+        assert isinstance(app, FleetApp)
+        host = app.fleet.hosts.get(self.host)
+        title = self.query_one("#host-title", Static)
+        table = self.query_one("#host-processes", DataTable)
+        table.clear()
+        if host is None:
+            title.update(f"{self.host}: no longer in the fleet's metrics")
+            return
+        title.update(Text(f"{self.host}: {len(host.processes)} processes, "
+                          f"{host.emfile_recent:,.0f} EMFILE/ENFILE in the last {app.fleet.window}", style="bold"))
+        for process in sorted(host.processes.values(), key=_process_key):
+            cells = process_cells(process)
+            table.add_row(*(cells[key] for key, _, _ in PROCESS_COLUMNS), key=str(process.pid))
+
+
+class FleetApp(App[None]):
+    """Hosts ranked worst first, refreshed every ``interval_s``."""
+
+    TITLE = "fdtrace fleet"
+    CSS = "#status, #host-title {height: 1; padding: 0 1; background: $boost;} DataTable {height: 1fr;}"
+    BINDINGS = [Binding("q", "quit", "Quit"), Binding("r", "refresh_now", "Refresh")]
+
+    def __init__(self, fleet: PrometheusFleet, interval_s: float = 5.0) -> None:
+        super().__init__()
+        self.fleet = fleet
+        self.interval_s = interval_s
+        self.polled_at: float | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="status")
+        yield DataTable(id="hosts", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#hosts", DataTable)
+        for key, label, width in HOST_COLUMNS:
+            table.add_column(label, key=key, width=width)
+        self.query_one("#status", Static).update(f"reading {self.fleet.url} ...")
+        self.poll_fleet()
+
+    @work(thread=True, exclusive=True, group="fleet")
+    def poll_fleet(self) -> None:
+        """Read the fleet now and every interval after, on a thread (a query may take seconds)."""
+        from textual.worker import get_current_worker
+
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            self.fleet.poll()
+            self.call_from_thread(self.redraw)
+            deadline = time.monotonic() + self.interval_s
+            while time.monotonic() < deadline and not worker.is_cancelled:
+                time.sleep(0.1)
+
+    def action_refresh_now(self) -> None:
+        """r: read the fleet again now."""
+        self.poll_fleet()
+
+    def redraw(self) -> None:
+        """The status line and the hosts, keeping the cursor's row."""
+        self.polled_at = time.time()
+        hosts = self.fleet.ranked()
+        failing = sum(1 for h in hosts if h.emfile_recent > 0 or h.oom_kills_recent > 0)
+        status = Text(f"{self.fleet.url}  │  {len(hosts)} hosts, {failing} failing in the last {self.fleet.window}  "
+                      f"│  {time.strftime('%H:%M:%S', time.gmtime(self.polled_at))} UTC")
+        if self.fleet.error:
+            status.append(f"  │  {self.fleet.error} (showing the last answer)", style="bold red")
+        self.query_one("#status", Static).update(status)
+        table = self.query_one("#hosts", DataTable)
+        row = table.cursor_row
+        table.clear()
+        for host in hosts:
+            cells = host_cells(host)
+            table.add_row(*(cells[key] for key, _, _ in HOST_COLUMNS), key=host.host)
+        if hosts:
+            table.move_cursor(row=min(row, len(hosts) - 1))
+        if isinstance(self.screen, HostScreen):
+            self.screen.refresh_rows()
+
+    @on(DataTable.RowSelected, "#hosts")
+    def open_host(self, message: DataTable.RowSelected) -> None:
+        """Enter: the host's processes."""
+        if message.row_key.value is not None:
+            self.push_screen(HostScreen(str(message.row_key.value)))
