@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
@@ -144,6 +146,46 @@ def run(pipeline: Pipeline, stop: Stop) -> Update:
         return pipeline.run(stop)
     except FdtraceError as error:
         fail(error)
+
+
+def with_placement(pids: tuple[int, ...], cgroup: str | None, unit: str | None,
+                   container: str | None, cgroupfs: Path = Path("/sys/fs/cgroup")) -> tuple[int, ...]:
+    """``pids`` and the processes now in the cgroups that ``--cgroup``, ``--unit`` and
+    ``--container`` name (traced with their descendants: ``--follow``); none found is one line."""
+    from fdtrace.procfs.containers import matching_pids
+
+    if container is not None and len(container) < 12:
+        fail(FdtraceError(f"--container {container!r}: give at least the id's first 12 characters"))
+    found, cgroups = matching_pids(cgroupfs, cgroup=cgroup, unit=unit, container=container)
+    asked = ", ".join(f"--{name} {value}" for name, value in (("cgroup", cgroup), ("unit", unit),
+                                                               ("container", container)) if value is not None)
+    if not found:
+        fail(FdtraceError(f"{asked}: no process in a matching cgroup under {cgroupfs}"
+                          + (f" (matched {', '.join(cgroups[:3])}, empty)" if cgroups else "")))
+    return tuple(sorted({*pids, *found}))
+
+
+def placement_options(command: Any) -> Any:
+    """--cgroup, --unit and --container: trace the processes of a cgroup, a systemd unit or a
+    container (and the processes they start), as --pid with --follow would."""
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        cgroup, unit, container = (kwargs.pop(name) for name in ("cgroup", "unit", "container"))
+        if cgroup is not None or unit is not None or container is not None:
+            kwargs["pids"] = with_placement(kwargs["pids"], cgroup, unit, container)
+            kwargs["follow"] = True
+        return command(**kwargs)
+
+    for option in (
+        click.option("--container", default=None, metavar="ID",
+                     help="Only the processes of this container (docker, containerd, cri-o, podman: its id, 12 "
+                          "characters or more) and those they start."),
+        click.option("--unit", default=None, help="Only the processes of this systemd unit and those they start."),
+        click.option("--cgroup", default=None, metavar="PATH",
+                     help="Only the processes of this cgroup (a path from the root of the cgroup tree) and below."),
+    ):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 #: Options of every command that traces: (decorators, in order).

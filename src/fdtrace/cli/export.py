@@ -11,6 +11,7 @@ from fdtrace.cli.common import (
     follow_option,
     note,
     pid_option,
+    placement_options,
     run,
     start,
 )
@@ -18,6 +19,7 @@ from fdtrace.errors import FdtraceError
 
 
 @click.command()
+@placement_options
 @click.option("--listen", default="127.0.0.1:9877", show_default=True,
               help="ADDRESS:PORT to serve /metrics on (loopback by default).")
 @pid_option

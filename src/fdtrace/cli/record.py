@@ -15,6 +15,7 @@ from fdtrace.cli.common import (
     note,
     parse_size,
     pid_option,
+    placement_options,
     ring_pages_option,
     run,
     stacks_options,
@@ -24,6 +25,7 @@ from fdtrace.errors import FdtraceError
 
 
 @click.command()
+@placement_options
 @click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False),
               help="Recording directory (created; several hosts may share one).")
 @duration_option

@@ -12,6 +12,7 @@ from fdtrace.cli.common import (
     follow_option,
     note,
     pid_option,
+    placement_options,
     ring_pages_option,
     stacks_options,
     start_live,
@@ -20,6 +21,7 @@ from fdtrace.errors import FdtraceError
 
 
 @click.command()
+@placement_options
 @pid_option
 @follow_option
 @click.option("--top", "top_processes", type=int, default=30, show_default=True,

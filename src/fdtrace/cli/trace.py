@@ -12,6 +12,7 @@ from fdtrace.cli.common import (
     follow_option,
     note,
     pid_option,
+    placement_options,
     ring_pages_option,
     run,
     stacks_options,
@@ -20,6 +21,7 @@ from fdtrace.cli.common import (
 
 
 @click.command()
+@placement_options
 @pid_option
 @follow_option
 @click.option("--comm", "comms", multiple=True, help="Only tasks with this name (repeatable).")

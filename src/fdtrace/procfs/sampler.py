@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fdtrace.procfs.containers import placement
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.thread_limits import cgroup_pids, tasks_total, threads_by_uid
@@ -42,6 +43,12 @@ class ProcessSample:
     pids_max: int | None = None
     #: Go's default thread limit when the executable is a Go program (SetMaxThreads can change it).
     go_max_threads: int | None = None
+    #: Where it runs (``fdtrace.procfs.containers.placement``): cgroup, systemd unit, container, pod.
+    cgroup: str | None = None
+    unit: str | None = None
+    container_id: str | None = None
+    container_runtime: str | None = None
+    pod_uid: str | None = None
 
 
 class ProcSampler:
@@ -102,11 +109,15 @@ class ProcSampler:
         cmdline = None
         if self.cmdline:
             cmdline = " ".join(procfs.cmdline(pid)) or None
-        pids = cgroup_pids(procfs, self.cgroupfs, pid, self._cgroups)
+        lines = procfs.cgroups(pid)
+        pids = cgroup_pids(procfs, self.cgroupfs, pid, self._cgroups, lines=lines)
+        where = placement(lines)
         return ProcessSample(pid, stat.start_ns, stat.comm, open_fds, soft, hard, threads, sockets, cmdline,
                              uid=uid, nproc_soft_limit=nproc if uid != 0 else None,
                              pids_current=pids[0] if pids else None, pids_max=pids[1] if pids else None,
-                             go_max_threads=GO_DEFAULT_MAX_THREADS if self._is_go(pid, stat.start_ns) else None)
+                             go_max_threads=GO_DEFAULT_MAX_THREADS if self._is_go(pid, stat.start_ns) else None,
+                             cgroup=where.cgroup, unit=where.unit, container_id=where.container_id,
+                             container_runtime=where.runtime, pod_uid=where.pod_uid)
 
     def _is_go(self, pid: int, start_ns: int) -> bool:
         key = (pid, start_ns)

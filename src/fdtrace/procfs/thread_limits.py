@@ -52,16 +52,19 @@ def _folder_pids(folder: Path, cache: dict[Path, tuple[int, int] | None] | None)
 
 
 def cgroup_pids(procfs: ProcFS, cgroupfs: Path, pid: int,
-                cache: dict[Path, tuple[int, int] | None] | None = None) -> tuple[int, int] | None:
+                cache: dict[Path, tuple[int, int] | None] | None = None,
+                lines: list[tuple[str, str, str]] | None = None) -> tuple[int, int] | None:
     """(pids.current, pids.max) of the tightest pids limit on the process: its own cgroup's or an
     ancestor's, whichever leaves the fewest tasks to spare. None when no cgroup limits its tasks
     (or the process is gone). Works on cgroup v2 and on the v1 pids controller. ``cache`` keeps
-    each folder's figures for processes sampled at the same moment (most share their cgroups)."""
+    each folder's figures for processes sampled at the same moment (most share their cgroups);
+    ``lines``: its /proc/PID/cgroup when already read."""
     tightest: tuple[int, int] | None = None
-    try:
-        lines = procfs.cgroups(pid)
-    except (ProcessGoneError, ProcessAccessDeniedError):
-        return None
+    if lines is None:
+        try:
+            lines = procfs.cgroups(pid)
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            return None
     for hierarchy, controllers, path in lines:
         if hierarchy == "0" and controllers == "":
             base = cgroupfs / "unified" if (cgroupfs / "unified").is_dir() else cgroupfs

@@ -24,7 +24,8 @@ VERSIONS: dict[int, str] = {
     4: "the connections table (TCP connections becoming established: clock offsets between hosts) and the "
        "clock table's adjtimex figures",
     5: "the counters table's fd_errors is other_fd_call_errors (it counts the failed calls of the fd-making "
-       "syscalls other than socket and accept, not EMFILE/ENFILE); the go_thread_limit event kind",
+       "syscalls other than socket and accept, not EMFILE/ENFILE); the go_thread_limit event kind; the samples' "
+       "cgroup, unit, container_id, container_runtime and pod_uid",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
@@ -87,6 +88,11 @@ SAMPLES = Table("samples", (
     Field("pids_current", "int64", True, "tasks in the tightest cgroup pids limit over the process"),
     Field("pids_max", "int64", True, "that cgroup's pids.max"),
     Field("go_max_threads", "int64", True, "Go's default thread limit, for Go programs"),
+    Field("cgroup", "dict_string", True, "its cgroup: v2's path, else v1's systemd (or pids) hierarchy's"),
+    Field("unit", "dict_string", True, "its systemd unit (the innermost .service or .scope of the path)"),
+    Field("container_id", "dict_string", True, "its container's id (docker, containerd, cri-o, podman)"),
+    Field("container_runtime", "dict_string", True, "docker, containerd, cri-o or podman"),
+    Field("pod_uid", "dict_string", True, "its Kubernetes pod's UID"),
     Field("cmdline", "string", True, "command line (only with record --cmdline: it can hold secrets)"),
     _TIME,
 ), "per-process FD and thread headroom from /proc, every interval", optional=("cmdline",))

@@ -228,6 +228,12 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         text.append(f"started {started} UTC\n", style="dim")
     elif view.start_ns is not None:
         text.append(f"started {view.start_ns / 1e9:.2f} s after boot\n", style="dim")
+    cgroup, unit, container, runtime, pod = (*view.placement, None, None, None, None, None)[:5]
+    if cgroup:
+        placed = [f"cgroup {cgroup}"] + ([f"unit {unit}"] if unit else [])
+        placed += [f"container {container[:12]} ({runtime or 'unknown runtime'})"] if container else []
+        placed += [f"pod {pod}"] if pod else []
+        text.append("  ".join(placed) + "\n", style="dim")
     if view.ended:
         text.append(f"ended: {view.ended}\n", style="bold red")
     if view.oom_killed:

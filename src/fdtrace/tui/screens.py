@@ -26,7 +26,7 @@ OOM kill on top; processes that ended below the live ones)
   ALERTS             FDs over 80 %, any EMFILE/ENFILE, OOM kill, thread bursts, how it ended
 
 [b]Keys[/b]
-  enter  details of the selected process     /  filter table and log by name or pid (escape clears)
+  enter  details of the selected process     /  filter by name, pid, unit or container (escape clears)
   e      non-zero exits in the log too
   s      next sort order     r  reverse it    p  freeze the view (collection goes on)
   f      follow the selected process          g G  first/last row (home, end)

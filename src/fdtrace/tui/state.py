@@ -44,6 +44,7 @@ class ProcessView:
     sockets: int | None = None
     threads: int | None = None
     thread_limit: tuple[str, int, int] | None = None  # (name, count, limit) of the limit binding the threads
+    placement: tuple[str | None, ...] = ()  # its sample's cgroup, unit, container id, runtime, pod UID
     totals: Counter[str] = field(default_factory=Counter)
     rates: dict[str, float] = field(default_factory=dict)
     fd_exhaustion_errors: int = 0  # EMFILE + ENFILE from any syscall
@@ -351,6 +352,8 @@ class IncidentState:
             view.sockets = sample.sockets
             view.threads = sample.threads
             view.thread_limit = binding_limit(sample)
+            view.placement = (sample.cgroup, sample.unit, sample.container_id, sample.container_runtime,
+                              sample.pod_uid)
             view.history.append((time_ns, sample.open_fds))
             view.thread_history.append((time_ns, sample.threads))
             view.last_seen_ns = max(view.last_seen_ns, time_ns)
@@ -484,7 +487,8 @@ class IncidentState:
         best first). Processes that ended come after the live ones, in the same order."""
         wanted = text_filter.strip().lower()
         views = [v for v in self.processes.values()
-                 if not wanted or wanted in v.comm.lower() or wanted == str(v.pid)]
+                 if not wanted or wanted in v.comm.lower() or wanted == str(v.pid)
+                 or any(wanted in part.lower() for part in v.placement if part)]
         live = sorted((v for v in views if v.ended is None), key=SORT_KEYS[sort], reverse=reverse)
         ended = sorted((v for v in views if v.ended is not None), key=SORT_KEYS[sort], reverse=reverse)
         return live + ended

@@ -1,0 +1,115 @@
+"""Containers and services: processes put in cgroups the test makes under the names container
+runtimes and systemd give them (cgroup v1's pids hierarchy and the v2 tree, where this machine has
+them), recorded with --container and --unit: only their events are traced, with exact counts, and
+their samples say where they ran."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fdtrace.analysis import load
+from tests.conftest import python_child
+from tests.helpers import started
+
+pytestmark = pytest.mark.bpf
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+CGROUPFS = Path("/sys/fs/cgroup")
+V1_PIDS = CGROUPFS / "pids"
+V2 = CGROUPFS / "unified" if (CGROUPFS / "unified" / "cgroup.procs").exists() else CGROUPFS
+SOCKETS = 5
+# Makes exactly SOCKETS sockets once told, then stays a moment (its last samples are taken).
+CHILD = f"""
+import socket, sys, time
+sys.stdin.readline()
+for _ in range({SOCKETS}):
+    socket.socket().close()
+time.sleep(1.5)
+"""
+
+
+@pytest.fixture
+def cgroups() -> Iterator[list[Path]]:
+    made: list[Path] = []
+    yield made
+    for folder in reversed(made):
+        for _ in range(50):
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def cgroup(base: Path, path: str, made: list[Path]) -> Path:
+    folder = base
+    for part in path.strip("/").split("/"):
+        folder = folder / part
+        if not folder.exists():
+            folder.mkdir()
+            made.append(folder)
+    return folder
+
+
+def record_children(tmp_path: Path, selection: list[str], placed: dict[str, Path]) -> tuple[Path, dict[str, int]]:
+    """Start one child per cgroup, put each in it, record with ``selection``, let them run."""
+    children = {name: subprocess.Popen(python_child(CHILD), stdin=subprocess.PIPE, text=True) for name in placed}
+    for name, folder in placed.items():
+        (folder / "cgroup.procs").write_text(str(children[name].pid))
+    out = tmp_path / f"rec-{secrets.token_hex(3)}"
+    recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "0.5", *selection], "recording to")
+    try:
+        for child in children.values():
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children.values():
+            child.wait(timeout=30)
+        time.sleep(0.5)
+    finally:
+        recorder.send_signal(2)
+        recorder.communicate(timeout=60)
+    return out, {name: child.pid for name, child in children.items()}
+
+
+@pytest.mark.skipif(not (V1_PIDS / "cgroup.procs").exists(), reason="no cgroup v1 pids hierarchy here")
+def test_a_docker_container_on_cgroup_v1_is_recorded_alone(tmp_path: Path, cgroups: list[Path]) -> None:
+    ident = secrets.token_hex(32)
+    test = f"fdtrace-test-{os.getpid()}"
+    placed = {"docker": cgroup(V1_PIDS, f"{test}/docker-{ident}.scope", cgroups),
+              "other": cgroup(V1_PIDS, f"{test}/other.scope", cgroups)}
+    out, pids = record_children(tmp_path, ["--container", ident[:12]], placed)
+    rec = load(out)
+    traced = rec.events[rec.events["kind"] == "socket"]
+    assert set(traced["pid"]) == {pids["docker"]} and len(traced) == SOCKETS  # exactly its calls, not the other's
+    samples = rec.samples[rec.samples["pid"] == pids["docker"]]
+    assert len(samples) and set(samples["container_id"]) == {ident}
+    assert set(samples["container_runtime"]) == {"docker"}
+    assert set(samples["cgroup"]) == {f"/{test}/docker-{ident}.scope"}
+
+
+def test_a_service_holding_a_containerd_container_on_cgroup_v2(tmp_path: Path, cgroups: list[Path]) -> None:
+    ident = secrets.token_hex(32)
+    unit = f"fdtrace-test-{os.getpid()}"
+    placed = {"service": cgroup(V2, f"{unit}.service/cri-containerd-{ident}.scope", cgroups),
+              "other": cgroup(V2, f"{unit}-other.service", cgroups)}
+    out, pids = record_children(tmp_path, ["--unit", unit], placed)
+    rec = load(out)
+    traced = rec.events[rec.events["kind"] == "socket"]
+    assert set(traced["pid"]) == {pids["service"]} and len(traced) == SOCKETS
+    samples = rec.samples[rec.samples["pid"] == pids["service"]]
+    assert len(samples) and set(samples["container_id"]) == {ident}
+    assert set(samples["container_runtime"]) == {"containerd"}
+    assert set(samples["unit"]) == {f"cri-containerd-{ident}.scope"}
+    assert set(samples["cgroup"]) == {f"/{unit}.service/cri-containerd-{ident}.scope"}
+    quiet = subprocess.run([FDTRACE, "record", "-o", str(tmp_path / "none"), "--unit", f"{unit}-nothing"],
+                           capture_output=True, text=True, timeout=60)
+    assert quiet.returncode != 0 and quiet.stderr.strip().splitlines() == [
+        f"fdtrace: error: --unit {unit}-nothing: no process in a matching cgroup under /sys/fs/cgroup"]
