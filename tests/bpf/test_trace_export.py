@@ -152,3 +152,20 @@ def test_merged_into_the_profilers_traces_hta_reads_them_and_the_tracks_are_in_p
         results = [outcome(lambda a=analyzer, name=analysis: getattr(a, name)(visualize=False))
                    for analyzer in loaded.values()]
         assert same(*results), analysis
+
+
+def test_bad_inputs_are_one_line(tmp_path: Path) -> None:
+    not_a_trace = tmp_path / "trace.json"
+    not_a_trace.write_text('{"traceEvents": "no"}')
+    truncated = tmp_path / "cut.json"
+    truncated.write_text('{"traceEvents": [{"ph": "X"')
+    for args, said in (([str(tmp_path), "-o", str(tmp_path / "t.json")], "not an fdtrace recording"),
+                       ([str(DATA / "emfile"), "--merge", str(not_a_trace), "-o", str(tmp_path / "t.json")],
+                        "not a PyTorch profiler trace"),
+                       ([str(DATA / "emfile"), "--merge", str(truncated), "-o", str(tmp_path / "t.json")],
+                        "not a JSON trace"),
+                       ([str(DATA / "emfile"), "--top", "0"], "--top must be positive")):
+        result = subprocess.run([FDTRACE, "trace-export", *args], capture_output=True, text=True, timeout=60)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode != 0 and len(lines) == 1 and said in lines[0], result.stderr
+    assert not (tmp_path / "t.json").exists()
