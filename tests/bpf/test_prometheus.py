@@ -33,7 +33,8 @@ time.sleep(6)
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+    # An empty label is an absent one (Prometheus's own rule): the unit and container of a process in none.
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 

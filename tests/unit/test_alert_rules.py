@@ -81,3 +81,22 @@ def test_export_prints_the_shipped_files() -> None:
     assert rules.stdout == RULES.read_text()
     board = subprocess.run([fdtrace, "export", "--dashboard"], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(board.stdout)["uid"] == "fdtrace"
+
+
+def test_a_processs_unit_and_container_are_labels_of_its_gauges() -> None:
+    sink = PrometheusSink("127.0.0.1:0")
+    ident = "4f1c2e3d" * 8
+    try:
+        placed = ProcessSample(pid=7, start_ns=1, comm="haproxy", open_fds=850, fd_soft_limit=1000, fd_hard_limit=4096,
+                               threads=9, sockets=800, unit=f"docker-{ident}.scope", container_id=ident,
+                               container_runtime="docker", cgroup=f"/system.slice/docker-{ident}.scope")
+        plain = ProcessSample(pid=8, start_ns=1, comm="quiet", open_fds=5, fd_soft_limit=1000, fd_hard_limit=4096,
+                              threads=1, sockets=0)
+        sink.update([placed, plain], {"file_nr": 10, "file_max": 100}, CounterStore(), {}, [])
+        [family] = [f for f in sink.collect() if f.name == "process_open_fds"]
+        labels = {s.labels["pid"]: s.labels for s in family.samples}
+        assert labels["7"] == {"pid": "7", "comm": "haproxy", "unit": f"docker-{ident}.scope",
+                               "container": ident[:12]}
+        assert labels["8"] == {"pid": "8", "comm": "quiet", "unit": "", "container": ""}  # empty: absent
+    finally:
+        sink.close()

@@ -19,6 +19,10 @@ from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
 
 #: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).
+#: Labels of the per-process gauges: the process, its systemd unit and its container (the id's first
+#: 12 characters; empty, so absent, when none). The series are bounded by ``max_processes``.
+PROCESS_LABELS = ["pid", "comm", "unit", "container"]
+
 COUNTER_METRICS: tuple[tuple[str, str, str], ...] = (
     ("sockets", "fdtrace_sockets_total", "socket() calls"),
     ("accepts", "fdtrace_accepts_total", "accept() and accept4() calls"),
@@ -106,18 +110,18 @@ class PrometheusSink:
         """Called by prometheus_client on each scrape."""
         with self._lock:
             snap = self._snapshot
-        open_fds = GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", labels=["pid", "comm"])
+        open_fds = GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", labels=PROCESS_LABELS)
         max_fds = GaugeMetricFamily("process_max_fds", "Maximum number of open file descriptors (soft limit).",
-                                    labels=["pid", "comm"])
-        threads = GaugeMetricFamily("fdtrace_process_threads", "Threads of the process.", labels=["pid", "comm"])
+                                    labels=PROCESS_LABELS)
+        threads = GaugeMetricFamily("fdtrace_process_threads", "Threads of the process.", labels=PROCESS_LABELS)
         thread_limit = GaugeMetricFamily(
             "fdtrace_process_thread_limit", "The thread limit that leaves the process the fewest threads to spare "
-            "(Go default, RLIMIT_NPROC, cgroup pids.max).", labels=["pid", "comm", "limit"])
+            "(Go default, RLIMIT_NPROC, cgroup pids.max).", labels=[*PROCESS_LABELS, "limit"])
         thread_used = GaugeMetricFamily(
             "fdtrace_process_thread_limit_used", "What that limit counts now (the process's threads, its user's "
-            "threads, or its cgroup's tasks).", labels=["pid", "comm", "limit"])
+            "threads, or its cgroup's tasks).", labels=[*PROCESS_LABELS, "limit"])
         for sample in snap.processes:
-            labels = [str(sample.pid), sample.comm]
+            labels = [str(sample.pid), sample.comm, sample.unit or "", (sample.container_id or "")[:12]]
             open_fds.add_metric(labels, sample.open_fds)
             if sample.fd_soft_limit is not None:
                 max_fds.add_metric(labels, sample.fd_soft_limit)
