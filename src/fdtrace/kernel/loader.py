@@ -237,7 +237,11 @@ class BpfTracer:
         if binary in self._go_binaries:
             return None
         if len(self._go_binaries) >= MAX_GO_BINARIES:
-            return None
+            self._go_binaries[binary] = None  # said once per binary
+            if len(self._go_binaries) > 2 * MAX_GO_BINARIES:
+                return None
+            return (f"pid {pid}: more than {MAX_GO_BINARIES} Go binaries are watched already: its thread-limit "
+                    "message is not read")
         version = go_version(Path(exe))
         self._go_binaries[binary] = version
         if not go_register_abi(version) or platform.machine() not in ("x86_64", "aarch64"):
