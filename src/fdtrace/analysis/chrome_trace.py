@@ -17,10 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.failures import failures_on, severity_of
-from fdtrace.analysis.headroom_series import headroom_on, least_headroom_on
+from fdtrace.analysis.headroom_series import headroom_on, least_headroom_on, processes_where
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.kineto import read_trace
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
@@ -74,7 +73,7 @@ def chrome_trace(recording: Any, top: int = 20, base_ns: int | None = None, host
             fullest, threads = (f[f["host"].astype(str) == host] for f in (fullest, threads))
             rates = rates[rates["host"].astype(str) == host]
         chosen = _chosen(found, fullest, threads, phases, top, pids or set())
-        series = headroom_on(engine, where=_which(chosen)) if len(chosen) else pd.DataFrame()
+        series = headroom_on(engine, where=processes_where(chosen)) if len(chosen) else pd.DataFrame()
     if base_ns is None:
         base_ns = int(first["t"].iloc[0]) if len(first) and pd.notna(first["t"].iloc[0]) else 0
     offset = {h: i * HOST_PID_STRIDE for i, h in enumerate(hosts)} if host is None else {hosts[0]: 0}
@@ -145,11 +144,6 @@ def _chosen(found: pd.DataFrame, fullest: pd.DataFrame, threads: pd.DataFrame, p
     wanted = [fullest[fullest["pid"].isin(ranks)][keys], failed[keys], fullest[keys],
               threads[threads["thread_limit"].notna()][keys]]
     return pd.concat(wanted).drop_duplicates().head(top)
-
-
-def _which(rows: pd.DataFrame) -> str:
-    return " OR ".join(f"(host = {quote(str(r.host))} AND pid = {int(r.pid)} AND start_ns "
-                       f"{'IS NULL' if pd.isna(r.start_ns) else f'= {int(r.start_ns)}'})" for r in rows.itertuples())
 
 
 def _phase_slices(phases: pd.DataFrame, base_ns: int, name_process: Any) -> list[dict[str, Any]]:

@@ -80,6 +80,12 @@ def _shaped(found: pd.DataFrame) -> pd.DataFrame:
     return found
 
 
+def processes_where(rows: pd.DataFrame) -> str:
+    """A SQL condition that picks these processes (their host, pid and start_ns) out of a table."""
+    return " OR ".join(f"(host = {quote(str(r.host))} AND pid = {int(r.pid)} AND start_ns "
+                       f"{'IS NULL' if pd.isna(r.start_ns) else f'= {int(r.start_ns)}'})" for r in rows.itertuples())
+
+
 def headroom_on(engine: Engine, window_s: float = 30.0, where: str | None = None) -> pd.DataFrame:
     """``headroom()`` computed by ``engine``; ``where``: only the rows that meet this SQL condition
     (on the result's columns, e.g. some processes)."""

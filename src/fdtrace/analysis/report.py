@@ -75,17 +75,11 @@ def _label(host: Any, comm: Any, pid: Any, several: bool) -> str:
     return f"{host}: {comm} [{pid}]" if several else f"{comm} [{pid}]"
 
 
-def _which(rows: pd.DataFrame) -> str:
-    """A condition that picks these processes (host, pid, start_ns) out of a table."""
-    return " OR ".join(f"(host = {quote(str(r.host))} AND pid = {int(r.pid)} AND start_ns "
-                       f"{'IS NULL' if pd.isna(r.start_ns) else f'= {int(r.start_ns)}'})" for r in rows.itertuples())
-
-
 def _series_of(engine: Engine, chosen: pd.DataFrame, columns: list[str], several: bool) -> dict[str, pd.DataFrame]:
     """The headroom series of the chosen processes, by process label."""
     if not len(chosen):
         return {}
-    series = headroom_module.headroom_on(engine, where=_which(chosen))
+    series = headroom_module.headroom_on(engine, where=headroom_module.processes_where(chosen))
     found = {}
     for row in chosen.itertuples():
         mine = series[(series["host"] == row.host) & (series["pid"] == row.pid)

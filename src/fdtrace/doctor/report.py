@@ -71,17 +71,24 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
     thread limit), all the recording holds of it (``Doctor.recorded``). ``engine``: as
     ``fdtrace.analysis.load``'s."""
     from fdtrace.analysis import load
+    from fdtrace.analysis.engines import quote
     from fdtrace.analysis.engines.dataset import engine_for
     from fdtrace.analysis.failures import failures_on
     from fdtrace.analysis.headroom_series import least_headroom_on
     from fdtrace.analysis.needs import fd_needs_on
 
     recording = load(directory, engine=engine)
+    live = {pid: doctor.sampler.sample(pid) for pid in pids}
+    running_pids = sorted(pid for pid, s in live.items() if s is not None)
+    names = sorted({s.comm for s in live.values() if s is not None})
+    # Only the running processes' samples (for their thread growth): a fleet's are not all read.
+    wanted_rows = " OR ".join([f"pid IN ({', '.join(map(str, running_pids))})"] * bool(running_pids)
+                              + [f"comm IN ({', '.join(quote(n) for n in names)})"] * bool(names)) or "false"
     with engine_for(recording) as runner:
         needs = fd_needs_on(runner)
         threads = least_headroom_on(runner, resource="threads")
         ended = failures_on(runner)
-        samples = runner.query("SELECT pid, start_ns, comm, ts_ns, threads FROM samples")
+        samples = runner.query(f"SELECT pid, start_ns, comm, ts_ns, threads FROM samples WHERE {wanted_rows}")
     system = recording.system
     getattr(recording, "close", lambda: None)()
     refused = ended[(ended["kind"].astype(str) == "accept") & ended["failure"].str.endswith("EMFILE")]
@@ -92,7 +99,6 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
             for r in ended.itertuples() if r.kind in ("process_exit", "oom_kill")}
     go_limits = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): int(r.failure.split()[3])
                  for r in ended.itertuples() if r.kind == "go_thread_limit"}
-    live = {pid: doctor.sampler.sample(pid) for pid in pids}
     found = FromRecording()
     running = {(s.pid, s.start_ns) for s in live.values() if s is not None}
     not_running = needs[[(p, s) not in running for p, s in zip(needs["pid"], needs["start_ns"], strict=True)]]
