@@ -93,6 +93,8 @@ def test_a_docker_container_on_cgroup_v1_is_recorded_alone(tmp_path: Path, cgrou
     assert len(samples) and set(samples["container_id"]) == {ident}
     assert set(samples["container_runtime"]) == {"docker"}
     assert set(samples["cgroup"]) == {f"/{test}/docker-{ident}.scope"}
+    assert set(traced["container_id"]) == {ident} and set(traced["container_runtime"]) == {"docker"}
+    assert set(traced["cgroup"]) == {f"/{test}/docker-{ident}.scope"}
 
 
 def test_a_service_holding_a_containerd_container_on_cgroup_v2(tmp_path: Path, cgroups: list[Path]) -> None:
@@ -109,6 +111,9 @@ def test_a_service_holding_a_containerd_container_on_cgroup_v2(tmp_path: Path, c
     assert set(samples["container_runtime"]) == {"containerd"}
     assert set(samples["unit"]) == {f"cri-containerd-{ident}.scope"}
     assert set(samples["cgroup"]) == {f"/{unit}.service/cri-containerd-{ident}.scope"}
+    assert set(traced["container_id"]) == {ident} and set(traced["unit"]) == {f"cri-containerd-{ident}.scope"}
+    assert set(traced["cgroup"]) == {f"/{unit}.service/cri-containerd-{ident}.scope"}
+    assert traced["pod_uid"].isna().all()
     quiet = subprocess.run([FDTRACE, "record", "-o", str(tmp_path / "none"), "--unit", f"{unit}-nothing"],
                            capture_output=True, text=True, timeout=60)
     assert quiet.returncode != 0 and quiet.stderr.strip().splitlines() == [

@@ -88,6 +88,34 @@ def test_pid_reused_within_one_batch_gets_each_start() -> None:
     assert rows[0]["start_ns"] == rows[1]["start_ns"] != rows[2]["start_ns"] == rows[3]["start_ns"]
 
 
+def test_each_row_carries_its_process_placement_read_once_and_again_after_exec(tmp_path: Path) -> None:
+    ident = "ab" * 32
+    (tmp_path / "77").mkdir()
+    cgroup_file = tmp_path / "77" / "cgroup"
+    cgroup_file.write_text(f"0::/system.slice/docker-{ident}.scope\n")
+    resolver = StartTimeResolver(ProcFS(tmp_path))
+    socket = {"syscall": SYSCALL_IDS["socket"], "ret": 3, "fd": 3}
+    first = decode(np.concatenate([
+        record(Kind.SOCKET, pid=77, **socket),
+        record(Kind.PROCESS_START, pid=78, extra=[77, 0, 0, 0]),  # its child, gone before it is read
+        record(Kind.SOCKET, pid=78, **socket),
+        record(Kind.SOCKET, pid=79, **socket),  # neither readable nor seen starting
+    ]).tobytes(), "h", OFFSETS, resolver).to_pylist()
+    assert [(r["pid"], r["container_id"], r["container_runtime"], r["unit"]) for r in first] == [
+        (77, ident, "docker", f"docker-{ident}.scope"),
+        (78, ident, "docker", f"docker-{ident}.scope"),
+        (78, ident, "docker", f"docker-{ident}.scope"),
+        (79, None, None, None),
+    ]
+    assert first[0]["cgroup"] == f"/system.slice/docker-{ident}.scope" and first[0]["pod_uid"] is None
+    cgroup_file.write_text("0::/system.slice/cron.service\n")
+    again = decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()
+    assert again[0]["unit"] == f"docker-{ident}.scope"  # cached: one read of /proc per process
+    after_exec = decode(np.concatenate([record(Kind.PROCESS_EXEC, pid=77), record(Kind.SOCKET, pid=77, **socket)])
+                        .tobytes(), "h", OFFSETS, resolver).to_pylist()
+    assert [(r["unit"], r["container_id"]) for r in after_exec] == [("cron.service", None)] * 2
+
+
 def test_empty_input_gives_an_empty_table() -> None:
     assert decode(b"", "h", OFFSETS, StartTimeResolver()).num_rows == 0
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from fdtrace.kernel.clock import ClockOffsets
 from fdtrace.procfs import StartTimeResolver
+from fdtrace.procfs.containers import Placement
 from fdtrace.schema import (
     KIND_LABELS,
     RAW_EVENT_DTYPE,
@@ -104,18 +105,18 @@ def _inet_texts(data: np.ndarray, family: np.ndarray, ipv4_at: int, ipv6_at: int
     return codes, values
 
 
-def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeResolver) -> pa.Array:
+def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeResolver,
+                 unique: np.ndarray, inverse: np.ndarray) -> pa.Array:
     pids = raw["pid"]
     kinds = raw["kind"]
     lifecycle = (kinds == Kind.PROCESS_START) | (kinds == Kind.PROCESS_EXIT)
     ordered_pids = np.unique(pids[lifecycle])
     # One lookup per distinct pid, spread over its rows.
-    unique, inverse = np.unique(pids, return_inverse=True)
     in_order = set(ordered_pids.tolist())
     per_pid = [None if pid in in_order else resolver.lookup(pid) for pid in unique.tolist()]
     known_per_pid = np.array([s is not None for s in per_pid], dtype=bool)
-    starts = np.array([s or 0 for s in per_pid], dtype=np.int64)[inverse.reshape(-1)]
-    known = known_per_pid[inverse.reshape(-1)]
+    starts = np.array([s or 0 for s in per_pid], dtype=np.int64)[inverse]
+    known = known_per_pid[inverse]
     # Processes that start or exit in this batch: walk their rows in order, so a pid reused
     # within the batch gets each process's own start.
     for i in np.flatnonzero(np.isin(pids, ordered_pids)):
@@ -129,6 +130,50 @@ def _start_times(raw: np.ndarray, offsets: ClockOffsets, resolver: StartTimeReso
         if kinds[i] == Kind.PROCESS_EXIT:
             resolver.exited(pid)
     return _masked(starts, known, pa.int64())
+
+
+#: The placement columns of an event and the Placement attribute each one is.
+_PLACEMENT_COLUMNS = (("cgroup", "cgroup"), ("unit", "unit"), ("container_id", "container_id"),
+                      ("container_runtime", "runtime"), ("pod_uid", "pod_uid"))
+_NO_PLACEMENT = pa.dictionary(pa.int32(), pa.string())
+
+
+def _placements(raw: np.ndarray, resolver: StartTimeResolver, unique: np.ndarray,
+                inverse: np.ndarray) -> dict[str, pa.Array]:
+    """Each row's cgroup, unit, container and pod: one lookup per distinct pid of the batch (read
+    before its exits are seen, so a process that ends in the batch is still placed). A pid reused
+    within one batch gets its first process's placement."""
+    kinds = raw["kind"]
+    pids = raw["pid"]
+    started = kinds == Kind.PROCESS_START
+    parents: dict[int, int] = {}
+    if started.any():
+        ppids = _slot(raw["extra"], Kind.PROCESS_START, "ppid")[started]
+        parents = dict(zip(pids[started].tolist(), ppids.tolist(), strict=True))
+    execed = set(pids[kinds == Kind.PROCESS_EXEC].tolist())
+    per_pid: dict[int, Placement | None] = {}
+    # Parents before the children they started, so that a child already gone takes theirs.
+    for pid in sorted(unique.tolist(), key=lambda pid: pid in parents):
+        per_pid[pid] = resolver.placement_of(pid, parents.get(pid), reread=pid in execed)
+    placed = [per_pid[pid] for pid in unique.tolist()]
+    n = len(raw)
+    columns = {}
+    for column, attribute in _PLACEMENT_COLUMNS:
+        texts = [getattr(where, attribute) if where is not None else None for where in placed]
+        if all(text is None for text in texts):
+            columns[column] = pa.nulls(n, _NO_PLACEMENT)
+            continue
+        values: list[str] = []
+        index: dict[str, int] = {}
+        codes = np.zeros(len(texts), dtype=np.int32)
+        for i, text in enumerate(texts):
+            if text is not None:
+                codes[i] = index.setdefault(text, len(values))
+                if codes[i] == len(values):
+                    values.append(text)
+        missing = np.array([text is None for text in texts], dtype=bool)
+        columns[column] = _dictionary(codes[inverse], values, mask=missing[inverse] if missing.any() else None)
+    return columns
 
 
 def _slot(extra: np.ndarray, kind: Kind, name: str, dtype: type = np.int32) -> np.ndarray:
@@ -170,13 +215,16 @@ def decode(
     signaled = exit_known & (exit_signal != 0)
     ts = raw["ts_ns"].astype(np.int64)
     family, peer_addr, peer_port = _peer_columns(raw, kinds)
+    unique_pids, pid_rows = np.unique(raw["pid"], return_inverse=True)
+    pid_rows = pid_rows.reshape(-1)
+    placements = _placements(raw, resolver, unique_pids, pid_rows)
     columns = {
         "ts_ns": pa.array(ts, type=pa.int64()),
         "time": pa.array(ts + offsets.realtime_offset_ns, type=pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
         "host": _dictionary(np.zeros(n, dtype=np.int32), [host]),
         "pid": pa.array(raw["pid"].astype(np.int32)),
         "tid": pa.array(raw["tid"].astype(np.int32)),
-        "start_ns": _start_times(raw, offsets, resolver),
+        "start_ns": _start_times(raw, offsets, resolver, unique_pids, pid_rows),
         "comm": _comm_column(raw["comm"]),
         "kind": _dictionary(kinds, _KIND_DICT),
         "syscall": _dictionary(raw["syscall"], list(SYSCALL_NAMES)),
@@ -197,6 +245,7 @@ def decode(
         "shmem_rss_kb": _masked(_slot(extra, Kind.OOM_KILL, "shmem_rss_kb", np.int64), is_oom, pa.int64()),
         "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()),
         "stack_id": _stack_ids(raw, kinds),
+        **placements,
     }
     schema = arrow_schema()
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)

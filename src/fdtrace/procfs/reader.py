@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fdtrace.procfs.containers import Placement, placement
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TICK_NS = 1_000_000_000 // CLOCK_TICKS
 
@@ -276,17 +278,22 @@ class ProcFS:
 
 
 class StartTimeResolver:
-    """Gives each event's process its start time, so that (pid, start_ns) survives PID reuse.
+    """Gives each event's process its start time, so that (pid, start_ns) survives PID reuse,
+    and its placement (cgroup, unit, container, pod).
 
     Processes seen starting get the start computed from the event's own stamp (the kernel takes
     its start time moments before the tracepoint fires); others are read from /proc once and
-    cached until their exit event.
+    cached until their exit event. A placement is read from /proc/PID/cgroup the first time the
+    process is seen and again after an exec (container runtimes move a process into its cgroup
+    before they exec the container's program); one that is gone by then has its parent's when
+    its start was seen (a child starts in its parent's cgroup).
     """
 
     def __init__(self, procfs: ProcFS | None = None, max_cached: int = 65536) -> None:
         self.procfs = procfs or ProcFS()
         self.max_cached = max_cached
         self._cache: dict[int, int | None] = {}
+        self._placements: dict[int, Placement | None] = {}
 
     def started(self, pid: int, ts_ns: int, boottime_offset_ns: int) -> int:
         """Note a process_start seen at ``ts_ns`` (monotonic) and return its start time."""
@@ -302,9 +309,25 @@ class StartTimeResolver:
         self._remember(pid, start)  # None too: a gone process is not looked for again
         return start
 
+    def placement_of(self, pid: int, parent: int | None = None, reread: bool = False) -> Placement | None:
+        """Where a live (or recently seen) process runs; None when it cannot be read. ``parent``:
+        the process it was seen starting from, whose placement a gone child takes; ``reread``:
+        read it again (after an exec)."""
+        if pid in self._placements and not reread:
+            return self._placements[pid]
+        try:
+            where: Placement | None = placement(self.procfs.cgroups(pid))
+        except (ProcessGoneError, ProcessAccessDeniedError):
+            where = self._placements.get(parent) if parent is not None else None
+        if len(self._placements) >= self.max_cached and pid not in self._placements:
+            self._placements.pop(next(iter(self._placements)))
+        self._placements[pid] = where
+        return where
+
     def exited(self, pid: int) -> None:
         """Forget a process after its exit: the pid may be reused."""
         self._cache.pop(pid, None)
+        self._placements.pop(pid, None)
 
     def _remember(self, pid: int, start: int | None) -> None:
         if len(self._cache) >= self.max_cached:

@@ -171,6 +171,11 @@ EVENT_FIELDS: tuple[Field, ...] = (
     Field("oom_score_adj", "int16", True, "oom_kill: the victim's oom_score_adj"),
     Field("stack_id", "int64", True,
           "--stacks: the user stack of a failed call or of a thread's creation (the stacks table)"),
+    Field("cgroup", "dict_string", True, "the process's cgroup (as in samples), read when it is first seen"),
+    Field("unit", "dict_string", True, "the process's systemd unit"),
+    Field("container_id", "dict_string", True, "the process's container's id"),
+    Field("container_runtime", "dict_string", True, "docker, containerd, cri-o or podman"),
+    Field("pod_uid", "dict_string", True, "the process's Kubernetes pod's UID"),
 )
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(f.name for f in EVENT_FIELDS)

@@ -12,7 +12,7 @@ from fdtrace.schema.fields import Field, arrow_type
 
 #: Version of the tables' layout. Bump it whenever a column is added, removed or changes type,
 #: and say in :data:`VERSIONS` what changed; the reader upgrades any older version it knows.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: What each version changed, for the reader's upgrade step and for people.
 VERSIONS: dict[int, str] = {
@@ -26,6 +26,7 @@ VERSIONS: dict[int, str] = {
     5: "the counters table's fd_errors is other_fd_call_errors (it counts the failed calls of the fd-making "
        "syscalls other than socket and accept, not EMFILE/ENFILE); the go_thread_limit event kind; the samples' "
        "cgroup, unit, container_id, container_runtime and pod_uid",
+    6: "the events' cgroup, unit, container_id, container_runtime and pod_uid (each process's, as in samples)",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
