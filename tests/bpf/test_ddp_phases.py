@@ -64,6 +64,12 @@ def checksums(output: str) -> list[str]:
     return sorted(line.split(" hook_calls")[0] for line in output.splitlines() if " checksum " in line)
 
 
+def reported(output: str, name: str) -> list[str]:
+    """What each rank's last line says of ``name`` (hook_calls, buckets, comm_hook), by rank."""
+    lines = sorted(line.split() for line in output.splitlines() if " checksum " in line)
+    return [words[words.index(name) + 1] for words in lines]
+
+
 def test_ddp_phases_per_rank_with_gloo_sockets_inside_init(netns: list[str], tmp_path: Path) -> None:
     out = tmp_path / "rec"
     train = [sys.executable, TRAIN, "--steps", str(STEPS), "--checkpoint", str(tmp_path / "ckpt.pt")]
@@ -73,6 +79,10 @@ def test_ddp_phases_per_rank_with_gloo_sockets_inside_init(netns: list[str], tmp
     plain = run_job([*netns, *train, "--port", str(free_port())])
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert checksums(shimmed.stdout) == checksums(plain.stdout) and len(checksums(plain.stdout)) == 2
+    # DDP kept its built-in all-reduce (no communication hook) and the job's buckets (2 of them)
+    assert reported(shimmed.stdout, "comm_hook") == ["-", "-"]
+    assert reported(shimmed.stdout, "buckets") == reported(plain.stdout, "buckets") == ["2", "2"]
+    bucket_count = 2
 
     rec = load(out)
     phases = rec.phases
@@ -87,7 +97,8 @@ def test_ddp_phases_per_rank_with_gloo_sockets_inside_init(netns: list[str], tmp
             [optimizer] = at[at["phase"] == "optimizer"].itertuples()
             assert init.end_mono_ns <= forward.start_mono_ns < backward.start_mono_ns < optimizer.start_mono_ns
             buckets = at[at["phase"] == "allreduce"]
-            assert len(buckets) >= 1
+            # every bucket, once, in order; DDP rebuilds its buckets after the first step
+            assert buckets["bucket"].tolist() == list(range(bucket_count if step else len(buckets))) and len(buckets)
             assert (buckets["start_mono_ns"] >= backward.start_mono_ns).all()
             assert (buckets["end_mono_ns"] <= backward.end_mono_ns).all()
         assert (mine["phase"] == "destroy_process_group").sum() == 1
@@ -117,10 +128,11 @@ def test_the_jobs_own_comm_hook_is_still_called(netns: list[str], tmp_path: Path
                       sys.executable, TRAIN, "--hook", "--steps", str(STEPS), "--port", str(free_port()),
                       "--checkpoint", str(tmp_path / "ckpt.pt")])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(line.split("hook_calls ")[1] for line in result.stdout.splitlines()
-                  if "hook_calls" in line) == [str(STEPS), str(STEPS)]
+    calls = [int(n) for n in reported(result.stdout, "hook_calls")]
+    assert reported(result.stdout, "buckets") == ["2", "2"] and calls[0] == calls[1] >= 2 * STEPS - 1
     phases = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
-    assert len([p for p in phases if p["phase"] == "allreduce"]) == 2 * STEPS
+    for rank in (0, 1):  # each call of the job's hook timed, once
+        assert len([p for p in phases if p["phase"] == "allreduce" and p["rank"] == rank]) == calls[rank]
 
 
 def test_each_ranks_step_and_phase_can_be_watched_live(netns: list[str], tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ steps under the PyTorch profiler and writes its (Kineto) trace to DIR/trace-RANK
 import argparse
 import contextlib
 import os
+import pickle
 import sys
 import time
 
@@ -31,7 +32,7 @@ def train(rank, world, steps, port, hook, checkpoint, step_sleep, profile_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                                        torch.nn.Linear(256, 8)), bucket_cap_mb=0.05)
+                                                        torch.nn.Linear(256, 8)), bucket_cap_mb=0.005)
     calls = {"n": 0}
     if hook:
         def counting_hook(state, bucket):
@@ -55,8 +56,15 @@ def train(rank, world, steps, port, hook, checkpoint, step_sleep, profile_dir):
     if rank == 0:
         torch.save(model.module.state_dict(), checkpoint)
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+    if not hook:  # (the job's hook is a local function: DDP keeps it, and it is not picklable)
+        pickle.dumps(model)  # the module stays picklable under fdtrace run, and pickling is no checkpoint
+    pickle.loads(pickle.dumps(model.module))
     # One write of one whole line: ranks share the pipe, and print() writes the newline apart.
-    sys.stdout.write(f"rank {rank} checksum {checksum:.12f} hook_calls {calls['n']}\n")
+    # How DDP reduced: its buckets, and the communication hook it calls (none: its built-in all-reduce).
+    buckets = len(model.reducer._get_zeros_like_grad_buckets())
+    comm_hook = model._get_ddp_logging_data().get("comm_hook") or "-"
+    sys.stdout.write(f"rank {rank} checksum {checksum:.12f} hook_calls {calls['n']} buckets {buckets} "
+                     f"comm_hook {comm_hook}\n")
     sys.stdout.flush()
     dist.destroy_process_group()
     # Skip the interpreter's teardown: in about one run in twenty, gloo's threads crash it

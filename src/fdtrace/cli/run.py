@@ -24,9 +24,8 @@ from fdtrace.errors import FdtraceError
 @click.option("--phases-out", type=click.Path(dir_okay=False), default=None,
               help="Also write the phases to this file (.parquet, else JSON lines).")
 @click.option("--skip", "skip", multiple=True, type=click.Choice(["forward", "backward", "allreduce"]),
-              help="Do not mark this phase. `--skip allreduce` keeps DDP's built-in all-reduce: timing each "
-                   "bucket needs a communication hook, whose averaging costs an extra pass over the gradients "
-                   "on CPU (see docs/benchmarks.md). Repeatable.")
+              help="Do not mark this phase. `--skip allreduce` leaves DDP's reducer as it is: no bucket is "
+                   "timed, the all-reduce shows inside backward (see docs/phases.md). Repeatable.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run a training command unchanged, marking its PyTorch phases in every rank.

@@ -17,6 +17,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 
 _OUT_DIR = os.environ.get("FDTRACE_PHASES_DIR")
 # Phases not to mark (comma-separated), e.g. "allreduce": DDP then keeps its built-in all-reduce.
@@ -197,6 +198,101 @@ def _patch_distributed(torch):
             setattr(dist, name, _timed(name, original))
 
 
+# DDP module -> the timed process group its reducer was given.
+_TIMED_GROUPS = weakref.WeakKeyDictionary()
+
+
+def _timed_group(torch, group):
+    """A process group that is ``group`` for every call but all-reduce, whose calls (each bucket
+    of gradients DDP's reducer sends) it times, start to completion. Given to the reducer only,
+    it keeps DDP's built-in all-reduce: the averaging stays folded into the gradient copy."""
+    import torch.distributed as dist
+
+    base = dist.ProcessGroup
+
+    class _TimedWork(dist.Work):
+        """An all-reduce whose future completes once its end is written: the reducer, which
+        waits on that future, never runs ahead of the mark."""
+
+        def __init__(self, future):
+            super().__init__()
+            self._future = future
+
+        def get_future(self):
+            return self._future
+
+        def wait(self, timeout=None):
+            self._future.wait()
+            return True
+
+    class _TimedGroup(base):
+        def __init__(self):
+            super().__init__(group.rank(), group.size())
+            self.bucket = 0  # buckets are sent in order: the n-th all-reduce of a step is bucket n
+
+        def allreduce(self, tensors, *args):
+            timing = None
+            try:
+                # The map of used parameters (find_unused_parameters) is all-reduced too; it is
+                # integer, and not a bucket.
+                if tensors and tensors[0].is_floating_point():
+                    index, self.bucket = self.bucket, self.bucket + 1
+                    timing = (index, _begin("allreduce", f"bucket {index}"), time.monotonic_ns(), time.time_ns(),
+                              _state["step"])
+            except Exception:
+                timing = None
+            work = group.allreduce(tensors, *args)
+            if timing is None:
+                return work
+            index, token, start_mono, start_wall, step = timing
+
+            def done(fut):
+                _write("allreduce", start_mono, start_wall, bucket=index, token=token, step=step)
+                return fut.value()
+            try:
+                return _TimedWork(work.get_future().then(done))
+            except Exception:
+                _end(token, time.time_ns())
+                return work
+
+    timed = _TimedGroup()
+    types = base.BackendType
+    registered = 0
+    for device in ("cpu", "cuda", "xpu", "hpu", "mtia"):
+        try:
+            backend = group._get_backend(torch.device(device))
+        except Exception:
+            continue
+        name = str(backend.name()).upper().replace("PROCESSGROUP", "")
+        timed._register_backend(torch.device(device), getattr(types, name, types.CUSTOM), backend)
+        registered += 1
+    if not registered:
+        raise RuntimeError("no backend")
+    default = str(group._get_backend_name()).upper()
+    if hasattr(types, default):
+        timed._set_default_backend(getattr(types, default))
+    return timed
+
+
+def _time_buckets(torch, model, hook_fallback):
+    """Time each all-reduce bucket of ``model`` (a DDP module the job gave no hook): the reducer
+    gets a timed view of its process group; where this torch lacks what that needs, a timed copy
+    of DDP's default hook (which averages in a pass of its own) is registered instead."""
+    try:
+        timed = _timed_group(torch, model.process_group)
+        model.reducer._update_process_group(timed)
+        # The reducer holds the C++ side only: the Python one is kept alive here, not on the
+        # module, which must stay picklable and deep-copyable.
+        _TIMED_GROUPS[model] = timed
+        return
+    except Exception:
+        pass
+    try:
+        hook_fallback()
+    except Exception:
+        pass
+
+
 def _patch_ddp(torch):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
@@ -210,13 +306,12 @@ def _patch_ddp(torch):
 
     def forward(self, *args, **kwargs):
         if not getattr(self, "_fdtrace_hooked", False) and "allreduce" not in _SKIP:
-            # No hook of the user's: the default all-reduce, timed (the same arithmetic as DDP's
-            # built-in one: average by dividing, then sum).
             self._fdtrace_hooked = True
-            try:
-                original_register(self, None, _timed_comm_hook(default_hooks.allreduce_hook))
-            except Exception:
-                pass
+            _time_buckets(torch, self,
+                          lambda: original_register(self, None, _timed_comm_hook(default_hooks.allreduce_hook)))
+        group = _TIMED_GROUPS.get(self)
+        if group is not None:
+            group.bucket = 0
         if "forward" in _SKIP:
             return original_forward(self, *args, **kwargs)
         token = _begin("forward")
@@ -253,9 +348,25 @@ def _patch_optimizer(torch):
     register_optimizer_step_post_hook(post)
 
 
+def _unless_pickling(timed):
+    """``timed``, but for the calls torch makes itself to pickle a tensor's storage (pickle,
+    deepcopy and multiprocessing of tensors go through torch.save and torch.load): those are
+    not checkpoints."""
+    original = timed.__wrapped__
+
+    def wrapper(*args, **kwargs):
+        caller = sys._getframe(1).f_code
+        if caller.co_name.startswith(("__reduce", "_load_from_bytes")) and "torch" in caller.co_filename:
+            return original(*args, **kwargs)
+        return timed(*args, **kwargs)
+    for name in ("__wrapped__", "_fdtrace_phase", "__name__", "__doc__"):
+        setattr(wrapper, name, getattr(timed, name))
+    return wrapper
+
+
 def _patch_checkpoints(torch):
-    torch.save = _timed("checkpoint_save", torch.save)
-    torch.load = _timed("checkpoint_load", torch.load)
+    torch.save = _unless_pickling(_timed("checkpoint_save", torch.save))
+    torch.load = _unless_pickling(_timed("checkpoint_load", torch.load))
     try:
         import torch.distributed.checkpoint as dcp
 
