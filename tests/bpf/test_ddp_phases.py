@@ -135,6 +135,23 @@ def test_the_jobs_own_comm_hook_is_still_called(netns: list[str], tmp_path: Path
         assert len([p for p in phases if p["phase"] == "allreduce" and p["rank"] == rank]) == calls[rank]
 
 
+def test_a_torch_without_the_reducers_update_falls_back_to_a_timed_allreduce_hook(netns: list[str],
+                                                                                 tmp_path: Path) -> None:
+    train = [sys.executable, TRAIN, "--older-torch", "--steps", str(STEPS), "--checkpoint", str(tmp_path / "c.pt")]
+    shimmed = run_job([*netns, FDTRACE, "run", "--phases-out", str(tmp_path / "p.jsonl"), "--", *train,
+                       "--port", str(free_port())])
+    assert shimmed.returncode == 0, shimmed.stderr[-3000:]  # the job pickles its module: the hook is picklable
+    plain = run_job([*netns, *train, "--port", str(free_port())])
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert checksums(shimmed.stdout) == checksums(plain.stdout) and len(checksums(plain.stdout)) == 2
+    assert reported(shimmed.stdout, "comm_hook") == ["fdtrace.allreduce_hook"] * 2
+    phases = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    for rank in (0, 1):
+        for step in range(1, STEPS):
+            assert [p["bucket"] for p in phases if p["phase"] == "allreduce" and p["rank"] == rank
+                    and p["step"] == step] == [0, 1]
+
+
 def test_each_ranks_step_and_phase_can_be_watched_live(netns: list[str], tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -7,7 +7,8 @@ STEPS steps, rank 0 saves a checkpoint, and every rank prints a checksum of its 
 Under torchrun (one process per rank, started by torchrun) it trains its own rank, from the
 environment torchrun sets, instead of spawning the ranks itself.
 
---hook registers a communication hook of the job's own, which counts its calls; --step-sleep
+--hook registers a communication hook of the job's own, which counts its calls; --older-torch
+hides the reducer's _update_process_group, as a torch without it would (the shim then falls back); --step-sleep
 waits S seconds after each step (time for a watcher to see the ranks move); --profile runs the
 steps under the PyTorch profiler and writes its (Kineto) trace to DIR/trace-RANK.json.
 """
@@ -26,13 +27,27 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 
-def train(rank, world, steps, port, hook, checkpoint, step_sleep, profile_dir):
+class _ReducerOfAnOlderTorch:
+    """DDP's reducer without _update_process_group, as in a torch that lacks it."""
+
+    def __init__(self, reducer):
+        self._reducer = reducer
+
+    def __getattr__(self, name):
+        if name == "_update_process_group":
+            raise AttributeError(name)
+        return getattr(self._reducer, name)
+
+
+def train(rank, world, steps, port, hook, checkpoint, step_sleep, profile_dir, older_torch=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                                         torch.nn.Linear(256, 8)), bucket_cap_mb=0.005)
+    if older_torch:
+        model.reducer = _ReducerOfAnOlderTorch(model.reducer)
     calls = {"n": 0}
     if hook:
         def counting_hook(state, bucket):
@@ -81,11 +96,12 @@ if __name__ == "__main__":
     parser.add_argument("--hook", action="store_true")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--older-torch", action="store_true", help="a reducer without _update_process_group")
     parser.add_argument("--checkpoint", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ddp-checkpoint.pt"))
     args = parser.parse_args()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.steps, int(os.environ["MASTER_PORT"]),
-              args.hook, args.checkpoint, args.step_sleep, args.profile)
+              args.hook, args.checkpoint, args.step_sleep, args.profile, args.older_torch)
     else:
         mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint, args.step_sleep,
-                              args.profile), nprocs=args.world)
+                              args.profile, args.older_torch), nprocs=args.world)

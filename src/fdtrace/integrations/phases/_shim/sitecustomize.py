@@ -173,20 +173,26 @@ def _timed(phase, function, name=None):
     return wrapper
 
 
-def _timed_comm_hook(hook):
-    """A DDP communication hook that records each bucket's all-reduce, start to completion."""
-    def timed(state, bucket):
+class _TimedCommHook:
+    """A DDP communication hook that records each bucket's all-reduce, start to completion. A
+    class, not a closure: DDP keeps its hook, and a DDP module must stay picklable."""
+
+    def __init__(self, hook):
+        self.__wrapped__ = hook
+        # DDP checks the hook by its __name__ and logs it by its __qualname__
+        self.__name__ = getattr(hook, "__name__", type(hook).__name__)
+        self.__qualname__ = "fdtrace." + getattr(hook, "__qualname__", self.__name__)
+
+    def __call__(self, state, bucket):
         index = bucket.index()
         token = _begin("allreduce", f"bucket {index}")
         start_mono, start_wall = time.monotonic_ns(), time.time_ns()
-        future = hook(state, bucket)
+        future = self.__wrapped__(state, bucket)
 
         def done(fut):
             _write("allreduce", start_mono, start_wall, bucket=index, token=token)
             return fut.value()
         return future.then(done)
-    timed.__wrapped__ = hook
-    return timed
 
 
 def _patch_distributed(torch):
@@ -302,13 +308,13 @@ def _patch_ddp(torch):
 
     def register_comm_hook(self, state, hook):
         self._fdtrace_hooked = True
-        return original_register(self, state, hook if "allreduce" in _SKIP else _timed_comm_hook(hook))
+        return original_register(self, state, hook if "allreduce" in _SKIP else _TimedCommHook(hook))
 
     def forward(self, *args, **kwargs):
         if not getattr(self, "_fdtrace_hooked", False) and "allreduce" not in _SKIP:
             self._fdtrace_hooked = True
             _time_buckets(torch, self,
-                          lambda: original_register(self, None, _timed_comm_hook(default_hooks.allreduce_hook)))
+                          lambda: original_register(self, None, _TimedCommHook(default_hooks.allreduce_hook)))
         group = _TIMED_GROUPS.get(self)
         if group is not None:
             group.bucket = 0
