@@ -247,7 +247,12 @@ def _timed_group(torch, group):
                               _state["step"])
             except Exception:
                 timing = None
-            work = group.allreduce(tensors, *args)
+            try:
+                work = group.allreduce(tensors, *args)
+            except BaseException:
+                if timing is not None:
+                    _end(timing[1], time.time_ns())  # the job's own error: the bucket is not left open
+                raise
             if timing is None:
                 return work
             index, token, start_mono, start_wall, step = timing
