@@ -142,22 +142,40 @@ class Symbolizer:
         known = self._calls.get(key)
         if known is not None:
             return known
-        try:
-            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            before = os.pread(fd, 7, address - 7)
-        except OSError:
-            before = b""
-        finally:
-            os.close(fd)
+        before = _read_memory(pid, address - 7, 7)
         follows = len(before) == 7 and (before[2] == 0xE8 or any(
             before[7 - k] == 0xFF and (before[8 - k] >> 3) & 7 == 2 for k in (2, 3, 4, 6, 7)))
         self._calls[key] = follows
         if len(self._calls) > self._max_frames:
             self._calls.clear()
         return follows
+
+    def call_target(self, pid: int, address: int) -> int | None:
+        """Where the call that returns to ``address`` went, or None where the instruction does not
+        say (a call through a register).
+
+        A direct ``e8 rel32`` and a ``call *disp(%rip)`` (code built with -fno-plt) name their
+        callee; a PLT stub they reach (``jmp *disp(%rip)``, after an endbr64 and a bnd prefix
+        where present) is followed through the process's GOT to the function it was bound to."""
+        before = _read_memory(pid, address - 6, 6)
+        if len(before) != 6:
+            return None
+        if before[1] == 0xE8:
+            target = (address + int.from_bytes(before[2:], "little", signed=True)) & (1 << 64) - 1
+        elif before[0] == 0xFF and before[1] == 0x15:
+            slot = _read_memory(pid, address + int.from_bytes(before[2:], "little", signed=True), 8)
+            return int.from_bytes(slot, "little") if len(slot) == 8 else None
+        else:
+            return None
+        stub = _read_memory(pid, target, 11)
+        at = 4 if stub.startswith(b"\xf3\x0f\x1e\xfa") else 0  # endbr64
+        at += 1 if stub[at:at + 1] == b"\xf2" else 0  # bnd
+        if stub[at:at + 2] == b"\xff\x25" and len(stub) >= at + 6:
+            next_instruction = target + at + 6
+            slot = _read_memory(pid, next_instruction + int.from_bytes(stub[at + 2:at + 6], "little", signed=True), 8)
+            if len(slot) == 8:
+                return int.from_bytes(slot, "little")
+        return target
 
     def forget(self) -> None:
         """Free the symbol caches of processes that are gone."""
@@ -209,7 +227,9 @@ def symbolize(symbolizer: Symbolizer, stack_id: int, pid: int, scan: list[int], 
 def _skipped_callers(symbolizer: Symbolizer, pid: int, scan: list[int], addresses: list[int]) -> list[tuple[str, str]]:
     if not addresses or not any(scan):
         return []
-    first_module = _module(symbolizer.frame(pid, addresses[0])[0])
+    first_text, callee = symbolizer.frame(pid, addresses[0])
+    first_module = _module(first_text)
+    callee_start = _function_start(first_text, addresses[0])
     following = addresses[1] if len(addresses) > 1 else None
     found: list[tuple[str, str]] = []
     for word in scan:
@@ -220,12 +240,39 @@ def _skipped_callers(symbolizer: Symbolizer, pid: int, scan: list[int], addresse
         text, function = symbolizer.frame(pid, word)
         if function is None or text.startswith(f"{function}+0x0 "):
             continue  # a function's own address (a pointer kept on the stack) returns nowhere
+        target = symbolizer.call_target(pid, word)
+        if target is not None and target != callee_start and symbolizer.frame(pid, target)[1] != callee:
+            continue  # left on the stack by an earlier call to something else: not this one's caller
         found.append((text, function))
+        callee, callee_start = function, _function_start(text, word)
         if _module(text) != first_module or len(found) >= 4:
             break
     if found and _module(found[-1][0]) == first_module:
         return []  # nothing outside the wrapper's own module: not what the walk skipped
     return found
+
+
+def _function_start(text: str, address: int) -> int | None:
+    """The address of the start of the function a frame's text names, or None where it names none."""
+    if text.startswith(("[", "0x")) or "+0x" not in text:
+        return None
+    return address - int(text.split("+0x", 1)[1].split(" ", 1)[0], 16)
+
+
+def _read_memory(pid: int, address: int, size: int) -> bytes:
+    """``size`` bytes of the process's memory at ``address``; fewer (or none) where unmapped or gone."""
+    if address < 0 or address + size > 1 << 64:
+        return b""
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, size, address)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _module(text: str) -> str:
