@@ -118,3 +118,44 @@ def test_a_service_holding_a_containerd_container_on_cgroup_v2(tmp_path: Path, c
                            capture_output=True, text=True, timeout=60)
     assert quiet.returncode != 0 and quiet.stderr.strip().splitlines() == [
         f"fdtrace: error: --unit {unit}-nothing: no process in a matching cgroup under /sys/fs/cgroup"]
+
+
+# Makes SOCKETS sockets each time it is told, then stays a moment.
+TWICE = f"""
+import socket, sys, time
+for _ in range(2):
+    sys.stdin.readline()
+    for _ in range({SOCKETS}):
+        socket.socket().close()
+    print("made", flush=True)
+time.sleep(1)
+"""
+
+
+def test_a_process_moved_to_another_cgroup_has_its_new_place_in_events_a_second_later(
+        tmp_path: Path, cgroups: list[Path]) -> None:
+    unit = f"fdtrace-test-{os.getpid()}"
+    first, second = cgroup(V2, f"{unit}-first.service", cgroups), cgroup(V2, f"{unit}-second.service", cgroups)
+    child = subprocess.Popen(python_child(TWICE), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    (first / "cgroup.procs").write_text(str(child.pid))
+    out = tmp_path / "rec"
+    recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "0.5", "--pid", str(child.pid)],
+                       "recording to")
+    try:
+        for move in (True, False):
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "made"
+            if move:
+                time.sleep(1)  # its sockets are decoded (and its place read) before it moves
+                (second / "cgroup.procs").write_text(str(child.pid))  # no exec: no event shows the move
+                time.sleep(1.5)
+        child.wait(timeout=30)
+        time.sleep(0.5)
+    finally:
+        recorder.send_signal(2)
+        recorder.communicate(timeout=60)
+    events = load(out).events
+    sockets = events[(events["kind"] == "socket") & (events["pid"] == child.pid)].sort_values("ts_ns")
+    assert sockets["unit"].tolist() == [f"{unit}-first.service"] * SOCKETS + [f"{unit}-second.service"] * SOCKETS

@@ -88,12 +88,13 @@ def test_pid_reused_within_one_batch_gets_each_start() -> None:
     assert rows[0]["start_ns"] == rows[1]["start_ns"] != rows[2]["start_ns"] == rows[3]["start_ns"]
 
 
-def test_each_row_carries_its_process_placement_read_once_and_again_after_exec(tmp_path: Path) -> None:
+def test_each_row_carries_its_process_placement_read_once_a_second_and_again_after_exec(tmp_path: Path) -> None:
     ident = "ab" * 32
     (tmp_path / "77").mkdir()
     cgroup_file = tmp_path / "77" / "cgroup"
     cgroup_file.write_text(f"0::/system.slice/docker-{ident}.scope\n")
-    resolver = StartTimeResolver(ProcFS(tmp_path))
+    now = [0]
+    resolver = StartTimeResolver(ProcFS(tmp_path), clock=lambda: now[0])
     socket = {"syscall": SYSCALL_IDS["socket"], "ret": 3, "fd": 3}
     first = decode(np.concatenate([
         record(Kind.SOCKET, pid=77, **socket),
@@ -109,11 +110,23 @@ def test_each_row_carries_its_process_placement_read_once_and_again_after_exec(t
     ]
     assert first[0]["cgroup"] == f"/system.slice/docker-{ident}.scope" and first[0]["pod_uid"] is None
     cgroup_file.write_text("0::/system.slice/cron.service\n")
+    now[0] = 999_999_999
     again = decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()
-    assert again[0]["unit"] == f"docker-{ident}.scope"  # cached: one read of /proc per process
+    assert again[0]["unit"] == f"docker-{ident}.scope"  # cached: one read of /proc per process a second
     after_exec = decode(np.concatenate([record(Kind.PROCESS_EXEC, pid=77), record(Kind.SOCKET, pid=77, **socket)])
                         .tobytes(), "h", OFFSETS, resolver).to_pylist()
     assert [(r["unit"], r["container_id"]) for r in after_exec] == [("cron.service", None)] * 2
+    cgroup_file.write_text("0::/system.slice/moved.service\n")  # a write to cgroup.procs: no event says so
+    now[0] += 999_999_999
+    assert decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()[0]["unit"] \
+        == "cron.service"
+    now[0] += 1
+    assert decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()[0]["unit"] \
+        == "moved.service"
+    cgroup_file.unlink()  # gone: it keeps what was read last
+    now[0] += 5_000_000_000
+    assert decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()[0]["unit"] \
+        == "moved.service"
 
 
 def test_empty_input_gives_an_empty_table() -> None:

@@ -153,8 +153,9 @@ def _placements(raw: np.ndarray, resolver: StartTimeResolver, unique: np.ndarray
     execed = set(pids[kinds == Kind.PROCESS_EXEC].tolist())
     per_pid: dict[int, Placement | None] = {}
     # Parents before the children they started, so that a child already gone takes theirs.
+    now_ns = resolver.clock()
     for pid in sorted(unique.tolist(), key=lambda pid: pid in parents):
-        per_pid[pid] = resolver.placement_of(pid, parents.get(pid), reread=pid in execed)
+        per_pid[pid] = resolver.placement_of(pid, parents.get(pid), reread=pid in execed, now_ns=now_ns)
     placed = [per_pid[pid] for pid in unique.tolist()]
     n = len(raw)
     columns = {}

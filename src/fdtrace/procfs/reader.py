@@ -7,7 +7,8 @@ from __future__ import annotations
 import errno
 import os
 import resource
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,16 +285,21 @@ class StartTimeResolver:
     Processes seen starting get the start computed from the event's own stamp (the kernel takes
     its start time moments before the tracepoint fires); others are read from /proc once and
     cached until their exit event. A placement is read from /proc/PID/cgroup the first time the
-    process is seen and again after an exec (container runtimes move a process into its cgroup
-    before they exec the container's program); one that is gone by then has its parent's when
-    its start was seen (a child starts in its parent's cgroup).
+    process is seen, again after an exec (container runtimes move a process into its cgroup
+    before they exec the container's program) and again once it is ``placement_max_age_ns`` old
+    (a process moved by a write to cgroup.procs, which no event shows); one that is gone by then
+    keeps what was read, or has its parent's when its start was seen (a child starts in its
+    parent's cgroup).
     """
 
-    def __init__(self, procfs: ProcFS | None = None, max_cached: int = 65536) -> None:
+    def __init__(self, procfs: ProcFS | None = None, max_cached: int = 65536,
+                 placement_max_age_ns: int = 1_000_000_000, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.procfs = procfs or ProcFS()
         self.max_cached = max_cached
+        self.placement_max_age_ns = placement_max_age_ns
+        self.clock = clock
         self._cache: dict[int, int | None] = {}
-        self._placements: dict[int, Placement | None] = {}
+        self._placements: dict[int, tuple[Placement | None, int]] = {}
 
     def started(self, pid: int, ts_ns: int, boottime_offset_ns: int) -> int:
         """Note a process_start seen at ``ts_ns`` (monotonic) and return its start time."""
@@ -309,19 +315,27 @@ class StartTimeResolver:
         self._remember(pid, start)  # None too: a gone process is not looked for again
         return start
 
-    def placement_of(self, pid: int, parent: int | None = None, reread: bool = False) -> Placement | None:
+    def placement_of(self, pid: int, parent: int | None = None, reread: bool = False,
+                     now_ns: int | None = None) -> Placement | None:
         """Where a live (or recently seen) process runs; None when it cannot be read. ``parent``:
         the process it was seen starting from, whose placement a gone child takes; ``reread``:
-        read it again (after an exec)."""
-        if pid in self._placements and not reread:
-            return self._placements[pid]
+        read it again (after an exec); ``now_ns``: the resolver's clock, read once by a caller
+        that asks for many processes."""
+        now = self.clock() if now_ns is None else now_ns
+        known = self._placements.get(pid)
+        if known is not None and not reread and now - known[1] < self.placement_max_age_ns:
+            return known[0]
         try:
             where: Placement | None = placement(self.procfs.cgroups(pid))
         except (ProcessGoneError, ProcessAccessDeniedError):
-            where = self._placements.get(parent) if parent is not None else None
-        if len(self._placements) >= self.max_cached and pid not in self._placements:
+            if known is not None:
+                where = known[0]
+            else:
+                inherited = self._placements.get(parent) if parent is not None else None
+                where = inherited[0] if inherited is not None else None
+        if len(self._placements) >= self.max_cached and known is None:
             self._placements.pop(next(iter(self._placements)))
-        self._placements[pid] = where
+        self._placements[pid] = (where, now)
         return where
 
     def exited(self, pid: int) -> None:
