@@ -167,6 +167,8 @@ class Symbolizer:
             return int.from_bytes(slot, "little") if len(slot) == 8 else None
         else:
             return None
+        if self._mapping(pid, target) is None:
+            return target  # not code: no stub to follow (and no memory of the process read there)
         stub = _read_memory(pid, target, 11)
         at = 4 if stub.startswith(b"\xf3\x0f\x1e\xfa") else 0  # endbr64
         at += 1 if stub[at:at + 1] == b"\xf2" else 0  # bnd
