@@ -56,15 +56,27 @@ def _comm_column(comms: np.ndarray) -> pa.Array:
     """Task names, each cut at its first NUL: a tracepoint may copy the bytes that follow it
     (oom:mark_victim gave "python\\0gnu"). Names that are equal once cut share one entry."""
     unique, inverse = np.unique(comms, return_inverse=True)
-    names: list[str] = []
-    index: dict[str, int] = {}
-    codes = np.empty(len(unique), dtype=np.int32)
-    for i, raw in enumerate(unique):
-        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-        codes[i] = index.setdefault(name, len(names))
-        if codes[i] == len(names):
-            names.append(name)
+    codes, names, _ = _encoded([raw.split(b"\0", 1)[0].decode("utf-8", "replace") for raw in unique])
     return _dictionary(codes[inverse.reshape(-1)], names)
+
+
+def _encoded(texts: list[str | None]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Dictionary codes of ``texts`` (equal texts share one), the distinct texts in order of
+    first sight, and where a text is None (its code is 0)."""
+    values: list[str] = []
+    index: dict[str, int] = {}
+    codes = np.zeros(len(texts), dtype=np.int32)
+    missing = np.zeros(len(texts), dtype=bool)
+    for i, text in enumerate(texts):
+        if text is None:
+            missing[i] = True
+            continue
+        code = index.get(text)
+        if code is None:
+            code = index[text] = len(values)
+            values.append(text)
+        codes[i] = code
+    return codes, values, missing
 
 
 _FAMILY_NAMES = _enum_names(socket.AddressFamily, range(256), "AF_")
@@ -164,15 +176,7 @@ def _placements(raw: np.ndarray, resolver: StartTimeResolver, unique: np.ndarray
         if all(text is None for text in texts):
             columns[column] = pa.nulls(n, _NO_PLACEMENT)
             continue
-        values: list[str] = []
-        index: dict[str, int] = {}
-        codes = np.zeros(len(texts), dtype=np.int32)
-        for i, text in enumerate(texts):
-            if text is not None:
-                codes[i] = index.setdefault(text, len(values))
-                if codes[i] == len(values):
-                    values.append(text)
-        missing = np.array([text is None for text in texts], dtype=bool)
+        codes, values, missing = _encoded(texts)
         columns[column] = _dictionary(codes[inverse], values, mask=missing[inverse] if missing.any() else None)
     return columns
 
