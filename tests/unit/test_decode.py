@@ -123,10 +123,18 @@ def test_each_row_carries_its_process_placement_read_once_a_second_and_again_aft
     now[0] += 1
     assert decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()[0]["unit"] \
         == "moved.service"
+    resolver.max_rereads_per_s = 0  # re-reads spent for this second: it keeps what it has
+    cgroup_file.write_text("0::/system.slice/later.service\n")
+    now[0] += 1_000_000_000
+    assert decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()[0]["unit"] \
+        == "moved.service"
+    resolver.max_rereads_per_s = 1
+    assert decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()[0]["unit"] \
+        == "later.service"
     cgroup_file.unlink()  # gone: it keeps what was read last
     now[0] += 5_000_000_000
     assert decode(record(Kind.SOCKET, pid=77, **socket).tobytes(), "h", OFFSETS, resolver).to_pylist()[0]["unit"] \
-        == "moved.service"
+        == "later.service"
 
 
 def test_empty_input_gives_an_empty_table() -> None:

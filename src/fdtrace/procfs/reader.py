@@ -287,17 +287,22 @@ class StartTimeResolver:
     cached until their exit event. A placement is read from /proc/PID/cgroup the first time the
     process is seen, again after an exec (container runtimes move a process into its cgroup
     before they exec the container's program) and again once it is ``placement_max_age_ns`` old
-    (a process moved by a write to cgroup.procs, which no event shows); one that is gone by then
-    keeps what was read, or has its parent's when its start was seen (a child starts in its
-    parent's cgroup).
+    (a process moved by a write to cgroup.procs, which no event shows), at most
+    ``max_rereads_per_s`` of those a second (about 26 µs each: a host with more active processes
+    than that has some of theirs a little older); one that is gone by then keeps what was read, or
+    has its parent's when its start was seen (a child starts in its parent's cgroup).
     """
 
     def __init__(self, procfs: ProcFS | None = None, max_cached: int = 65536,
-                 placement_max_age_ns: int = 1_000_000_000, clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 placement_max_age_ns: int = 1_000_000_000, max_rereads_per_s: int = 1000,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.procfs = procfs or ProcFS()
         self.max_cached = max_cached
         self.placement_max_age_ns = placement_max_age_ns
+        self.max_rereads_per_s = max_rereads_per_s
         self.clock = clock
+        self._reread_second = -1
+        self._rereads = 0
         self._cache: dict[int, int | None] = {}
         self._placements: dict[int, tuple[Placement | None, int]] = {}
 
@@ -323,8 +328,14 @@ class StartTimeResolver:
         that asks for many processes."""
         now = self.clock() if now_ns is None else now_ns
         known = self._placements.get(pid)
-        if known is not None and not reread and now - known[1] < self.placement_max_age_ns:
-            return known[0]
+        if known is not None and not reread:
+            if now - known[1] < self.placement_max_age_ns:
+                return known[0]
+            if now // 1_000_000_000 != self._reread_second:
+                self._reread_second, self._rereads = now // 1_000_000_000, 0
+            if self._rereads >= self.max_rereads_per_s:
+                return known[0]  # this second's re-reads are spent: read it again in a later batch
+            self._rereads += 1
         try:
             where: Placement | None = placement(self.procfs.cgroups(pid))
         except (ProcessGoneError, ProcessAccessDeniedError):
