@@ -132,6 +132,22 @@ time.sleep(1)
 """
 
 
+def recorded_sockets(out: Path, pid: int, count: int, timeout: float = 30) -> None:
+    """Wait until the recording being written holds ``count`` socket events of ``pid``."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        try:
+            events = load(out, columns={"events": ["pid", "kind"]}).events
+            seen = int(((events["pid"] == pid) & (events["kind"] == "socket")).sum())
+        except Exception:  # nothing flushed yet
+            seen = 0
+        if seen >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{seen} of {count} socket events recorded after {timeout} s")
+
+
 def test_a_process_moved_to_another_cgroup_has_its_new_place_in_events_a_second_later(
         tmp_path: Path, cgroups: list[Path]) -> None:
     unit = f"fdtrace-test-{os.getpid()}"
@@ -148,7 +164,7 @@ def test_a_process_moved_to_another_cgroup_has_its_new_place_in_events_a_second_
             child.stdin.flush()
             assert child.stdout.readline().strip() == "made"
             if move:
-                time.sleep(1)  # its sockets are decoded (and its place read) before it moves
+                recorded_sockets(out, child.pid, SOCKETS)  # decoded, its place read, before it moves
                 (second / "cgroup.procs").write_text(str(child.pid))  # no exec: no event shows the move
                 time.sleep(1.5)
         child.wait(timeout=30)

@@ -256,9 +256,10 @@ def _skipped_callers(symbolizer: Symbolizer, pid: int, scan: list[int], addresse
 
 def _function_start(text: str, address: int) -> int | None:
     """The address of the start of the function a frame's text names, or None where it names none."""
-    if text.startswith(("[", "0x")) or "+0x" not in text:
+    head = text.rsplit(" [", 1)[0]  # "name+0xoffset": the name may hold a "+" (C++ operator+)
+    if text.startswith(("[", "0x")) or "+0x" not in head:
         return None
-    return address - int(text.split("+0x", 1)[1].split(" ", 1)[0], 16)
+    return address - int(head.rsplit("+0x", 1)[1], 16)
 
 
 def _read_memory(pid: int, address: int, size: int) -> bytes:
