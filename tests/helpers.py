@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -85,3 +86,16 @@ def started(argv: list[str], says: str) -> subprocess.Popen[str]:
         if says in line:
             break
     return process
+
+
+async def replay_to_end(pilot: Any, feed: Any, clock: list[int], step_ns: int = 250_000_000,
+                        steps: int = 400) -> None:
+    """Move a replay's clock (``clock[0]``, the ns its ReplaySource reads) until the recording is
+    played, then one rate window more, letting the view draw between steps."""
+    for _ in range(steps):
+        if feed.player.finished:
+            break
+        clock[0] += step_ns
+        await pilot.pause(0.02)
+    clock[0] += 3_000_000_000
+    await pilot.pause(0.3)

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from fdtrace.analysis import leaks, load
+from tests.helpers import replay_to_end
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")]
 FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
@@ -267,13 +268,7 @@ def test_replay_shows_a_recorded_leak_in_the_process_detail(sites_binary: Path, 
 
     async def main() -> None:
         async with app.run_test(size=(180, 50)) as pilot:
-            for _ in range(100):
-                if feed.player.finished:
-                    break
-                now[0] += 500_000_000
-                await pilot.pause(0.05)
-            now[0] += 3_000_000_000
-            await pilot.pause(0.3)
+            await replay_to_end(pilot, feed, now, step_ns=500_000_000, steps=100)
             app.push_screen(ProcessScreen(program.pid))
             await pilot.pause(0.5)
             text = str(app.screen.query_one("#detail", Static).render())

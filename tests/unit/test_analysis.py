@@ -11,6 +11,7 @@ import pytest
 
 from fdtrace.analysis import align, failures, headroom, incidents, least_headroom, load, phase_stats, rates, spikes
 from fdtrace.analysis.report import SECTIONS, build, recommendations, to_html, to_markdown
+from fdtrace.display import markdown_shown
 from fdtrace.recording import Recording
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
@@ -143,10 +144,13 @@ def test_report_on_a_recording_has_every_section() -> None:
     for section in SECTIONS:
         assert f"<h2>{section}</h2>" in page and f"## {section}" in markdown
     assert page.count("Plotly.newPlot(") == 1 and "emfile-child [15007]" in page  # the figure, drawn in a browser
-    assert "First failure: emfile-child [15007], socket EMFILE at 2026-11-30 05:36:15.697 UTC (3 in all)" in markdown
+    # Markdown's markup characters are escaped (a name could otherwise make a link or a tag)
+    assert markdown_shown("First failure: emfile-child [15007], socket EMFILE at 2026-11-30 05:36:15.697 UTC "
+                          "(3 in all)") in markdown
     # capped at its limit of 64, it asked for 4 more in one second: 68 needed, 82 with the margin
-    assert ("RLIMIT_NOFILE of emfile-child [15007]: soft limit 64, failed 4 times with EMFILE; it needed at least 68 "
-            "(its limit 64 plus the 4 opens refused with EMFILE in its worst second); set it to 82") in markdown
+    assert markdown_shown(
+        "RLIMIT_NOFILE of emfile-child [15007]: soft limit 64, failed 4 times with EMFILE; it needed at least 68 "
+        "(its limit 64 plus the 4 opens refused with EMFILE in its worst second); set it to 82") in markdown
     assert "socket EMFILE" in markdown
 
 

@@ -23,6 +23,7 @@ from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
 from fdtrace.analysis.report_charts import figure_html
 from fdtrace.analysis.spike_finder import spikes
+from fdtrace.display import markdown_shown
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
 from fdtrace.schema import STATS
 
@@ -416,7 +417,7 @@ def _frame_md(frame: pd.DataFrame, empty: str) -> str:
         return empty
     columns, headers = _shown(frame)
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row[c], c).replace("|", "\\|") for c in columns) + " |"
+    lines += ["| " + " | ".join(markdown_shown(_cell(row[c], c)) for c in columns) + " |"
               for _, row in frame.iterrows()]
     return "\n".join(lines)
 
@@ -478,15 +479,15 @@ def to_html(report: Report) -> str:
 
 def to_markdown(report: Report) -> str:
     """The report as Markdown (the timeline as a table of per-second counts)."""
-    parts = [f"# {report.title}", "", f"## {SECTIONS[0]}", ""]
-    parts += [f"- **{k}**: {v}" for k, v in report.summary]
+    parts = [f"# {markdown_shown(report.title)}", "", f"## {SECTIONS[0]}", ""]
+    parts += [f"- **{markdown_shown(k)}**: {markdown_shown(v)}" for k, v in report.summary]
     parts += _fleet_md(report)
     timeline = report.socket_rate.join(report.error_rate.rename(columns={"count": "EMFILE+ENFILE"}), how="outer")
     parts += ["", f"## {SECTIONS[1]}", "", _frame_md(timeline.fillna(0).astype(int).reset_index(), "No events."),
               "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
               "", f"## {SECTIONS[3]}", "", _frame_md(report.phase_stats, NO_PHASES),
               "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
-              "", f"## {SECTIONS[5]}", "", first_failure(report),
+              "", f"## {SECTIONS[5]}", "", markdown_shown(first_failure(report)),
               *(["", _frame_md(report.incidents, "")] if len(report.incidents) else []),
               "", f"## {SECTIONS[6]}", "", _frame_md(report.destinations.head(20), NO_DESTINATIONS),
               "", f"## {SECTIONS[9]}", "", _frame_md(report.leaks, NO_SITES),
@@ -494,7 +495,7 @@ def to_markdown(report: Report) -> str:
               *(["", _frame_md(report.thread_sites, "")] if len(report.thread_sites) else []),
               "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES),
               "", f"## {SECTIONS[8]}", ""]
-    parts += [f"- {r}" for r in report.recommendations]
+    parts += [f"- {markdown_shown(r)}" for r in report.recommendations]
     return "\n".join(parts) + "\n"
 
 

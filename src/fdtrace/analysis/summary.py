@@ -11,6 +11,7 @@ from fdtrace.analysis.destinations import destinations_from, destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import least_headroom_on
+from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.schema import STATS
@@ -198,7 +199,7 @@ def summary_on(recording: Any, engine: Engine) -> str:
     if recording.skipped:
         lines.append("skipped unreadable files:")
         lines += [f"  {s}" for s in recording.skipped]
-    return "\n".join(lines)
+    return "\n".join(shown(line) for line in lines)  # a name holding a newline cannot split a line
 
 
 def summary(recording: Any) -> str:

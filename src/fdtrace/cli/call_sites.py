@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from fdtrace.cli.common import check_trace_options, fail, note, run, start
+from fdtrace.cli.common import check_trace_options, fail, note, run, say, start
+from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
 
 #: How many frames under a site the text output shows.
@@ -22,7 +23,7 @@ def _check_pid(pid: int) -> str:
     """The process's name, or a one-line error when it does not exist."""
     try:
         with open(f"/proc/{pid}/comm", "rb") as file:
-            return file.read(64).decode(errors="replace").strip()
+            return file.read(64).decode(errors="replace").removesuffix("\n")
     except OSError:
         fail(FdtraceError(f"no process {pid}"))
 
@@ -87,24 +88,24 @@ def _number(value: Any) -> str:
 
 def print_leaks(table: Any, header: str, losses: dict[str, int]) -> None:
     """The leak report in text: one block per site, most open first."""
-    click.echo(header)
+    say(header)
     if not len(table):
-        click.echo("no descriptors made during the tracing are still open")
+        say("no descriptors made during the tracing are still open")
     else:
-        click.echo(f"{'OPEN':>7} {'OPENED':>7} {'CLOSED':>7} {'OLDEST':>7} {'GROWTH/MIN':>10}  SITE")
+        say(f"{'OPEN':>7} {'OPENED':>7} {'CLOSED':>7} {'OLDEST':>7} {'GROWTH/MIN':>10}  SITE")
         for row in table.to_dict("records"):
             growth = row["growth_per_min"]
-            shown = "-" if growth is None or math.isnan(growth) else f"{growth:+.1f}"
-            click.echo(f"{row['open']:>7} {_number(row['opened']):>7} {_number(row['closed']):>7} "
-                       f"{_age(row['oldest_age_s']):>7} {shown:>10}  {row['site']}")
+            trend = "-" if growth is None or math.isnan(growth) else f"{growth:+.1f}"
+            say(f"{row['open']:>7} {_number(row['opened']):>7} {_number(row['closed']):>7} "
+                       f"{_age(row['oldest_age_s']):>7} {trend:>10}  {shown(row['site'])}")
             frames = list(row["frames"] or [])
             for frame in frames[:SHOWN_FRAMES]:
-                click.echo(f"{'':>44}at {frame}")
+                say(f"{'':>44}at {shown(frame)}")
             if len(frames) > SHOWN_FRAMES:
-                click.echo(f"{'':>44}... {len(frames) - SHOWN_FRAMES} more frames")
+                say(f"{'':>44}... {len(frames) - SHOWN_FRAMES} more frames")
             if row["truncated"]:
-                click.echo(f"{'':>44}(stack may be incomplete: {row['truncated']})")
-    click.echo(_losses_line(losses))
+                say(f"{'':>44}(stack may be incomplete: {row['truncated']})")
+    say(_losses_line(losses))
 
 
 @click.command()
@@ -150,8 +151,8 @@ def leaks(pid: int | None, recording: str | None, duration: float, interval: flo
     sites = _trace(pid, duration, interval, max_stacks, max_fds, sample=False)
     table = sites.leaks(pid)
     traced = table[table["site"] != "(from before tracing)"]["open"].sum() if len(table) else 0
-    header = (f"fdtrace leaks: pid {pid} ({comm}), traced {sites.traced_s:.1f} s: {traced} descriptors made then "
-              "are still open")
+    header = (f"fdtrace leaks: pid {pid} ({shown(comm)}), traced {sites.traced_s:.1f} s: {traced} descriptors "
+              "made then are still open")
     _emit_leaks(table, header, sites.losses, as_json, {"pid": pid, "comm": comm, "traced_s": sites.traced_s})
 
 
@@ -212,22 +213,22 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         return
     limit_text = "no thread limit applies" if limit is None else \
         f"{limit[0]} limit {limit[2]}: {limit[1]} counted ({100 * limit[1] / max(limit[2], 1):.0f} %)"
-    click.echo(f"pid {pid} ({comm}): {total} threads; {limit_text}")
+    say(f"pid {pid} ({shown(comm)}): {total} threads; {limit_text}")
     for state in census:
-        click.echo(f"  {describe_state(state)}")
+        say(f"  {describe_state(state)}")
     if sites is not None:
         _print_thread_sites(sites, duration)
 
 
 def _print_thread_sites(sites: Any, duration: float) -> None:
     if not len(sites):
-        click.echo(f"no thread started in {duration:g} s")
+        say(f"no thread started in {duration:g} s")
         return
-    click.echo(f"threads started in {duration:g} s, by creating site:")
+    say(f"threads started in {duration:g} s, by creating site:")
     for row in sites.to_dict("records"):
-        click.echo(f"{row['threads']:>7}  {row['site']}")
+        say(f"{row['threads']:>7}  {shown(row['site'])}")
         for frame in list(row["frames"])[:SHOWN_FRAMES]:
-            click.echo(f"{'':>9}at {frame}")
+            say(f"{'':>9}at {shown(frame)}")
 
 
 def _recorded_threads(recording: str, pid: int | None, as_json: bool) -> None:
@@ -257,15 +258,15 @@ def _recorded_threads(recording: str, pid: int | None, as_json: bool) -> None:
         last_time = rows["time"].max()
         for label, when in (("at its most threads", peak_time), ("last", last_time)):
             at = rows[rows["time"] == when]
-            click.echo(f"{host} pid {process} ({at['comm'].iloc[0]}), {label} ({when}): "
+            say(f"{shown(host)} pid {process} ({shown(at['comm'].iloc[0])}), {label} ({when}): "
                        f"{int(at['threads'].sum())} threads")
             for row in at.itertuples(index=False):
                 state = ThreadState(row.syscall, None if row.fd_kind is None or row.fd_kind != row.fd_kind
                                     else row.fd_kind, int(row.threads))
-                click.echo(f"  {describe_state(state)}")
+                say(f"  {describe_state(state)}")
             if peak_time == last_time:
                 break
     if len(sites):
-        click.echo("threads started, by creating site:")
+        say("threads started, by creating site:")
         for row in sites.to_dict("records"):
-            click.echo(f"{row['threads']:>7}  {row['site']}  (pid {row['pid']} {row['comm']})")
+            say(f"{row['threads']:>7}  {shown(row['site'])}  (pid {row['pid']} {shown(row['comm'])})")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
 
+from fdtrace.display import shown, shown_lines
 from fdtrace.errors import FdtraceError
 from fdtrace.pipeline import Pipeline, Stop, Update
 
@@ -18,15 +19,21 @@ if TYPE_CHECKING:
     from fdtrace.sources.live import LiveSource
 
 
+def say(text: str, err: bool = False, nl: bool = True) -> None:
+    """Write lines to the terminal (stdout, or stderr with ``err``): anything unprintable in them
+    but their own line breaks is shown as an escape (names come from processes and recordings)."""
+    click.echo(shown_lines(text), err=err, nl=nl)
+
+
 def fail(error: FdtraceError) -> NoReturn:
     """Print an error as one line and exit with its code."""
-    click.echo(f"fdtrace: error: {error}", err=True)
+    click.echo(f"fdtrace: error: {shown(str(error))}", err=True)
     sys.exit(error.exit_code)
 
 
 def note(text: str) -> None:
     """One line for the user on stderr."""
-    click.echo(f"fdtrace: {text}", err=True)
+    click.echo(f"fdtrace: {shown(text)}", err=True)
 
 
 def parse_size(text: str) -> int:
@@ -87,7 +94,7 @@ class StartupProgress:
             if self._done.is_set():
                 return
             seconds = time.monotonic() - self._began
-            self.stream.write(f"\r\033[Kfdtrace: {self._stage}... {seconds:.1f} s")
+            self.stream.write(f"\r\033[Kfdtrace: {shown(self._stage)}... {seconds:.1f} s")
             self.stream.flush()
 
     def _tick(self) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from fdtrace.cli.common import fail, parse_size
+from fdtrace.cli.common import fail, note, parse_size, say
+from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
 
 
@@ -28,9 +29,9 @@ def compact(directories: tuple[str, ...], target_size: str) -> None:
             done = compact_host(recording, target)
             left = f", {done.changed_meanwhile} merges left (the recorder changed those parts)" \
                 if done.changed_meanwhile else ""
-            click.echo(f"{recording.host} ({recording.root}): {done.files_before} files -> {done.files_after}, "
-                       f"{done.rows} rows merged{left}")
+            say(shown(f"{recording.host} ({recording.root}): {done.files_before} files -> {done.files_after}, "
+                      f"{done.rows} rows merged{left}"))
     except FdtraceError as error:
         fail(error)
     for skipped in fleet.skipped:
-        click.echo(f"fdtrace: skipped: {skipped}", err=True)
+        note(f"skipped: {skipped}")

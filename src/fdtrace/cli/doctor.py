@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fdtrace.cli.common import fail
+from fdtrace.cli.common import fail, say
 from fdtrace.errors import FdtraceError
 
 
@@ -49,5 +49,5 @@ def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, 
     if unmatched:
         fail(FdtraceError(f"no process named {', '.join(unmatched)}{later}"))
     checks = report.run_checks(checker, sorted(known), listen_moved)
-    click.echo(report.as_json(checks) if as_json else report.as_table(checks))
+    say(report.as_json(checks) if as_json else report.as_table(checks))
     sys.exit(int(report.worst(checks)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fdtrace.cli.common import engine_options, fail, open_recordings
+from fdtrace.cli.common import engine_options, fail, open_recordings, say
 from fdtrace.errors import FdtraceError
 
 
@@ -19,7 +19,7 @@ def info(directories: tuple[str, ...], engine: str, spark_master: str | None, me
 
     recording = open_recordings(directories, engine, spark_master, memory_limit, no_clock_correction)
     try:
-        click.echo(summary(recording))
+        say(summary(recording))
     except FdtraceError as error:
         fail(error)
     finally:

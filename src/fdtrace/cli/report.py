@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from fdtrace.cli.common import engine_options, fail, open_recordings
+from fdtrace.cli.common import engine_options, fail, note, open_recordings
 from fdtrace.errors import FdtraceError
 from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_text_atomically
 
@@ -43,12 +43,12 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
         if close is not None:
             close()
     for skipped in recording.skipped:
-        click.echo(f"fdtrace: skipped an unreadable file: {skipped}", err=True)
+        note(f"skipped an unreadable file: {skipped}")
     text = to_markdown(content) if fmt == "md" else to_html(content)
     try:
         write_text_atomically(Path(output), text, SHARED_FILE if shared else PRIVATE_FILE)
     except OSError as exc:
         fail(FdtraceError(f"{output}: cannot write the report ({exc.strerror})", exit_code=1))
-    click.echo(f"fdtrace: report written to {output}", err=True)
+    note(f"report written to {output}")
 
 

@@ -66,7 +66,7 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
         job = subprocess.Popen(list(command), env=env)
     except OSError as exc:
         job = None
-        click.echo(f"fdtrace: error: cannot run {command[0]}: {exc.strerror}", err=True)
+        note(f"error: cannot run {command[0]}: {exc.strerror}")
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         """SIGINT and SIGTERM are the job's to act on; recording goes on until it ends."""
@@ -79,7 +79,7 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
         try:
             pipeline.run(Stop(condition=lambda: job is None or job.poll() is not None, signals=False))
         except FdtraceError as error:  # the job goes on; its phases are still collected
-            click.echo(f"fdtrace: error: the recording stopped: {error}", err=True)
+            note(f"error: the recording stopped: {error}")
             recording = None
     returncode = job.wait() if job is not None else 127
     phases = read_phase_files(Path(phases_dir))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from fdtrace.cli.common import fail, open_recordings
+from fdtrace.cli.common import fail, note, open_recordings
 from fdtrace.errors import FdtraceError
 from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_atomically
 
@@ -36,7 +36,7 @@ def trace_export(directories: tuple[str, ...], output: str, kineto: str | None, 
         fail(FdtraceError("--top must be positive"))
     recording = open_recordings(directories, "pandas", None, None, False)
     for skipped in recording.skipped:
-        click.echo(f"fdtrace: skipped an unreadable file: {skipped}", err=True)
+        note(f"skipped an unreadable file: {skipped}")
     try:
         trace = (merge_into_kineto(recording, Path(kineto), top=top, host=host) if kineto is not None
                  else chrome_trace(recording, top=top, host=host))
@@ -49,5 +49,5 @@ def trace_export(directories: tuple[str, ...], output: str, kineto: str | None, 
     except OSError as exc:
         fail(FdtraceError(f"{output}: cannot write the trace ({exc.strerror})", exit_code=1))
     shown = trace["otherData"]
-    click.echo(f"fdtrace: trace written to {output} ({len(trace['traceEvents']):,} events; "
-               f"{shown['fdtrace.failures_shown']:,} of {shown['fdtrace.failures']:,} failures as instants)", err=True)
+    note(f"trace written to {output} ({len(trace['traceEvents']):,} events; "
+               f"{shown['fdtrace.failures_shown']:,} of {shown['fdtrace.failures']:,} failures as instants)")

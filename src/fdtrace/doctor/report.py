@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from fdtrace.display import shown
 from fdtrace.doctor.checks import Check, Doctor, RecordedProcess, Status
 
 DEFAULT_TOP = 5
@@ -168,7 +169,7 @@ def as_table(checks: list[Check]) -> str:
     """A table for a terminal (long cells wrap at word boundaries, never cut), then the changes
     to make, numbered."""
     header = ("STATUS", "SCOPE", "CHECK", "CURRENT", "RECOMMENDED")
-    rows = [(c.status.name, c.scope, c.name, c.current, c.recommended) for c in checks]
+    rows = [(c.status.name, *(shown(text) for text in (c.scope, c.name, c.current, c.recommended))) for c in checks]
     widths = [min(max(len(r[i]) for r in [header, *rows]), COLUMN_WIDTHS[i]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
@@ -181,7 +182,7 @@ def as_table(checks: list[Check]) -> str:
     if changes:
         lines += ["", "Changes:"]
         for i, c in enumerate(changes, 1):
-            lines += textwrap.wrap(f"{i}. [{c.status.name}] {c.scope}, {c.name}: {c.change}", 110,
+            lines += textwrap.wrap(shown(f"{i}. [{c.status.name}] {c.scope}, {c.name}: {c.change}"), 110,
                                    subsequent_indent="   ", break_on_hyphens=False)
     lines += ["", f"overall: {worst(checks).name}"]
     return "\n".join(lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import IO, Any
 
+from fdtrace.display import shown
 from fdtrace.pipeline.update import SourceInfo, Update
 from fdtrace.sinks.jsonl import JsonLinesSink
 
@@ -35,12 +36,12 @@ def _detail(row: dict[str, Any]) -> str:
 
 
 def event_line(row: dict[str, Any]) -> str:
-    """One event as one aligned line."""
+    """One event as one aligned line (names shown as data: see ``fdtrace.display``)."""
     stamp = row["time"]
     clock = time.strftime("%H:%M:%S", time.gmtime(stamp.timestamp())) + f".{stamp.microsecond // 1000:03d}"
     ret = "" if row["ret"] is None else str(row["ret"])
-    return (f"{clock:<12} {row['pid']:>7} {row['tid']:>7} {str(row['comm'])[:16]:<16} {row['kind']:<13} "
-            f"{row['syscall'] or '':<13} {ret:>6} {row['errno'] or '':<12} {_detail(row)}").rstrip()
+    return (f"{clock:<12} {row['pid']:>7} {row['tid']:>7} {shown(row['comm'])[:16]:<16} {row['kind']:<13} "
+            f"{row['syscall'] or '':<13} {ret:>6} {row['errno'] or '':<12} {shown(_detail(row))}").rstrip()
 
 
 class TextLinesSink(JsonLinesSink):
@@ -54,7 +55,7 @@ class TextLinesSink(JsonLinesSink):
 
     def format(self, row: dict[str, Any]) -> str:
         """The event's line, then its stack's frames (--stacks), one per line."""
-        return "\n".join([event_line(row), *(f"{'':>12} at {frame}" for frame in row.get("stack", ()))])
+        return "\n".join([event_line(row), *(f"{'':>12} at {shown(frame)}" for frame in row.get("stack", ()))])
 
 
 class ProcessSummarySink:
@@ -89,7 +90,7 @@ class ProcessSummarySink:
         for t in totals[: self.limit]:
             failed = ", ".join(f"{syscall} {errno} {count}" for (syscall, errno), count in
                                sorted(t.errors.items(), key=lambda item: -item[1]))
-            lines.append(f"{t.pid:>7} {t.comm[:16]:<16} {t.counts['sockets']:>8} {t.counts['accepts']:>8} "
+            lines.append(f"{t.pid:>7} {shown(t.comm)[:16]:<16} {t.counts['sockets']:>8} {t.counts['accepts']:>8} "
                          f"{t.counts['connects']:>8} {t.counts['closes']:>8} {t.counts['threads_started']:>8} "
                          f"{failed or '-'}")
         if len(totals) > self.limit:

@@ -1,4 +1,5 @@
-"""Pure transforms from the incident state to what the widgets show (no widgets here)."""
+"""Pure transforms from the incident state to what the widgets show (no widgets here). Every text
+that came from a process or a recording goes through ``shown()``: it is data, never terminal control."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from rich.text import Text
 
+from fdtrace.display import shown
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN
 from fdtrace.procfs.threads import describe_state
@@ -91,7 +93,7 @@ def process_cells(view: ProcessView) -> dict[str, object]:
     state = "; ".join(parts)
     return {
         "pid": str(view.pid),
-        "comm": Text(view.comm, style="strike dim" if view.ended else ""),
+        "comm": Text(shown(view.comm), style="strike dim" if view.ended else ""),
         "fds": fd_bar(view),
         "use": Text("-" if usage is None else f"{usage:.0%}", style=usage_style(usage)),
         "sockets": "-" if view.sockets is None else str(view.sockets),
@@ -103,7 +105,7 @@ def process_cells(view: ProcessView) -> dict[str, object]:
         "threads": "-" if view.threads is None else str(view.threads),
         "threads_s": rate(view.rates.get("thread_start", 0.0)),
         "tte": duration(view.seconds_to_exhaustion()),
-        "state": Text(state, style=_alert_style(view)),
+        "state": Text(shown(state), style=_alert_style(view)),
     }
 
 
@@ -120,7 +122,7 @@ def system_line(system: SystemView, status: str, sort: str, frozen: bool) -> Tex
     text.append(f"  │  {system.events_per_s:,.0f} events/s  │  ")
     lost = f"lost {system.losses:,}" + (f" ({system.loss_detail})" if system.loss_detail else "")
     text.append(lost, style="bold red" if system.losses else "green")
-    text.append(f"  │  {status}  │  sort: {sort}")
+    text.append(f"  │  {shown(status)}  │  sort: {sort}")
     if frozen:
         text.append("  │  FROZEN", style="bold reverse")
     return text
@@ -132,19 +134,20 @@ def haproxy_line(views: list[HaproxyView], now_ns: int) -> Text:
     for i, view in enumerate(views):
         if i:
             text.append("\n")
-        text.append(f"haproxy {view.socket}: ", style="bold")
+        text.append(f"haproxy {shown(view.socket)}: ", style="bold")
         row = view.row
         if view.error is not None:
-            text.append(f"does not answer ({view.error})", style="bold red" if row else "dark_orange")
+            text.append(f"does not answer ({shown(view.error)})", style="bold red" if row else "dark_orange")
             if not row:
                 continue
             ago = (now_ns - view.answered_ns) / 1e9 if view.answered_ns is not None else None
             text.append(f"; its last answer{f', {ago:.0f} s ago' if ago is not None else ''}: ", style="dim")
         usage = view.usage
-        text.append(f"{row.get('curr_conns')}/{row.get('maxconn')} connections", style=usage_style(usage))
+        text.append(shown(f"{row.get('curr_conns')}/{row.get('maxconn')} connections"), style=usage_style(usage))
         if usage is not None:
             text.append(f" ({usage:.0%})", style=usage_style(usage))
-        text.append(f"  Ulimit-n {row.get('ulimit_n')}  Maxsock {row.get('maxsock')}  {row.get('conn_rate')} conn/s")
+        text.append(shown(f"  Ulimit-n {row.get('ulimit_n')}  Maxsock {row.get('maxsock')}  "
+                          f"{row.get('conn_rate')} conn/s"))
         busy = view.busy_for_s(now_ns)
         if busy > 0:
             text.append(f"  above 90 % for {busy:.0f} s", style="bold red" if view.alerted else "dark_orange")
@@ -168,7 +171,7 @@ def phases_line(phases: dict[int, PhaseNow], now_ns: int) -> Text:
         text.append(f"pid {now.pid} step {now.step} ")
         held_s = max(0.0, (now_ns - now.since_wall_ns) / 1e9)
         style = "bold red" if held_s >= PHASE_STUCK_S else "dark_orange" if held_s >= PHASE_SLOW_S else ""
-        text.append(f"{now.label} {held_s:.1f}s", style=style)
+        text.append(f"{shown(now.label)} {held_s:.1f}s", style=style)
     return text
 
 
@@ -204,8 +207,8 @@ def log_line(entry: LogEntry) -> Text:
     """One event log line."""
     stamp = time.strftime("%H:%M:%S", time.gmtime(entry.time_ns / 1e9))
     text = Text(f"{stamp} ", style="dim")
-    text.append(f"{entry.comm}[{entry.pid}] ", style="bold")
-    text.append(entry.text, style="red" if entry.severity == "error" else "dark_orange")
+    text.append(f"{shown(entry.comm)}[{entry.pid}] ", style="bold")
+    text.append(shown(entry.text), style="red" if entry.severity == "error" else "dark_orange")
     return text
 
 
@@ -222,7 +225,7 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     """The detail screen's text for one process (``site_names``: call sites by stack id)."""
     site_names = site_names or {}
     text = Text()
-    text.append(f"{view.comm} [{view.pid}]\n", style="bold")
+    text.append(f"{shown(view.comm)} [{view.pid}]\n", style="bold")
     if view.start_ns is not None and boot_wall_ns is not None:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime((boot_wall_ns + view.start_ns) / 1e9))
         text.append(f"started {started} UTC\n", style="dim")
@@ -233,9 +236,9 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         placed = [f"cgroup {cgroup}"] + ([f"unit {unit}"] if unit else [])
         placed += [f"container {container[:12]} ({runtime or 'unknown runtime'})"] if container else []
         placed += [f"pod {pod}"] if pod else []
-        text.append("  ".join(placed) + "\n", style="dim")
+        text.append(shown("  ".join(placed)) + "\n", style="dim")
     if view.ended:
-        text.append(f"ended: {view.ended}\n", style="bold red")
+        text.append(f"ended: {shown(view.ended)}\n", style="bold red")
     if view.oom_killed:
         text.append("OOM-killed\n", style="bold red")
     soft = "unlimited" if view.fd_soft_limit is None else view.fd_soft_limit
@@ -264,7 +267,7 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         text.append("connect() destinations: ")
         for i, (where, (calls, failed)) in enumerate(busiest):
             text.append(", " if i else "")
-            text.append(f"{where} ×{calls}")
+            text.append(f"{shown(where)} ×{calls}")
             if failed:
                 text.append(f" ({failed} failed)", style="bold red")
         text.append("\n")
@@ -276,10 +279,10 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         text.append("\nfailed calls by syscall (EMFILE/ENFILE in red):\n", style="bold")
         for (syscall, errno), count in view.errors.most_common(12):
             style = "bold red" if errno in FD_EXHAUSTION_ERRNOS else ""
-            text.append(f"  {syscall:<14} {errno:<14} {count}\n", style=style)
+            text.append(f"  {shown(syscall):<14} {shown(errno):<14} {count}\n", style=style)
     if view.census:
         text.append("\nthreads now: ", style="bold")
-        text.append("; ".join(describe_state(state) for state in view.census[:4]) + "\n")
+        text.append(shown("; ".join(describe_state(state) for state in view.census[:4])) + "\n")
         to_limit = view.seconds_to_thread_limit()
         if to_limit is not None:
             text.append(f"threads reach their limit in {duration(to_limit)} at the growth of the last minute\n",
@@ -289,7 +292,7 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         for key, (count, growth) in sorted(view.fd_sites.items(), key=lambda item: -item[1][0])[:5]:
             where = "(from before tracing)" if key is None else site_names.get(key, "(stack not read yet)")
             trend = "" if growth is None else f"  {growth:+.0f}/min"
-            text.append(f"  {count:>7}{trend:<10}  {where}\n")
+            text.append(f"  {count:>7}{trend:<10}  {shown(where)}\n")
     if view.alerts:
-        text.append("\nalerts: " + ", ".join(view.alerts) + "\n", style="bold red")
+        text.append("\nalerts: " + shown(", ".join(view.alerts)) + "\n", style="bold red")
     return text

@@ -13,6 +13,7 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
+from fdtrace.display import shown
 from fdtrace.pipeline import Pipeline, Source, SourceInfo, Update
 from fdtrace.sinks.parquet import ParquetSink
 from fdtrace.sources.replay import ReplaySource
@@ -145,9 +146,9 @@ class FdtraceApp(App[None]):
         if not self.live:
             self.sub_title = "replay: space play/pause, +/- speed, n next error, [ ] seek"
         if isinstance(self.source, ReplaySource) and self.source.skipped:
-            shown = "; ".join(self.source.skipped[:3]) + ("; ..." if len(self.source.skipped) > 3 else "")
-            self.notify(f"skipped {len(self.source.skipped)} unreadable files: {shown}", severity="warning",
-                        timeout=30)
+            some = "; ".join(self.source.skipped[:3]) + ("; ..." if len(self.source.skipped) > 3 else "")
+            self.notify(f"skipped {len(self.source.skipped)} unreadable files: {shown(some)}", severity="warning",
+                        timeout=30, markup=False)
         self.view_sink = ViewSink(self)
         self.pipeline.attach(self.view_sink)
         self.poll_feed()
@@ -217,7 +218,7 @@ class FdtraceApp(App[None]):
     @on(FeedFailed)
     def feed_failed(self, message: FeedFailed) -> None:
         """Show why the feed stopped."""
-        self.notify(f"the event feed stopped: {message.error}", severity="error", timeout=30)
+        self.notify(f"the event feed stopped: {shown(message.error)}", severity="error", timeout=30, markup=False)
 
     # Drawing
 
@@ -401,14 +402,14 @@ class FdtraceApp(App[None]):
                 try:
                     self.pipeline.attach(sink)
                 except Exception as exc:
-                    self.notify(f"cannot record: {exc}", severity="error")
+                    self.notify(f"cannot record: {shown(exc)}", severity="error", markup=False)
                     return
                 self.recording = sink
-                self.notify(f"recording to {directory}")
+                self.notify(f"recording to {shown(directory)}", markup=False)
             else:
                 done, self.recording = self.recording, None
                 self.pipeline.detach(done)
-                self.notify(f"recording saved in {done.directory}")
+                self.notify(f"recording saved in {shown(done.directory)}", markup=False)
 
     def _replay(self, action: str, *args: Any) -> None:
         if not isinstance(self.source, ReplaySource):

@@ -13,6 +13,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from fdtrace.display import shown
 from fdtrace.sources.prometheus_fleet import HostRow, ProcessRow, PrometheusFleet
 from fdtrace.tui.adapters import usage_style
 
@@ -37,14 +38,15 @@ def host_cells(host: HostRow) -> dict[str, Any]:
     fullest, nearest = host.fullest(), host.nearest_thread_limit()
     fds: Text | str = "-"
     if fullest is not None:
-        fds = Text(f"{fullest.comm} [{fullest.pid}] {fullest.open_fds:.0f}/{fullest.fd_soft_limit:.0f} ")
+        fds = Text(f"{shown(fullest.comm)} [{fullest.pid}] {fullest.open_fds:.0f}/{fullest.fd_soft_limit:.0f} ")
         fds.append_text(_share(fullest.fd_usage))
     threads: Text | str = "-"
     if nearest is not None:
-        threads = Text(f"{nearest.comm} [{nearest.pid}] {nearest.thread_used:.0f}/{nearest.thread_limit:.0f} "
-                       f"({nearest.thread_limit_kind}) ")
+        threads = Text(f"{shown(nearest.comm)} [{nearest.pid}] {nearest.thread_used:.0f}/{nearest.thread_limit:.0f} "
+                       f"({shown(nearest.thread_limit_kind)}) ")
         threads.append_text(_share(nearest.thread_usage))
-    return {"host": host.host, "state": Text("up", style="green") if host.up else Text("DOWN", style="bold red"),
+    state = Text("up", style="green") if host.up else Text("DOWN", style="bold red")
+    return {"host": Text(shown(host.host)), "state": state,
             "emfile": _count(host.emfile_recent), "fds": fds, "threads": threads,
             "oom": _count(host.oom_kills_recent), "lost": _count(host.lost_recent)}
 
@@ -53,10 +55,10 @@ def process_cells(process: ProcessRow) -> dict[str, Any]:
     """One process's cells, by column key."""
     limit = "-"
     if process.thread_limit is not None:
-        limit = f"{process.thread_used or 0:.0f}/{process.thread_limit:.0f} ({process.thread_limit_kind})"
+        limit = shown(f"{process.thread_used or 0:.0f}/{process.thread_limit:.0f} ({process.thread_limit_kind})")
     fds = "-" if process.open_fds is None else (
         f"{process.open_fds:.0f}/{process.fd_soft_limit:.0f}" if process.fd_soft_limit else f"{process.open_fds:.0f}")
-    return {"pid": str(process.pid), "comm": process.comm, "fds": fds, "use": _share(process.fd_usage),
+    return {"pid": str(process.pid), "comm": Text(shown(process.comm)), "fds": fds, "use": _share(process.fd_usage),
             "emfile": _count(process.emfile_recent), "threads": "-" if process.threads is None else
             f"{process.threads:.0f}", "limit": limit, "thr_use": _share(process.thread_usage)}
 
@@ -95,9 +97,9 @@ class HostScreen(Screen[None]):
         table = self.query_one("#host-processes", DataTable)
         table.clear()
         if host is None:
-            title.update(f"{self.host}: no longer in the fleet's metrics")
+            title.update(Text(f"{shown(self.host)}: no longer in the fleet's metrics"))
             return
-        title.update(Text(f"{self.host}: {len(host.processes)} processes, "
+        title.update(Text(f"{shown(self.host)}: {len(host.processes)} processes, "
                           f"{host.emfile_recent:,.0f} EMFILE/ENFILE in the last {app.fleet.window}", style="bold"))
         for process in sorted(host.processes.values(), key=_process_key):
             cells = process_cells(process)
@@ -154,7 +156,7 @@ class FleetApp(App[None]):
         status = Text(f"{self.fleet.url}  │  {len(hosts)} hosts, {failing} failing in the last {self.fleet.window}  "
                       f"│  {time.strftime('%H:%M:%S', time.gmtime(self.polled_at))} UTC")
         if self.fleet.error:
-            status.append(f"  │  {self.fleet.error} (showing the last answer)", style="bold red")
+            status.append(f"  │  {shown(self.fleet.error)} (showing the last answer)", style="bold red")
         self.query_one("#status", Static).update(status)
         table = self.query_one("#hosts", DataTable)
         row = table.cursor_row
