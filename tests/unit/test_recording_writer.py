@@ -99,9 +99,10 @@ def test_max_size_holds_while_parts_are_merged(tmp_path: Path) -> None:
     class Watched(RecordingWriter):
         peak = 0
 
-        def _guard(self, action: Any) -> None:
-            super()._guard(action)
+        def _guard(self, action: Any) -> Any:
+            done = super()._guard(action)
             self.peak = max(self.peak, sum(p.stat().st_size for p in self.root.rglob("part-*.parquet")))
+            return done
 
     probe = RecordingWriter(tmp_path / "probe", "h1", META)
     write_intervals(probe, 1)

@@ -18,10 +18,10 @@ from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import HostRecording
-from fdtrace.recording.layout import TABLES, count_compaction, host_dir, lock_path, part_files, part_name, part_range
+from fdtrace.recording.layout import TABLES, count_compaction, host_folder, lock_name, part_name, part_names, part_range
 from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
 from fdtrace.recording.upgrade import upgrade
-from fdtrace.safe_files import check_directory, write_atomically
+from fdtrace.safe_files import HeldDirectory
 from fdtrace.schema import TABLES as TABLES_DECLARED
 
 #: Default size of a merged file.
@@ -53,7 +53,7 @@ def _current(table: str, data: Any, version: int, schema: Any) -> Any:
     return data.select(schema.names).cast(schema)
 
 
-def _merge(table: str, version: int, parts: list[Path], out: BinaryIO) -> int:
+def _merge(table: str, version: int, folder: HeldDirectory, parts: list[str], out: BinaryIO) -> int:
     """Copy parts into one Parquet stream of the table's current declaration, in row groups of
     about ROW_GROUP_ROWS rows (parts of older versions are upgraded as the reader would)."""
     import pyarrow as pa
@@ -69,10 +69,12 @@ def _merge(table: str, version: int, parts: list[Path], out: BinaryIO) -> int:
             merged.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
             pending.clear()
 
-        for path in parts:
-            data = _current(table, pq.read_table(path), version, schema)
-            if table == "events":  # their summaries become one (made for older parts)
-                summaries.append(read_summary(path) or summarize(data))
+        for name in parts:
+            with folder.open_file(name) as file:
+                data = _current(table, pq.read_table(file), version, schema)
+                if table == "events":  # their summaries become one (made for older parts)
+                    file.seek(0)
+                    summaries.append(read_summary(file) or summarize(data))
             pending.append(data)
             rows += data.num_rows
             if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
@@ -84,25 +86,25 @@ def _merge(table: str, version: int, parts: list[Path], out: BinaryIO) -> int:
     return rows
 
 
-def _listing(folder: Path) -> list[tuple[Path, int, int]]:
-    """(path, size, mode) of the regular part files of a folder, as they are now."""
+def _listing(folder: HeldDirectory) -> list[tuple[str, int, int]]:
+    """(name, size, mode) of the regular part files of a folder, as they are now."""
     found = []
-    for path in part_files(folder):
+    for name in part_names(folder.names()):
         try:
-            info = os.lstat(path)
+            info = folder.lstat(name)
         except FileNotFoundError:  # the recorder merged or rotated it out just now
             continue
         if stat.S_ISREG(info.st_mode):
-            found.append((path, info.st_size, stat.S_IMODE(info.st_mode)))
+            found.append((name, info.st_size, stat.S_IMODE(info.st_mode)))
     return found
 
 
-def _groups(parts: list[tuple[Path, int, int]], target: int,
-            unsummarized: set[Path] | None = None) -> list[list[tuple[Path, int, int]]]:
+def _groups(parts: list[tuple[str, int, int]], target: int,
+            unsummarized: set[str] | None = None) -> list[list[tuple[str, int, int]]]:
     """Runs of consecutive parts that together stay under ``target`` bytes: at least two each, or
     one part in ``unsummarized`` (events written before part summaries, rewritten with one)."""
-    groups: list[list[tuple[Path, int, int]]] = []
-    run: list[tuple[Path, int, int]] = []
+    groups: list[list[tuple[str, int, int]]] = []
+    run: list[tuple[str, int, int]] = []
     size = 0
     for part in parts:
         if run and size + part[1] > target:
@@ -114,60 +116,79 @@ def _groups(parts: list[tuple[Path, int, int]], target: int,
     return [g for g in groups if len(g) > 1 or (g and g[0][0] in (unsummarized or set()))]
 
 
+def _unsummarized(folder: HeldDirectory, parts: list[tuple[str, int, int]]) -> set[str]:
+    bare = set()
+    for name, _, _ in parts:
+        try:
+            with folder.open_file(name) as file:
+                if read_summary(file) is None:
+                    bare.add(name)
+        except OSError:
+            continue
+    return bare
+
+
 def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compacted:
     """Merge each table's parts of one host; raises FdtraceError (one line) when a file cannot
-    be read or written."""
-    import pyarrow as pa
-
+    be read or written. The recording's folders are held (``HeldDirectory``) from the first
+    look to the last deletion."""
     done = Compacted(recording.host)
-    lock = lock_path(recording.root, recording.host)
-    for table in TABLES:
-        folder = host_dir(recording.root, table, recording.host)
-        parts = _listing(folder)
-        done.files_before += len(parts)
-        done.files_after += len(parts)
-        bare = {path for path, _, _ in parts if read_summary(path) is None} if table == "events" else set()
-        for chosen in _groups(parts, target, bare):
-            group = [path for path, _, _ in chosen]
-            first, last = part_range(group[0]), part_range(group[-1])
-            assert first is not None and last is not None
-            merged = folder / part_name(first[0], last[1])
-            mode = chosen[0][2]
-            try:
-                rows = [0]
-
-                def write(out: BinaryIO, chosen: list[Path] = group, counted: list[int] = rows,
-                          name: str = table) -> None:
-                    counted[0] = _merge(name, recording.version, chosen, out)
-
-                write_atomically(merged, write, mode)
-            except FileNotFoundError:  # the recorder merged or rotated them out meanwhile
-                done.changed_meanwhile += 1
+    with HeldDirectory.open(recording.root) as root, root.subdirectory("meta") as meta:
+        for table in TABLES:
+            if not root.exists(table):
                 continue
-            except (OSError, pa.ArrowException, ValueError) as exc:
-                raise FdtraceError(f"{folder}: cannot compact ({' '.join(str(exc).split())[:200]})") from None
-            try:
-                check_directory(lock.parent)
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-            except (OSError, FdtraceError) as exc:
-                os.unlink(merged)  # the parts stay as they were
-                why = exc.strerror if isinstance(exc, OSError) else str(exc)
-                raise FdtraceError(f"{lock}: cannot take the host's lock ({why})") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                count_compaction(fd)
-                if len(group) == 1:  # rewritten in place, now with its summary
-                    done.rows += rows[0]
-                elif all(os.path.lexists(p) for p in group):
-                    for path in group:
-                        os.unlink(path)
-                    done.files_after -= len(group) - 1
-                    done.rows += rows[0]
-                else:
-                    os.unlink(merged)
-                    done.changed_meanwhile += 1
-            finally:
-                os.close(fd)
+            with root.subdirectory(table) as table_folder:
+                if not table_folder.exists(host_folder(recording.host)):
+                    continue
+                with table_folder.subdirectory(host_folder(recording.host)) as folder:
+                    _compact_table(recording, table, folder, meta, target, done)
     return done
 
 
+def _compact_table(recording: HostRecording, table: str, folder: HeldDirectory, meta: HeldDirectory, target: int,
+                   done: Compacted) -> None:
+    import pyarrow as pa
+
+    parts = _listing(folder)
+    done.files_before += len(parts)
+    done.files_after += len(parts)
+    bare = _unsummarized(folder, parts) if table == "events" else set()
+    for chosen in _groups(parts, target, bare):
+        group = [name for name, _, _ in chosen]
+        first, last = part_range(Path(group[0])), part_range(Path(group[-1]))
+        assert first is not None and last is not None
+        merged = part_name(first[0], last[1])
+        mode = chosen[0][2]
+        try:
+            rows = [0]
+
+            def write(out: BinaryIO, chosen: list[str] = group, counted: list[int] = rows) -> None:
+                counted[0] = _merge(table, recording.version, folder, chosen, out)
+
+            folder.write_file(merged, write, mode)
+        except FileNotFoundError:  # the recorder merged or rotated them out meanwhile
+            done.changed_meanwhile += 1
+            continue
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise FdtraceError(f"{folder.path}: cannot compact ({' '.join(str(exc).split())[:200]})") from None
+        try:
+            fd = meta.open_lock(lock_name(recording.host), mode)
+        except OSError as exc:
+            folder.unlink(merged)  # the parts stay as they were
+            raise FdtraceError(f"{meta.path / lock_name(recording.host)}: cannot take the host's lock "
+                               f"({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            count_compaction(fd)
+            if len(group) == 1:  # rewritten in place, now with its summary
+                done.rows += rows[0]
+            elif all(folder.exists(name) for name in group):
+                for name in group:
+                    folder.unlink(name)
+                done.files_after -= len(group) - 1
+                done.rows += rows[0]
+            else:
+                folder.unlink(merged)
+                done.changed_meanwhile += 1
+        finally:
+            os.close(fd)

@@ -13,6 +13,7 @@ name is always complete, whatever happened to the recorder afterwards.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from fdtrace.schema import TABLES as DECLARED
@@ -34,27 +35,39 @@ def part_range(path: Path) -> tuple[int, int] | None:
     return None if match is None else (int(match[1]), int(match[2] or match[1]))
 
 
-def part_files(folder: Path) -> list[Path]:
-    """The part files of one table and host, in order, leaving out parts that a merged file
-    also covers (left behind when a compaction was interrupted, or merged twice over)."""
+def part_names(names: Iterable[str]) -> list[str]:
+    """Of the names in one table's folder of one host, the part files, in order, leaving out
+    parts that a merged file also covers (left behind when a compaction was interrupted, or
+    merged twice over)."""
     ranges = []
-    for path in folder.glob(PART_GLOB):
-        covered = part_range(path)
+    for name in names:
+        covered = part_range(Path(name))
         if covered:
-            ranges.append((covered[0], -covered[1], path))
+            ranges.append((covered[0], -covered[1], name))
     kept = []
     reach = 0  # the last flush covered by the ranges so far; each later one starts no earlier
-    for _first, negative_last, path in sorted(ranges):
+    for _first, negative_last, name in sorted(ranges):
         if -negative_last > reach:
-            kept.append(path)
+            kept.append(name)
             reach = -negative_last
     return kept
 
 
+def part_files(folder: Path) -> list[Path]:
+    """``part_names`` of a folder, as paths."""
+    return [folder / name for name in part_names(path.name for path in folder.glob(PART_GLOB))]
+
+
+def lock_name(host: str) -> str:
+    """The lock (in ``meta/``) that the recorder and ``fdtrace compact`` take while they delete a
+    host's parts. It holds how many times ``fdtrace compact`` changed the parts (see
+    ``compactions``)."""
+    return f".host={host}.lock"
+
+
 def lock_path(root: Path, host: str) -> Path:
-    """The lock that the recorder and ``fdtrace compact`` take while they delete a host's parts.
-    It holds how many times ``fdtrace compact`` changed the parts (see ``compactions``)."""
-    return root / "meta" / f".host={host}.lock"
+    """The path of ``lock_name``."""
+    return root / "meta" / lock_name(host)
 
 
 def compactions(lock_fd: int) -> int:
@@ -74,6 +87,16 @@ def count_compaction(lock_fd: int) -> None:
     count = max(compactions(lock_fd), 0) + 1
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, str(count).encode(), 0)
+
+
+def host_folder(host: str) -> str:
+    """The name of one host's partition folder in a table's folder."""
+    return f"host={host}"
+
+
+def meta_name(host: str) -> str:
+    """The name of one host's metadata file in ``meta/``."""
+    return f"host={host}.json"
 
 
 def host_dir(root: Path, table: str, host: str) -> Path:

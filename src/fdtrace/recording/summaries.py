@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 
@@ -144,8 +144,9 @@ def without_summary(schema: Any) -> Any:
     return schema.with_metadata(kept)
 
 
-def read_summary(path: Path) -> dict[str, Any] | None:
-    """The summary in a part file's footer (None: it has none, or not one this fdtrace reads)."""
+def read_summary(path: Path | BinaryIO) -> dict[str, Any] | None:
+    """The summary in a part file's footer (None: it has none, or not one this fdtrace reads);
+    ``path`` may be an open file."""
     import pyarrow.parquet as pq
 
     try:

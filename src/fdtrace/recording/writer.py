@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,11 +22,11 @@ from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import (
     TABLES,
     compactions,
-    host_dir,
-    lock_path,
-    meta_path,
-    part_files,
+    host_folder,
+    lock_name,
+    meta_name,
     part_name,
+    part_names,
     part_range,
 )
 from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
@@ -36,21 +36,21 @@ from fdtrace.safe_files import (
     PRIVATE_FILE,
     SHARED_DIR,
     SHARED_FILE,
-    check_directory,
-    make_directory,
-    write_atomically,
+    HeldDirectory,
 )
 from fdtrace.schema import SCHEMA_VERSION
 
 #: Flushes that may wait for the writer thread before the caller is held back.
 MAX_PENDING_WRITES = 3
 
+T = TypeVar("T")
+
 
 @dataclass
 class _Part:
     first: int
     last: int
-    path: Path
+    name: str
     rows: int
     size: int
 
@@ -86,21 +86,38 @@ class RecordingWriter:
         self._lock_depth = 0
         self._lock_fd = -1
         self._compactions = 0  # how many changes of fdtrace compact this writer has seen
+        self._folders: dict[str, HeldDirectory] = {}
+        self._open_folders()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
         self._pending: list[Future[None]] = []
-        if self.root.exists() or self.root.is_symlink():
-            check_directory(self.root)
-        if os.path.lexists(meta_path(self.root, host)):
-            raise FdtraceError(f"{self.root} already holds a recording of host {host}: choose another -o")
-        self._make_dirs()
         self.write_meta(complete=False)
 
-    def _make_dirs(self) -> None:
-        folders = [self.root, self.root / "meta"]
-        for table in TABLES:
-            folders += [self.root / table, host_dir(self.root, table, self.host)]
-        for folder in folders:
-            make_directory(folder, self.dir_mode)
+    def _open_folders(self) -> None:
+        """Open the recording's folders once, each checked, and hold them: every later write,
+        merge and deletion goes through these descriptors, so a folder renamed or swapped for a
+        link meanwhile is never written through (``fdtrace.safe_files``)."""
+        held = [HeldDirectory.open(self.root, create_mode=self.dir_mode)]
+        try:
+            meta = held[0].subdirectory("meta", self.dir_mode)
+            held.append(meta)
+            if meta.exists(meta_name(self.host)):
+                raise FdtraceError(f"{self.root} already holds a recording of host {self.host}: choose another -o")
+            for table in TABLES:
+                with held[0].subdirectory(table, self.dir_mode) as folder:
+                    held.append(folder.subdirectory(host_folder(self.host), self.dir_mode))
+        except BaseException:
+            for folder in held:
+                folder.close()
+            raise
+        self._folders = {"root": held[0], "meta": held[1], **dict(zip(TABLES, held[2:], strict=True))}
+
+    def _release_folders(self) -> None:
+        for folder in self._folders.values():
+            folder.close()
+        self._folders = {}
+
+    #: Descriptors a writer holds open while it records (its folders, a lock, a part being written).
+    DESCRIPTORS = len(TABLES) + 4
 
     @property
     def size(self) -> int:
@@ -137,6 +154,7 @@ class RecordingWriter:
             self.wait()
         finally:
             self._executor.shutdown(wait=True)
+            self._release_folders()
 
     def abandon(self) -> None:
         """After a failed write: let the writes still queued finish or fail, quietly, and stop."""
@@ -144,6 +162,7 @@ class RecordingWriter:
             future.exception()
         self._pending.clear()
         self._executor.shutdown(wait=True)
+        self._release_folders()
 
     def flush(self, wait: bool = True) -> None:
         """Write every buffered table as a complete part file (in the background if not ``wait``)."""
@@ -156,12 +175,13 @@ class RecordingWriter:
     def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
         for table, buffered in pending.items():
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
-            path = host_dir(self.root, table, self.host) / part_name(number, number)
-            self._guard(lambda d=data, p=path: self._write_part(d, p))
-            self._parts[table].append(_Part(number, number, path, data.num_rows, path.stat().st_size))
+            name = part_name(number, number)
+            size = self._guard(functools.partial(self._folders[table].write_file, name,
+                                                 functools.partial(_write_parquet, data), self.file_mode))
+            self._parts[table].append(_Part(number, number, name, data.num_rows, size))
             self._unmerged[table] += 1
             self.rows_written[table] += data.num_rows
-            self.bytes_written += self._parts[table][-1].size
+            self.bytes_written += size
         if self.max_size is not None:
             with self._locked():
                 self._rotate_out()
@@ -176,8 +196,7 @@ class RecordingWriter:
         ``fdtrace compact`` never deletes what this writer reads; when the compactor changed the
         parts since (it counts its changes in the lock file), see them as they are on disk."""
         if self._lock_depth == 0:
-            path = lock_path(self.root, self.host)
-            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.file_mode)
+            self._lock_fd = self._guard(lambda: self._folders["meta"].open_lock(lock_name(self.host), self.file_mode))
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             generation = compactions(self._lock_fd)
             if generation != self._compactions:  # fdtrace compact changed the parts since
@@ -195,23 +214,21 @@ class RecordingWriter:
         """The part lists as the directory has them: merged files someone else wrote replace the
         parts they cover."""
         for table in TABLES:
-            known = {part.path: part for part in self._parts[table]}
+            folder = self._folders[table]
+            known = {part.name: part for part in self._parts[table]}
             fresh = []
-            for path in part_files(host_dir(self.root, table, self.host)):
-                part = known.get(path)
-                covered = part_range(path)
-                if part is None and covered is not None:
-                    try:
-                        part = _Part(covered[0], covered[1], path, pq.read_metadata(path).num_rows,
-                                     path.stat().st_size)
-                    except OSError:
-                        continue
-                if part is not None:
-                    try:
-                        part.size = path.stat().st_size  # compact may have rewritten it in place
-                    except OSError:
-                        continue
-                    fresh.append(part)
+            for name in part_names(folder.names()):
+                part = known.get(name)
+                covered = part_range(Path(name))
+                try:
+                    if part is None and covered is not None:
+                        with folder.open_file(name) as file:
+                            part = _Part(covered[0], covered[1], name, pq.read_metadata(file).num_rows, 0)
+                    if part is not None:
+                        part.size = folder.lstat(name).st_size  # compact may have rewritten it in place
+                        fresh.append(part)
+                except (OSError, pa.ArrowException):
+                    continue
             singles = 0
             for part in reversed(fresh):
                 if part.first != part.last:
@@ -240,13 +257,14 @@ class RecordingWriter:
             merging = parts[-count:]
             if self.max_size is not None:  # the merged file sits beside its parts until they go
                 self._rotate_out(reserve=sum(part.size for part in merging), keep=tuple(merging))
-            path = host_dir(self.root, table, self.host) / part_name(merging[0].first, merging[-1].last)
-            self._guard(functools.partial(write_atomically, path, functools.partial(_merge_parts, merging),
-                                          self.file_mode))
+            name = part_name(merging[0].first, merging[-1].last)
+            folder = self._folders[table]
+            size = self._guard(functools.partial(folder.write_file, name,
+                                                 functools.partial(_merge_parts, folder, merging), self.file_mode))
             for part in merging:
-                part.path.unlink()
+                self._guard(functools.partial(folder.unlink, part.name))
             rows = sum(part.rows for part in merging)
-            parts[-count:] = [_Part(merging[0].first, merging[-1].last, path, rows, path.stat().st_size)]
+            parts[-count:] = [_Part(merging[0].first, merging[-1].last, name, rows, size)]
 
     def _rotate_out(self, reserve: int = 0, keep: tuple[_Part, ...] = ()) -> None:
         """Delete the oldest parts until the recording, and ``reserve`` bytes more (a merged file
@@ -261,13 +279,10 @@ class RecordingWriter:
             _, table = min(candidates)
             part = self._parts[table].pop(0)
             self._unmerged[table] = min(self._unmerged[table], len(self._parts[table]))
-            part.path.unlink()
+            self._guard(functools.partial(self._folders[table].unlink, part.name))
             self.rotated_out["files"] += 1
             self.rotated_out["bytes"] += part.size
             self.rotated_out["rows"][table] += part.rows
-
-    def _write_part(self, data: pa.Table, final: Path) -> None:
-        write_atomically(final, lambda out: pq.write_table(data, out, compression="zstd"), self.file_mode)
 
     def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
         """Write the metadata file (atomically); ``complete`` marks a clean end."""
@@ -277,12 +292,15 @@ class RecordingWriter:
         self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
                          rotated_out=self.rotated_out)
         text = json.dumps(self.meta, indent=1, sort_keys=True).encode()
-        path = meta_path(self.root, self.host)
-        self._guard(lambda: write_atomically(path, lambda out: out.write(text), self.file_mode))
+        self._guard(lambda: self._folders["meta"].write_file(meta_name(self.host), lambda out: out.write(text),
+                                                              self.file_mode))
 
-    def _guard(self, action: Any) -> None:
+    def _guard(self, action: Callable[[], T]) -> T:
         try:
-            action()
+            return action()
+        except FileNotFoundError as exc:
+            raise FdtraceError(f"{self.root}: a file of the recording went missing while it was written "
+                               f"({exc.strerror}): was it deleted or moved by someone else?", exit_code=1) from None
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise FdtraceError(
@@ -292,18 +310,25 @@ class RecordingWriter:
             raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
 
 
-def _merge_parts(parts: list[_Part], out: BinaryIO) -> None:
+def _write_parquet(data: pa.Table, out: BinaryIO) -> None:
+    pq.write_table(data, out, compression="zstd")
+
+
+def _merge_parts(folder: HeldDirectory, parts: list[_Part], out: BinaryIO) -> None:
     """Copy part files into one Parquet stream, one part (one row group) at a time; a merge of
     events gets the summary of its rows (``fdtrace.recording.summaries``). A flush gets none:
     summing up a second of a million events would take the writer a tenth of a second it needs
     for writing them."""
-    schema = without_summary(pq.read_schema(parts[0].path))
+    with folder.open_file(parts[0].name) as first:
+        schema = without_summary(pq.read_schema(first))
     summaries = []
     with pq.ParquetWriter(out, schema, compression="zstd") as merged:
         for part in parts:
-            data = pq.read_table(part.path)
-            if "kind" in data.column_names:
-                summaries.append(read_summary(part.path) or summarize(data))
+            with folder.open_file(part.name) as file:
+                data = pq.read_table(file)
+                if "kind" in data.column_names:
+                    file.seek(0)
+                    summaries.append(read_summary(file) or summarize(data))
             data = data.replace_schema_metadata(schema.metadata)
             merged.write_table(data if data.schema.equals(schema) else data.cast(schema))
             del data
@@ -314,11 +339,10 @@ def _merge_parts(parts: list[_Part], out: BinaryIO) -> None:
 def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
     """Add rows to a finished recording as a new part of ``table`` (e.g. the phases that
     `fdtrace run` collects after its recorder has stopped). Returns the file written."""
-    check_directory(Path(root))
-    make_directory(Path(root) / table)
-    folder = host_dir(Path(root), table, host)
-    make_directory(folder)
-    last = max((int(p.name.split("-")[-1].split(".")[0]) for p in part_files(folder)), default=0)
-    final = folder / part_name(last + 1, last + 1)
-    write_atomically(final, lambda out: pq.write_table(rows, out, compression="zstd"))
-    return final
+    with HeldDirectory.open(Path(root)) as recording, recording.subdirectory(table, PRIVATE_DIR) as table_folder, \
+            table_folder.subdirectory(host_folder(host), PRIVATE_DIR) as folder:
+        ranges = [part_range(Path(name)) for name in part_names(folder.names())]
+        last = max((covered[1] for covered in ranges if covered is not None), default=0)
+        name = part_name(last + 1, last + 1)
+        folder.write_file(name, lambda out: pq.write_table(rows, out, compression="zstd"))
+    return Path(root) / table / host_folder(host) / name

@@ -74,8 +74,7 @@ class ParquetSink:
     def __init__(self, directory: Path, argv: list[str], shared: bool = False, max_size: int | None = None,
                  rotate_s: float | None = None, required: bool = True) -> None:
         self.directory = Path(directory)
-        if self.directory.exists() or self.directory.is_symlink():
-            check_directory(self.directory)  # before anything is compiled: a planted directory is refused at once
+        check_directory(self.directory, create=True)  # before anything is compiled: a planted path is refused at once
         self.name = f"recording to {self.directory}"
         self.required = required
         self.argv = argv
