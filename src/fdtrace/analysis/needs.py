@@ -1,6 +1,9 @@
 """What each process needed of its FD limit, from what it asked for: the one recommendation per
 process that both ``fdtrace doctor --from`` and the report give.
 
+Processes that no sample saw (they lived less than a round) are here from their events: a
+failure of theirs (EMFILE, ENFILE, an OOM kill, Go's thread limit) puts them in.
+
 A process that failed with EMFILE never shows its need: its open FDs stop at the limit. What it
 asked for is known from the refused calls themselves (in its worst second, that many more
 descriptors were wanted at once than the table held) and, for HAProxy, from ``show info``'s
@@ -30,12 +33,19 @@ per_second AS (SELECT host, pid, start_ns, min(comm) AS comm, time_ns // 1000000
 refused AS (SELECT host, pid, start_ns, min(comm) AS comm, sum(n) AS emfile, max(n) AS emfile_worst_second
             FROM per_second GROUP BY host, pid, start_ns),
 asked AS (SELECT host, haproxy_pid AS pid, max(maxsock) AS maxsock FROM haproxy
-          WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid)
-SELECT coalesce(u.host, r.host) AS host, coalesce(u.pid, r.pid) AS pid, coalesce(u.start_ns, r.start_ns) AS start_ns,
-       coalesce(u.comm, r.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit, u.peak_fds,
-       coalesce(r.emfile, 0) AS emfile, coalesce(r.emfile_worst_second, 0) AS emfile_worst_second, a.maxsock
-FROM used AS u FULL OUTER JOIN refused AS r ON u.host = r.host AND u.pid = r.pid AND u.start_ns = r.start_ns
-LEFT JOIN asked AS a ON coalesce(u.host, r.host) = a.host AND coalesce(u.pid, r.pid) = a.pid
+          WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid),
+failed AS (SELECT host, pid, start_ns, min(comm) AS comm FROM events
+           WHERE kind IN ('go_thread_limit', 'oom_kill') OR errno = 'ENFILE' GROUP BY host, pid, start_ns),
+known AS (SELECT host, pid, start_ns FROM used UNION SELECT host, pid, start_ns FROM refused
+          UNION SELECT host, pid, start_ns FROM failed)
+SELECT k.host, k.pid, k.start_ns, coalesce(u.comm, r.comm, f.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit,
+       u.peak_fds, coalesce(r.emfile, 0) AS emfile, coalesce(r.emfile_worst_second, 0) AS emfile_worst_second,
+       a.maxsock
+FROM known AS k
+LEFT JOIN used AS u ON k.host = u.host AND k.pid = u.pid AND k.start_ns = u.start_ns
+LEFT JOIN refused AS r ON k.host = r.host AND k.pid = r.pid AND k.start_ns = r.start_ns
+LEFT JOIN failed AS f ON k.host = f.host AND k.pid = f.pid AND k.start_ns = f.start_ns
+LEFT JOIN asked AS a ON k.host = a.host AND k.pid = a.pid
 """
 
 

@@ -105,6 +105,7 @@ class KernelSession:
         self.counters = CounterStore(max_exited=keep_exited)
         self._resolver = StartTimeResolver()
         self._tracer: BpfTracer | None = None
+        self._probes_at_stop: list[str] = []
         self._empty = arrow_schema().empty_table()
         self._last_losses: dict[str, int] = {}
         self._losses_read_ns = -(10**18)
@@ -133,8 +134,9 @@ class KernelSession:
                 self.notes.append("this kernel lacks bpf_task_pt_regs (Linux 5.15): stacks skip the caller of "
                                   "libc's syscall wrappers")
         self._tracer = BpfTracer(self.options, features, on_stage=stage)
+        self.notes.append(self._tracer.programs_note)
         if self.options.stacks:
-            self._symbolizer = Symbolizer(self._tracer)
+            self._symbolizer = Symbolizer()
             self._descriptors = DescriptorTracker(self._tracer, self._resolve_sites,
                                                   before_tracing_pids=self.options.pids)
         if self._tracer.skipped:
@@ -154,8 +156,8 @@ class KernelSession:
 
     @property
     def probes(self) -> list[str]:
-        """The tracepoints attached."""
-        return list(self.tracer.attached)
+        """The probes attached (after ``stop()``: those that were attached at the end)."""
+        return list(self._tracer.attached) if self._tracer is not None else list(self._probes_at_stop)
 
     def watch_go_runtime(self, pid: int) -> None:
         """Read the thread-limit message of this Go process's binary from now on (see
@@ -176,12 +178,26 @@ class KernelSession:
         raw, established = split_connections(raw)
         connections = decode_connections(established, offsets) if len(established) else None
         table = decode(raw, self.host, offsets, self._resolver)
+        table = self._programs_started(table)
         stacks: list[Stack] = []
         if self._symbolizer is not None:
             self._symbolizer.begin()
             table, stacks = self._new_stacks(table, offsets.mono_ns)
         return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks,
                           connections=connections)
+
+    def _programs_started(self, events: Any) -> Any:
+        """Each program exec'd in this batch is looked at as it starts: a Go binary gets its
+        thread-limit uprobe at once (one that dies of its limit within a second is still heard).
+        Under --errors-only the exec events, sent for this alone, are dropped."""
+        import pyarrow.compute as pc
+
+        execs = pc.equal(events["kind"].cast("string"), "process_exec")
+        if not pc.any(execs).as_py():
+            return events
+        for pid in set(events.filter(execs)["pid"].to_pylist()):
+            self.watch_go_runtime(pid)
+        return events.filter(pc.invert(execs)) if self.options.errors_only else events
 
     def _new_stacks(self, events: Any, mono_ns: int) -> tuple[Any, list[Stack]]:
         """The events with their stack ids as sites (see ``_site_of``), and the stacks they name
@@ -262,7 +278,6 @@ class KernelSession:
         comms = {t.pid: t.comm for t in self.counters.live.values()}
         rows = self._descriptors.sweep(comms)
         stacks, self._pending_stacks = self._pending_stacks, []
-        self._symbolizer.forget()
         return rows, stacks
 
     def _losses(self, now_ns: int) -> dict[str, int]:
@@ -298,13 +313,14 @@ class KernelSession:
         fdtrace at once; the probes stay attached, unread, for those seconds."""
         if self._tracer is None:
             return
+        tracer, self._tracer = self._tracer, None  # a stop that fails half way is not repeated
+        self._probes_at_stop = list(tracer.attached)
         if exiting:
             _hand_off_detaching()
         if self._symbolizer is not None:
             self._symbolizer.close()
             self._symbolizer = None
-        self._tracer.close()
-        self._tracer = None
+        tracer.close()
 
 
 def _signed(stack_id: int) -> int:

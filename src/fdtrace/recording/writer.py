@@ -9,6 +9,7 @@ import fcntl
 import functools
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +54,19 @@ class _Part:
     name: str
     rows: int
     size: int
+    kept: bool = False  # it covers an incident window
+
+
+@dataclass
+class IncidentWindow:
+    """The time around incidents whose parts a ring keeps (CLOCK_MONOTONIC ns; ``wall_offset_ns``
+    turns them into UTC), and the incidents in it by kind."""
+
+    start_ns: int
+    end_ns: int
+    first_ns: int
+    wall_offset_ns: int
+    kinds: dict[str, int]
 
 
 class RecordingWriter:
@@ -66,14 +80,29 @@ class RecordingWriter:
     ``compact()`` merges the parts written since the last compaction into one file per table
     (``--rotate``); ``max_size`` keeps the recording under that many bytes by deleting its oldest
     parts, counted in the metadata as ``rotated_out`` (``--max-size``).
+
+    A flight recorder, with ``max_size``: ``mark_incidents()`` opens a window around each
+    incident (``keep_before_ns`` before it to ``keep_after_ns`` after it); the parts of every
+    table that cover a window are kept, apart from the ring, under ``keep_incidents`` bytes of
+    their own. When the windows need more, the oldest windows go first (counted in the
+    metadata as ``incidents_dropped``); the kept ones are listed there as ``incident_windows``.
     """
 
     def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False,
-                 max_size: int | None = None) -> None:
+                 max_size: int | None = None, keep_incidents: int | None = None,
+                 keep_before_ns: int = 600 * 10**9, keep_after_ns: int = 120 * 10**9) -> None:
         self.root = Path(root)
         self.host = host
         self.meta = dict(meta)
         self.max_size = max_size
+        self.keep_incidents = keep_incidents if keep_incidents is not None else (max_size or 0) // 2
+        self.keep_before_ns = keep_before_ns
+        self.keep_after_ns = keep_after_ns
+        self._windows: list[IncidentWindow] = []
+        self.incidents_dropped: dict[str, int] = {"windows": 0, "incidents": 0, "bytes": 0}
+        self._flush_ends: dict[int, int] = {0: time.monotonic_ns()}  # flush number -> when it was asked for
+        self._size = 0
+        self._kept_bytes = 0
         self.file_mode = SHARED_FILE if shared else PRIVATE_FILE
         self.dir_mode = SHARED_DIR if shared else PRIVATE_DIR
         self.bytes_written = 0
@@ -122,7 +151,29 @@ class RecordingWriter:
     @property
     def size(self) -> int:
         """Bytes of the part files the recording holds now."""
-        return sum(part.size for parts in self._parts.values() for part in parts)
+        return self._size
+
+    def _insert(self, table: str, part: _Part, at: int | None = None) -> None:
+        part.kept = self._covers_window(part)
+        parts = self._parts[table]
+        parts.insert(len(parts) if at is None else at, part)
+        self._size += part.size
+        self._kept_bytes += part.size if part.kept else 0
+
+    def _remove(self, table: str, index: int) -> _Part:
+        part = self._parts[table].pop(index)
+        self._size -= part.size
+        self._kept_bytes -= part.size if part.kept else 0
+        return part
+
+    def _recount(self) -> None:
+        """Sizes and kept flags again from the part lists (after they were read from disk)."""
+        self._size = self._kept_bytes = 0
+        for parts in self._parts.values():
+            for part in parts:
+                part.kept = self._covers_window(part)
+                self._size += part.size
+                self._kept_bytes += part.size if part.kept else 0
 
     def add(self, table: str, rows: pa.Table) -> None:
         """Buffer rows for ``table`` until the next flush."""
@@ -170,15 +221,60 @@ class RecordingWriter:
         self._flush_number += 1
         pending = {table: buffered for table, buffered in self._buffers.items() if buffered}
         self._buffers = {t: [] for t in TABLES}
-        self._submit(self._write_flush, number, pending, wait=wait)
+        self._submit(self._write_flush, number, pending, time.monotonic_ns(), wait=wait)
 
-    def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
+    def mark_incidents(self, incidents: list[tuple[int, str]], wall_offset_ns: int) -> None:
+        """Keep what the recording holds around these incidents ((CLOCK_MONOTONIC ns, kind) each),
+        under ``keep_incidents`` (only with ``max_size``: a recording without one deletes nothing)."""
+        if self.max_size is not None and incidents:
+            self._submit(self._add_windows, list(incidents), wall_offset_ns, wait=False)
+
+    def _add_windows(self, incidents: list[tuple[int, str]], wall_offset_ns: int) -> None:
+        for at_ns, kind in sorted(incidents):
+            start, end = at_ns - self.keep_before_ns, at_ns + self.keep_after_ns
+            last = self._windows[-1] if self._windows else None
+            if last is not None and start <= last.end_ns:
+                last.end_ns = max(last.end_ns, end)
+                last.kinds[kind] = last.kinds.get(kind, 0) + 1
+            else:
+                self._windows.append(IncidentWindow(start, end, at_ns, wall_offset_ns, {kind: 1}))
+            self._mark(start, newest_first=True)
+
+    def _mark(self, since_ns: int, newest_first: bool) -> None:
+        """Look again whether the parts from ``since_ns`` on (newest first: a window just opened)
+        or up to it (oldest first: a window dropped, ``since_ns`` its end) cover a window."""
+        for parts in self._parts.values():
+            ordered = reversed(parts) if newest_first else iter(parts)
+            for part in ordered:
+                start, end = self._span(part)
+                if (end < since_ns) if newest_first else (start > since_ns):
+                    break
+                kept = self._covers_window(part)
+                if kept != part.kept:
+                    self._kept_bytes += part.size if kept else -part.size
+                    part.kept = kept
+
+    def _span(self, part: _Part) -> tuple[int, int]:
+        """The CLOCK_MONOTONIC times a part's rows fall in: from the flush before it to its last."""
+        return self._flush_ends.get(part.first - 1, 0), self._flush_ends.get(part.last, 1 << 62)
+
+    def _covers_window(self, part: _Part) -> bool:
+        if not self._windows:
+            return False
+        start, end = self._span(part)
+        return any(window.start_ns <= end and start <= window.end_ns for window in self._windows)
+
+    def _write_flush(self, number: int, pending: dict[str, list[pa.Table]], asked_ns: int) -> None:
+        self._flush_ends[number] = asked_ns
+        if number % 256 == 0:  # forget the times of flushes no part covers any more (bounded over days)
+            oldest = min((parts[0].first for parts in self._parts.values() if parts), default=number) - 1
+            self._flush_ends = {n: t for n, t in self._flush_ends.items() if n >= oldest}
         for table, buffered in pending.items():
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
             name = part_name(number, number)
             size = self._guard(functools.partial(self._folders[table].write_file, name,
                                                  functools.partial(_write_parquet, data), self.file_mode))
-            self._parts[table].append(_Part(number, number, name, data.num_rows, size))
+            self._insert(table, _Part(number, number, name, data.num_rows, size))
             self._unmerged[table] += 1
             self.rows_written[table] += data.num_rows
             self.bytes_written += size
@@ -236,6 +332,7 @@ class RecordingWriter:
                 singles += 1
             self._parts[table] = fresh
             self._unmerged[table] = min(self._unmerged[table], singles)
+        self._recount()
 
     def _compact(self) -> None:
         """Merge each table's parts since the last compaction into one file.
@@ -264,25 +361,47 @@ class RecordingWriter:
             for part in merging:
                 self._guard(functools.partial(folder.unlink, part.name))
             rows = sum(part.rows for part in merging)
-            parts[-count:] = [_Part(merging[0].first, merging[-1].last, name, rows, size)]
+            for _ in merging:
+                self._remove(table, len(parts) - 1)
+            self._insert(table, _Part(merging[0].first, merging[-1].last, name, rows, size))
 
     def _rotate_out(self, reserve: int = 0, keep: tuple[_Part, ...] = ()) -> None:
-        """Delete the oldest parts until the recording, and ``reserve`` bytes more (a merged file
-        about to be written beside its parts), fits ``max_size``, keeping the newest part of each
-        table and the parts in ``keep``."""
+        """Delete the oldest parts outside the incident windows until they, and ``reserve``
+        bytes more (a merged file about to be written beside its parts), fit ``max_size``,
+        keeping the newest part of each table and the parts in ``keep``; first drop the oldest
+        windows until the parts they keep fit ``keep_incidents``."""
         assert self.max_size is not None
-        while self.size + reserve > self.max_size:
-            candidates = [(parts[0].first, table) for table, parts in self._parts.items()
-                          if len(parts) > 1 and not any(parts[0] is kept for kept in keep)]
+        while self._windows and self._kept_bytes > self.keep_incidents:
+            window = self._windows.pop(0)
+            before = self._kept_bytes
+            self._mark(window.end_ns, newest_first=False)
+            self.incidents_dropped["windows"] += 1
+            self.incidents_dropped["incidents"] += sum(window.kinds.values())
+            self.incidents_dropped["bytes"] += before - self._kept_bytes
+        while self._size - self._kept_bytes + reserve > self.max_size:
+            candidates = []
+            for table, parts in self._parts.items():
+                for index, part in enumerate(parts[:-1]):  # the newest part of each table stays
+                    if not part.kept and not any(part is k for k in keep):
+                        candidates.append((part.first, table, index))
+                        break
             if not candidates:
                 return
-            _, table = min(candidates)
-            part = self._parts[table].pop(0)
-            self._unmerged[table] = min(self._unmerged[table], len(self._parts[table]))
+            _, table, index = min(candidates)
+            unmerged_from = len(self._parts[table]) - self._unmerged[table]
+            part = self._remove(table, index)
+            if index >= unmerged_from:  # one of the parts not merged yet
+                self._unmerged[table] -= 1
             self._guard(functools.partial(self._folders[table].unlink, part.name))
             self.rotated_out["files"] += 1
             self.rotated_out["bytes"] += part.size
             self.rotated_out["rows"][table] += part.rows
+
+    def incident_windows(self) -> list[dict[str, Any]]:
+        """The incident windows kept, for the metadata (times as UTC ns)."""
+        return [{"start": window.start_ns + window.wall_offset_ns, "end": window.end_ns + window.wall_offset_ns,
+                 "first": window.first_ns + window.wall_offset_ns, "incidents": dict(window.kinds)}
+                for window in self._windows]
 
     def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
         """Write the metadata file (atomically); ``complete`` marks a clean end."""
@@ -291,6 +410,9 @@ class RecordingWriter:
     def _write_meta(self, complete: bool, updates: dict[str, Any]) -> None:
         self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
                          rotated_out=self.rotated_out)
+        if self.max_size is not None:
+            self.meta.update(incident_windows=self.incident_windows(), incidents_dropped=self.incidents_dropped,
+                             keep_incidents=self.keep_incidents, max_size=self.max_size)
         text = json.dumps(self.meta, indent=1, sort_keys=True).encode()
         self._guard(lambda: self._folders["meta"].write_file(meta_name(self.host), lambda out: out.write(text),
                                                               self.file_mode))

@@ -20,6 +20,8 @@ from fdtrace.schema.events import (
     SYSCALL_NAMES,
     Kind,
     bpf_cflags,
+    iso_utc,
+    plain_rows,
     slot,
 )
 from fdtrace.schema.fields import Field, arrow_type
@@ -30,5 +32,5 @@ __all__ = [
     "NONFATAL_SIGNALS", "NOT_FAILURES", "RAW_EVENT_DTYPE", "SCHEMA_VERSION", "SOCKET_SYSCALLS", "STACK_DEPTH",
     "STACK_KINDS", "STACK_SLOT", "STATS",
     "SYSCALL_IDS", "SYSCALL_NAMES", "TABLES", "VERSIONS", "Field", "Kind", "Table", "arrow_schema", "arrow_type",
-    "bpf_cflags", "slot",
+    "bpf_cflags", "iso_utc", "plain_rows", "slot",
 ]

@@ -9,6 +9,8 @@ decodes raw records with :data:`RAW_EVENT_DTYPE` and :data:`EXTRA_SLOTS`.
 from __future__ import annotations
 
 import enum
+import time
+from typing import Any
 
 import numpy as np
 
@@ -196,3 +198,27 @@ def bpf_cflags() -> list[str]:
     mask = sum(1 << s for s in NONFATAL_SIGNALS)
     flags.append(f"-DFDT_NONFATAL_SIGNAL_MASK={mask}U")
     return flags
+
+
+def plain_rows(table: Any) -> list[dict[str, Any]]:
+    """A table's rows as Python values, its timestamps as int ns since the epoch (UTC): pyarrow
+    turns nanosecond timestamps into Python objects only with pandas, which the live commands do
+    not import (``cli.common.live_without_pandas``)."""
+    import pyarrow as pa
+
+    for index, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            table = table.set_column(index, field.name, table.column(index).cast(pa.int64()))
+    return list(table.to_pylist())
+
+
+def iso_utc(ns: int) -> str:
+    """A UTC time in ns as ISO 8601, as pandas writes one: 9 decimals when the nanoseconds are not
+    zero, 6 when only microseconds are, none for a whole second; "Z" for UTC."""
+    seconds, fraction = divmod(int(ns), 1_000_000_000)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    if fraction % 1000:
+        text += f".{fraction:09d}"
+    elif fraction:
+        text += f".{fraction // 1000:06d}"
+    return text + "Z"

@@ -9,8 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.call_sites import leaks, site_name
+from fdtrace.analysis.call_sites import leaks
 from fdtrace.pipeline.update import SourceInfo, ThreadCensus, Update
+from fdtrace.policy import site_name
 
 
 @dataclass
