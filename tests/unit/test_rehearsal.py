@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -226,8 +227,6 @@ def server(answer: int | None) -> Iterator[tuple[int, list[socket.socket]]]:
 
 
 def now_ns() -> int:
-    import time
-
     return time.monotonic_ns()
 
 
@@ -302,3 +301,32 @@ def test_a_rehearsal_stops_at_the_first_step_that_fails() -> None:
     assert rehearsal.bursts[1].failures == {CLOSED: 15}
     result = RehearsalResult(target, shape, None, None, rehearsal.bursts)
     assert (result.held, result.failed_at, result.status, result.fds_per_connection) == (35, 36, "failed", None)
+
+
+# What the tracer sees of the target
+
+
+def test_the_watch_keeps_the_targets_exhaustion_and_end() -> None:
+    import pyarrow as pa
+
+    from fdtrace.pipeline import Update
+    from fdtrace.rehearsal.watch import TargetWatch
+    from fdtrace.schema import arrow_schema
+
+    def event(ts: int, pid: int, kind: str, syscall: str = "", errno: str = "", **more: object) -> dict[str, object]:
+        return {"ts_ns": ts, "time": ts, "host": "h", "pid": pid, "tid": pid, "comm": "haproxy", "kind": kind,
+                "syscall": syscall, "errno": errno, **more}
+
+    rows = [event(10, 42, "accept", "accept4", "EMFILE"), event(11, 42, "socket", "socket"),  # a success
+            event(12, 42, "connect", "connect", "ECONNREFUSED"),  # a failed call, not exhaustion
+            event(13, 7, "socket", "socket", "EMFILE"),  # another process
+            event(14, 42, "fd_error", "openat", "ENFILE"), event(15, 42, "process_exit", signal="SIGKILL")]
+    watch = TargetWatch((42,))
+    watch.write(Update(now_ns=0, events=pa.Table.from_pylist(rows, schema=arrow_schema())))
+    assert [f.label for f in watch.failures_since(0)] == ["accept4 EMFILE", "openat ENFILE", "exited (SIGKILL)"]
+    assert [f.label for f in watch.failures_since(14)] == ["openat ENFILE", "exited (SIGKILL)"]
+    assert watch.failed_since(15) and not watch.failed_since(16)
+    assert watch.wait_past(0, 1.0)
+    later = time.monotonic_ns()
+    watch.close()
+    assert not watch.wait_past(later, 60.0)  # closed: no update will come, it does not wait

@@ -106,21 +106,32 @@ def rehearse(target: str, comm: str | None, pid: int | None, ranks: int, per_ran
         fail(error)
     traced = pids[0] if pids else None
     comm_now = _comm(traced)
-    pipeline, watch = _pipeline(pids, interval_s, output) if pids else (None, None)
+    from fdtrace.rehearsal.watch import TargetWatch
+
+    watch = TargetWatch(pids) if pids else None
     try:
         rank_list = start_ranks(shape, found)
     except FdtraceError as error:
-        if pipeline is not None:
-            pipeline.close()
         fail(error)
     rehearsal = Rehearsal(shape, rank_list, traced, watch, max_rate, duration_s)
-    if pipeline is None:
-        note(f"{shown(found.text)} is not on this host: not traced; rehearsing {shape.ranks} ranks x {shape.per_rank} "
-             "connections")
-    else:
+    _stop_on_signals(rehearsal)  # from now: a signal during the compile counts too
+    pipeline = None
+    if watch is not None:
+        try:
+            pipeline = _pipeline(watch, interval_s, output)
+        except FdtraceError as error:
+            stop_ranks(rank_list)
+            fail(_one(error))
+        if rehearsal.cancelled is not None:
+            pipeline.close()
+            stop_ranks(rank_list)
+            fail(FdtraceError(f"{rehearsal.cancelled} before the load began", exit_code=1))
         probes = len(pipeline.source.info.probes_attached)
         note(f"tracing pid {traced} ({shown(comm_now)}): {probes} probes attached; rehearsing {shape.ranks} ranks x "
              f"{shape.per_rank} connections against {shown(found.text)}")
+    else:
+        note(f"{shown(found.text)} is not on this host: not traced; rehearsing {shape.ranks} ranks x {shape.per_rank} "
+             "connections")
     failed = _play(rehearsal, pipeline)
     stop_ranks(rank_list)
     if failed is not None:
@@ -145,51 +156,45 @@ def _comm(pid: int | None) -> str | None:
         fail(FdtraceError(f"pid {pid} is gone", exit_code=1))
 
 
-def _pipeline(pids: tuple[int, ...], interval_s: float, output: str | None) -> tuple[Pipeline, TargetWatch]:
-    """The live pipeline over the target, started (the probes attached): any problem is one
-    line and exit status 1."""
+def _pipeline(watch: TargetWatch, interval_s: float, output: str | None) -> Pipeline:
+    """The live pipeline over the target, started (the probes attached), its notes said.
+    Raises FdtraceError."""
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.pipeline import Pipeline, Sink
     from fdtrace.rehearsal.runner import TargetSampler
-    from fdtrace.rehearsal.watch import TargetWatch
     from fdtrace.sources.live import LiveOptions, LiveSource
 
-    watch = TargetWatch(pids)
+    pids = tuple(sorted(watch.pids))
     sinks: list[Sink] = [watch]
-    try:
-        if output is not None:
-            from fdtrace.sinks.parquet import ParquetSink
+    if output is not None:
+        from fdtrace.sinks.parquet import ParquetSink
 
-            sinks.append(ParquetSink(Path(output), sys.argv))
-    except FdtraceError as error:
-        fail(_one(error))
+        sinks.append(ParquetSink(Path(output), sys.argv))
     source = LiveSource(LiveOptions(exiting=True, keep_exited=16, interval_s=interval_s, top_processes=0,
                                     trace=TraceOptions(pids=pids)), sampler=TargetSampler(pids))
     pipeline = Pipeline(source, sinks)
-    problem = None
     with StartupProgress() as progress:
         source.on_stage = progress.stage
-        try:
-            pipeline.start()
-        except FdtraceError as error:
-            problem = error
-    if problem is not None:
-        fail(_one(problem))
+        pipeline.start()
     for text in source.notes:
         note(text)
-    return pipeline, watch
+    return pipeline
 
 
-def _play(rehearsal: Rehearsal, pipeline: Pipeline | None) -> FdtraceError | None:
-    """Play the rehearsal on a thread while the pipeline (when tracing) runs here until it is
-    done; SIGINT and SIGTERM stop it after the burst under way. Returns the pipeline's error."""
-    from fdtrace.pipeline import Stop
-
+def _stop_on_signals(rehearsal: Rehearsal) -> None:
+    """SIGINT and SIGTERM stop the rehearsal after the burst under way."""
     def stop(signum: int, _frame: FrameType | None) -> None:
         rehearsal.cancel(f"stopped by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+
+
+def _play(rehearsal: Rehearsal, pipeline: Pipeline | None) -> FdtraceError | None:
+    """Play the rehearsal on a thread while the pipeline (when tracing) runs here until it is
+    done. Returns the pipeline's error."""
+    from fdtrace.pipeline import Stop
+
     worker = threading.Thread(target=rehearsal.run, name="fdtrace-rehearsal", daemon=True)
     worker.start()
     problem = None

@@ -85,8 +85,10 @@ class TargetSampler(ProcSampler):
         self.targets = set(pids)
 
     def round(self, with_events: Iterable[int], top: int, exclude: int | None = None) -> list[ProcessSample]:
-        """The usual round, with the target in it."""
-        return super().round({*with_events, *self.targets}, top, exclude)
+        """The usual round, with the target in it (without ranking every process when ``top`` is 0)."""
+        if top:
+            return super().round({*with_events, *self.targets}, top, exclude)
+        return self.processes({*with_events, *self.targets} - {exclude})
 
 
 def start_ranks(shape: Shape, target: Target) -> list[Rank]:
@@ -144,6 +146,11 @@ class Rehearsal:
         self.done = threading.Event()
         self._cancelled: str | None = None
         self._wake = threading.Event()
+
+    @property
+    def cancelled(self) -> str | None:
+        """Why it was cancelled, None when it was not."""
+        return self._cancelled
 
     def cancel(self, why: str) -> None:
         """Stop after the burst now playing (its connections are closed); ``why`` is said."""

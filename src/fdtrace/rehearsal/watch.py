@@ -65,13 +65,17 @@ class TargetWatch:
         self._losses: dict[str, int] = {}
         self._written_ns = 0
         self._last_failure_ns = -1
+        self._closed = False
         self._wrote = threading.Condition(self._lock)
 
     def open(self, info: SourceInfo) -> None:
         """Nothing to prepare."""
 
     def close(self, failed: bool = False) -> None:
-        """Nothing to release."""
+        """No update comes after this: whoever waits for one stops waiting."""
+        with self._lock:
+            self._closed = True
+            self._wrote.notify_all()
 
     def write(self, update: Update) -> None:
         """Keep the target's failures, samples and counters from one update."""
@@ -127,12 +131,12 @@ class TargetWatch:
 
     def wait_past(self, mono_ns: int, timeout_s: float) -> bool:
         """Wait until an update was taken after ``mono_ns`` (so every event before it has been
-        read from the kernel); False when none came within ``timeout_s``."""
+        read from the kernel); False when none came within ``timeout_s`` or the pipeline closed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while self._written_ns <= mono_ns:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self._closed:
                     return False
                 self._wrote.wait(left)
         return True
