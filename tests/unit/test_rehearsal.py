@@ -226,6 +226,11 @@ def server(answer: int | None) -> Iterator[tuple[int, list[socket.socket]]]:
         listener.close()
 
 
+def loopback_target(port: int) -> Target:
+    """A target on loopback (not traced: the tests here run no tracer)."""
+    return Target(f"127.0.0.1:{port}", "127.0.0.1", "127.0.0.1", port, socket.AF_INET, "net:[1]")
+
+
 def now_ns() -> int:
     return time.monotonic_ns()
 
@@ -269,7 +274,7 @@ def test_a_rank_out_of_its_own_descriptors_says_so() -> None:
 @pytest.mark.parametrize("processes", [False, True])
 def test_ranks_as_threads_or_processes_run_the_same_bursts(processes: bool) -> None:
     with server(answer=None) as (port, _):
-        target = Target(f"127.0.0.1:{port}", "127.0.0.1", "127.0.0.1", port, socket.AF_INET, "net:[1]")
+        target = loopback_target(port)
         shape = Shape(4, 25, ramp=2, hold_s=0.05, processes=processes)
         ranks = start_ranks(shape, target)
         try:
@@ -287,7 +292,7 @@ def test_ranks_as_threads_or_processes_run_the_same_bursts(processes: bool) -> N
 
 def test_a_rehearsal_stops_at_the_first_step_that_fails() -> None:
     with server(answer=60) as (port, _):
-        target = Target(f"127.0.0.1:{port}", "127.0.0.1", "127.0.0.1", port, socket.AF_INET, "net:[1]")
+        target = loopback_target(port)
         shape = Shape(4, 25, ramp=4, hold_s=0.0)
         ranks: list[Rank] = start_ranks(shape, target)
         try:
@@ -330,3 +335,46 @@ def test_the_watch_keeps_the_targets_exhaustion_and_end() -> None:
     later = time.monotonic_ns()
     watch.close()
     assert not watch.wait_past(later, 60.0)  # closed: no update will come, it does not wait
+
+
+def play(port: int, shape: Shape, max_rate: float = 10_000, duration_s: float | None = 60,
+         cancel_when: tuple[list[socket.socket], int] | None = None) -> Rehearsal:
+    """A rehearsal of ``shape`` against a loopback server, not traced; with ``cancel_when``
+    (the server's connections, a count), cancelled once the server holds that many."""
+    ranks = start_ranks(shape, loopback_target(port))
+    rehearsal = Rehearsal(shape, ranks, None, None, max_rate=max_rate, duration_s=duration_s)
+    try:
+        worker = threading.Thread(target=rehearsal.run)
+        worker.start()
+        if cancel_when is not None:
+            kept, count = cancel_when
+            while len(kept) < count and worker.is_alive():
+                time.sleep(0.01)
+            rehearsal.cancel("stopped by the test")
+        worker.join()
+    finally:
+        stop_ranks(ranks)
+    return rehearsal
+
+
+def test_the_rate_and_the_duration_bound_a_rehearsal() -> None:
+    with server(answer=None) as (port, _):
+        began = time.monotonic()
+        paced = play(port, Shape(2, 25, bursts=3, hold_s=0.0), max_rate=500)
+        elapsed = time.monotonic() - began
+        # 50 connections a burst at 500 a second: the third burst starts 0.2 s after the first
+        assert [b.answered for b in paced.bursts] == [50, 50, 50] and elapsed >= 0.2
+        bounded = play(port, Shape(2, 25, bursts=3, hold_s=0.3), duration_s=0.1)
+    assert [b.answered for b in bounded.bursts] == [50] and bounded.stopped == "--duration 0.1 s reached"
+    assert RehearsalResult(loopback_target(port), Shape(2, 25), None, None, bounded.bursts,
+                           stopped=bounded.stopped).exit_code == 1
+
+
+def test_a_cancelled_rehearsal_leaves_out_the_burst_it_stopped() -> None:
+    with server(answer=None) as (port, kept):
+        began = time.monotonic()
+        cancelled = play(port, Shape(2, 25, bursts=2, hold_s=30.0), cancel_when=(kept, 50))
+        elapsed = time.monotonic() - began
+    assert cancelled.stopped == "stopped by the test" and cancelled.bursts == [] and cancelled.error is None
+    assert elapsed < 30  # the hold was cut short
+    assert cancelled.notes == ["the burst under way when it was stopped (step 1, 50 connections) is left out"]
