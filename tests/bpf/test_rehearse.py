@@ -289,3 +289,23 @@ def test_a_target_in_another_network_namespace_is_local(loopback_namespace: list
     finally:
         listener.kill()
         listener.wait()
+
+
+def test_no_route_to_the_target_is_not_the_targets_failure(loopback_namespace: list[str]) -> None:
+    """Connections this host cannot route anywhere stop the rehearsal with one line (exit
+    status 1), not as a failure of the target (2). In a namespace with only a loopback, so
+    nothing leaves the machine."""
+    code = ("import socket\n"
+            "from fdtrace.rehearsal.runner import Rehearsal, start_ranks, stop_ranks\n"
+            "from fdtrace.rehearsal.shape import Shape\n"
+            "from fdtrace.rehearsal.target import Target\n"
+            "target = Target('198.51.100.7:80', '198.51.100.7', '198.51.100.7', 80, socket.AF_INET, None)\n"
+            "shape = Shape(2, 3, hold_s=0)\n"
+            "ranks = start_ranks(shape, target)\n"
+            "rehearsal = Rehearsal(shape, ranks, None, None, max_rate=100, duration_s=30)\n"
+            "rehearsal.run()\n"
+            "stop_ranks(ranks)\n"
+            "print(rehearsal.error.exit_code, rehearsal.error, rehearsal.bursts)\n")
+    run = subprocess.run([*loopback_namespace, sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == ("1 this host has no route to the target (6 connections ENETUNREACH): the rehearsal "
+                                  "stopped at step 1 (6 connections) []"), run.stderr

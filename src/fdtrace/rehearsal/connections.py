@@ -30,6 +30,10 @@ OWN_ERRNOS = {errno.EMFILE: "fdtrace's own descriptors ran out (EMFILE)",
               errno.ENOBUFS: "this host ran out of socket buffers (ENOBUFS)",
               errno.ENOMEM: "this host ran out of memory for sockets (ENOMEM)"}
 
+#: Connections that failed so say this host cannot reach the target at all (no route): the
+#: rehearsal stops and says so, the target is not to blame.
+UNREACHABLE = frozenset({"ENETUNREACH", "EHOSTUNREACH"})
+
 #: Progress is reported at most this often while a burst waits for its answers.
 PROGRESS_INTERVAL_S = 0.05
 

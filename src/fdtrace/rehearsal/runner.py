@@ -15,6 +15,7 @@ from typing import Any
 
 from fdtrace.errors import FdtraceError
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
+from fdtrace.rehearsal.connections import UNREACHABLE
 from fdtrace.rehearsal.rank import ProcessRank, Rank, RankGoneError, ThreadRank
 from fdtrace.rehearsal.result import Burst
 from fdtrace.rehearsal.shape import Shape
@@ -239,6 +240,10 @@ class Rehearsal:
             rank.channel.send({"op": "close"})
         for rank in active:
             self._answer(rank, "closed")
+        unreachable = {reason: n for reason, n in failures.items() if reason in UNREACHABLE}
+        if own is None and unreachable:
+            own = "this host has no route to the target (" + ", ".join(
+                f"{n} connections {reason}" for reason, n in sorted(unreachable.items())) + ")"
         if own is not None:
             raise FdtraceError(f"{own}: the rehearsal stopped at step {step} ({level} connections)", exit_code=1)
         record.failures = dict(failures)
