@@ -82,6 +82,7 @@ def rehearse(target: str, comm: str | None, pid: int | None, ranks: int, per_ran
     from fdtrace.rehearsal.runner import Rehearsal, ensure_own_limit, start_ranks, stop_ranks
     from fdtrace.rehearsal.shape import Shape
     from fdtrace.rehearsal.target import choose_pids, find_target
+    from fdtrace.rehearsal.watch import TargetWatch
 
     if comm is not None and pid is not None:
         fail(FdtraceError("give --comm or --pid, not both", exit_code=1))
@@ -106,8 +107,6 @@ def rehearse(target: str, comm: str | None, pid: int | None, ranks: int, per_ran
         fail(error)
     traced = pids[0] if pids else None
     comm_now = _comm(traced)
-    from fdtrace.rehearsal.watch import TargetWatch
-
     watch = TargetWatch(pids) if pids else None
     try:
         rank_list = start_ranks(shape, found)
