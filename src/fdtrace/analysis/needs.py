@@ -13,6 +13,7 @@ the peak; the recommendation adds the usual margin to it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
@@ -89,3 +90,12 @@ def fd_needs(recording: Any) -> pd.DataFrame:
     ``recommended`` soft limit (the need with the margin). Processes that failed come first."""
     with engine_for(recording) as engine:
         return fd_needs_on(engine)
+
+
+def rehearsed_need(idle_fds: int, fds_per_connection: float, connections: int) -> tuple[int, str]:
+    """(descriptors needed, why) for a process to hold ``connections`` at once, from what
+    ``fdtrace rehearse`` measured of it: the descriptors it held idle plus the descriptors each
+    connection took (the slope of its open descriptors against the connections it held)."""
+    need = idle_fds + math.ceil(fds_per_connection * connections - 1e-9)
+    return need, (f"{connections} connections at {fds_per_connection:.2f} descriptors each and {idle_fds} held idle, "
+                  "as rehearsed")

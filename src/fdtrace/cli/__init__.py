@@ -11,6 +11,7 @@ from fdtrace.cli.doctor import doctor
 from fdtrace.cli.export import export
 from fdtrace.cli.info import info
 from fdtrace.cli.record import record
+from fdtrace.cli.rehearse import rehearse
 from fdtrace.cli.report import report
 from fdtrace.cli.run import run
 from fdtrace.cli.top import replay, top
@@ -25,5 +26,5 @@ def main() -> None:
 
 
 for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact,
-                trace_export):
+                trace_export, rehearse):
     main.add_command(command)
