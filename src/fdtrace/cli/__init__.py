@@ -14,6 +14,7 @@ from fdtrace.cli.record import record
 from fdtrace.cli.rehearse import rehearse
 from fdtrace.cli.report import report
 from fdtrace.cli.run import run
+from fdtrace.cli.service import service
 from fdtrace.cli.top import replay, top
 from fdtrace.cli.trace import trace
 from fdtrace.cli.trace_export import trace_export
@@ -26,5 +27,5 @@ def main() -> None:
 
 
 for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact,
-                trace_export, rehearse):
+                trace_export, rehearse, service):
     main.add_command(command)

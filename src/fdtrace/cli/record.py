@@ -53,6 +53,9 @@ from fdtrace.errors import FdtraceError
               help="With --max-size: seconds before an incident that its window keeps.")
 @click.option("--keep-after", type=float, default=120.0, show_default=True,
               help="With --max-size: seconds after an incident that its window keeps.")
+@click.option("--resume", is_flag=True,
+              help="Continue this host's recording already in the directory (a service's restart) instead of "
+                   "refusing it: its files, counts and incident windows are kept.")
 @click.option("--listen", default=None, help="Also serve Prometheus /metrics on ADDRESS:PORT.")
 @click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
               help="Sample HAProxy's `show info` from this stats socket every interval (repeatable).")
@@ -64,7 +67,7 @@ from fdtrace.errors import FdtraceError
 def record(output: str, duration: float | None, pids: tuple[int, ...], follow: bool, comms: tuple[str, ...],
            errors_only: bool, interval: float, top_processes: int, cmdline: bool, shared: bool,
            rotate: float | None, max_size: str | None, keep_incidents: str | None, keep_before: float,
-           keep_after: float, listen: str | None, haproxy_sockets: tuple[str, ...],
+           keep_after: float, resume: bool, listen: str | None, haproxy_sockets: tuple[str, ...],
            no_connections: bool, ring_pages: int, stacks: bool, max_stacks: int, max_fds: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
 
@@ -97,7 +100,8 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     stop = Stop(duration)
     try:
         recording = ParquetSink(Path(output), sys.argv, shared=shared, max_size=max_bytes, rotate_s=rotate,
-                                keep_incidents=kept_bytes, keep_before_s=keep_before, keep_after_s=keep_after)
+                                keep_incidents=kept_bytes, keep_before_s=keep_before, keep_after_s=keep_after,
+                                resume=resume)
     except FdtraceError as error:
         fail(error)
     sinks: list[Sink] = [recording]

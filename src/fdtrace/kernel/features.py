@@ -66,8 +66,13 @@ def ensure_tracefs(root: Path = TRACEFS, mount: bool = True) -> str | None:
     Returns:
         A note for the user when tracefs had to be mounted, else None.
     """
-    if (root / "events").is_dir():
-        return None
+    try:
+        if (root / "events").is_dir():
+            return None
+    except PermissionError:
+        raise FdtraceError(f"tracefs at {root} cannot be read by this user: run as root, or with CAP_DAC_READ_SEARCH "
+                           "besides CAP_BPF and CAP_PERFMON (fdtrace service prints a unit that grants them)",
+                           exit_code=77) from None
     if mount:
         result = subprocess.run(
             ["mount", "-t", "tracefs", "tracefs", str(root)],

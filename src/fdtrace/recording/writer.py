@@ -41,6 +41,8 @@ from fdtrace.safe_files import (
 )
 from fdtrace.schema import SCHEMA_VERSION
 
+#: Bytes of a metadata file read at most when a recording is resumed.
+MAX_META_BYTES = 1 << 20
 #: Flushes that may wait for the writer thread before the caller is held back.
 MAX_PENDING_WRITES = 3
 
@@ -54,6 +56,8 @@ class _Part:
     name: str
     rows: int
     size: int
+    start_ns: int = 0  # the CLOCK_MONOTONIC times its rows fall in
+    end_ns: int = 0
     kept: bool = False  # it covers an incident window
 
 
@@ -86,11 +90,16 @@ class RecordingWriter:
     table that cover a window are kept, apart from the ring, under ``keep_incidents`` bytes of
     their own. When the windows need more, the oldest windows go first (counted in the
     metadata as ``incidents_dropped``); the kept ones are listed there as ``incident_windows``.
+
+    ``resume``: a recording of this host already in ``root`` is continued (a service's restart):
+    its parts, what it counted and its incident windows are taken over, and numbering goes on
+    after its last part.
     """
 
     def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False,
                  max_size: int | None = None, keep_incidents: int | None = None,
-                 keep_before_ns: int = 600 * 10**9, keep_after_ns: int = 120 * 10**9) -> None:
+                 keep_before_ns: int = 600 * 10**9, keep_after_ns: int = 120 * 10**9,
+                 resume: bool = False) -> None:
         self.root = Path(root)
         self.host = host
         self.meta = dict(meta)
@@ -100,7 +109,9 @@ class RecordingWriter:
         self.keep_after_ns = keep_after_ns
         self._windows: list[IncidentWindow] = []
         self.incidents_dropped: dict[str, int] = {"windows": 0, "incidents": 0, "bytes": 0}
-        self._flush_ends: dict[int, int] = {0: time.monotonic_ns()}  # flush number -> when it was asked for
+        self._last_flush_ns = time.monotonic_ns()
+        self._wall_offset_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - self._last_flush_ns
+        self._other_boot = False  # resumed parts of another boot: their times come from UTC
         self._size = 0
         self._kept_bytes = 0
         self.file_mode = SHARED_FILE if shared else PRIVATE_FILE
@@ -116,12 +127,14 @@ class RecordingWriter:
         self._lock_fd = -1
         self._compactions = 0  # how many changes of fdtrace compact this writer has seen
         self._folders: dict[str, HeldDirectory] = {}
-        self._open_folders()
+        self._open_folders(resume)
+        if resume:
+            self._resume()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
         self._pending: list[Future[None]] = []
         self.write_meta(complete=False)
 
-    def _open_folders(self) -> None:
+    def _open_folders(self, resume: bool) -> None:
         """Open the recording's folders once, each checked, and hold them: every later write,
         merge and deletion goes through these descriptors, so a folder renamed or swapped for a
         link meanwhile is never written through (``fdtrace.safe_files``)."""
@@ -129,8 +142,9 @@ class RecordingWriter:
         try:
             meta = held[0].subdirectory("meta", self.dir_mode)
             held.append(meta)
-            if meta.exists(meta_name(self.host)):
-                raise FdtraceError(f"{self.root} already holds a recording of host {self.host}: choose another -o")
+            if meta.exists(meta_name(self.host)) and not resume:
+                raise FdtraceError(f"{self.root} already holds a recording of host {self.host}: choose another -o, "
+                                   "or --resume to continue it")
             for table in TABLES:
                 with held[0].subdirectory(table, self.dir_mode) as folder:
                     held.append(folder.subdirectory(host_folder(self.host), self.dir_mode))
@@ -139,6 +153,49 @@ class RecordingWriter:
                 folder.close()
             raise
         self._folders = {"root": held[0], "meta": held[1], **dict(zip(TABLES, held[2:], strict=True))}
+
+    def _resume(self) -> None:
+        """Take over the recording of this host already here (see the class's doc)."""
+        name = meta_name(self.host)
+        if not self._folders["meta"].exists(name):
+            return
+        try:
+            with self._folders["meta"].open_file(name) as file:
+                old = json.loads(file.read(MAX_META_BYTES + 1)[:MAX_META_BYTES])
+            if not isinstance(old, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as exc:
+            self._release_folders()
+            raise FdtraceError(f"{self.root}: cannot resume its recording of {self.host}: its metadata is unreadable "
+                               f"({exc}); record into another directory") from None
+        if old.get("schema_version") != self.meta.get("schema_version"):
+            self._release_folders()
+            raise FdtraceError(f"{self.root}: its recording of {self.host} has schema {old.get('schema_version')!r}, "
+                               f"this fdtrace writes {self.meta.get('schema_version')}: record into another directory")
+        self._other_boot = old.get("boot_id") != self.meta.get("boot_id")
+        self.bytes_written = _count(old.get("bytes"))
+        rows, rotated = old.get("rows"), old.get("rotated_out")
+        self.rows_written = {t: _count(rows.get(t) if isinstance(rows, dict) else 0) for t in TABLES}
+        if isinstance(rotated, dict):
+            found = rotated.get("rows")
+            rotated_rows: dict[str, Any] = found if isinstance(found, dict) else {}
+            self.rotated_out = {"files": _count(rotated.get("files")), "bytes": _count(rotated.get("bytes")),
+                                "rows": {t: _count(rotated_rows.get(t)) for t in TABLES}}
+        dropped = old.get("incidents_dropped")
+        if isinstance(dropped, dict):
+            self.incidents_dropped = {k: _count(dropped.get(k)) for k in self.incidents_dropped}
+        for window in old.get("incident_windows") or []:
+            try:
+                kinds = {str(k): _count(v) for k, v in dict(window["incidents"]).items()}
+                start, end, first = (int(window[k]) - self._wall_offset_ns for k in ("start", "end", "first"))
+            except (KeyError, TypeError, ValueError):
+                continue
+            self._windows.append(IncidentWindow(start, end, first, self._wall_offset_ns, kinds))
+        self.meta.update(first_started=old.get("first_started", old.get("started")),
+                         runs=_count(old.get("runs", 1)) + 1)
+        self._refresh()
+        self._unmerged = dict.fromkeys(TABLES, 0)  # what the last run wrote stays as it is
+        self._flush_number = 1 + max((part.last for parts in self._parts.values() for part in parts), default=0)
 
     def _release_folders(self) -> None:
         for folder in self._folders.values():
@@ -254,9 +311,10 @@ class RecordingWriter:
                     self._kept_bytes += part.size if kept else -part.size
                     part.kept = kept
 
-    def _span(self, part: _Part) -> tuple[int, int]:
-        """The CLOCK_MONOTONIC times a part's rows fall in: from the flush before it to its last."""
-        return self._flush_ends.get(part.first - 1, 0), self._flush_ends.get(part.last, 1 << 62)
+    @staticmethod
+    def _span(part: _Part) -> tuple[int, int]:
+        """The CLOCK_MONOTONIC times a part's rows fall in."""
+        return part.start_ns, part.end_ns
 
     def _covers_window(self, part: _Part) -> bool:
         if not self._windows:
@@ -265,16 +323,13 @@ class RecordingWriter:
         return any(window.start_ns <= end and start <= window.end_ns for window in self._windows)
 
     def _write_flush(self, number: int, pending: dict[str, list[pa.Table]], asked_ns: int) -> None:
-        self._flush_ends[number] = asked_ns
-        if number % 256 == 0:  # forget the times of flushes no part covers any more (bounded over days)
-            oldest = min((parts[0].first for parts in self._parts.values() if parts), default=number) - 1
-            self._flush_ends = {n: t for n, t in self._flush_ends.items() if n >= oldest}
+        start_ns, self._last_flush_ns = self._last_flush_ns, asked_ns
         for table, buffered in pending.items():
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
             name = part_name(number, number)
             size = self._guard(functools.partial(self._folders[table].write_file, name,
                                                  functools.partial(_write_parquet, data), self.file_mode))
-            self._insert(table, _Part(number, number, name, data.num_rows, size))
+            self._insert(table, _Part(number, number, name, data.num_rows, size, start_ns, asked_ns))
             self._unmerged[table] += 1
             self.rows_written[table] += data.num_rows
             self.bytes_written += size
@@ -319,7 +374,9 @@ class RecordingWriter:
                 try:
                     if part is None and covered is not None:
                         with folder.open_file(name) as file:
-                            part = _Part(covered[0], covered[1], name, pq.read_metadata(file).num_rows, 0)
+                            metadata = pq.read_metadata(file)
+                        part = _Part(covered[0], covered[1], name, metadata.num_rows, 0,
+                                     *_stored_span(metadata, self._wall_offset_ns if self._other_boot else None))
                     if part is not None:
                         part.size = folder.lstat(name).st_size  # compact may have rewritten it in place
                         fresh.append(part)
@@ -363,7 +420,8 @@ class RecordingWriter:
             rows = sum(part.rows for part in merging)
             for _ in merging:
                 self._remove(table, len(parts) - 1)
-            self._insert(table, _Part(merging[0].first, merging[-1].last, name, rows, size))
+            self._insert(table, _Part(merging[0].first, merging[-1].last, name, rows, size,
+                                      min(p.start_ns for p in merging), max(p.end_ns for p in merging)))
 
     def _rotate_out(self, reserve: int = 0, keep: tuple[_Part, ...] = ()) -> None:
         """Delete the oldest parts outside the incident windows until they, and ``reserve``
@@ -430,6 +488,32 @@ class RecordingWriter:
                     "already written are complete", exit_code=1,
                 ) from None
             raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
+
+
+def _count(value: Any) -> int:
+    """A count as a metadata file holds it (anything else is 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _stored_span(metadata: Any, wall_offset_ns: int | None) -> tuple[int, int]:
+    """The CLOCK_MONOTONIC times a part file's rows fall in, from its footer's statistics: of its
+    ``ts_ns`` (this boot's clock), or with ``wall_offset_ns`` (a part of another boot) of its
+    UTC ``time``; (0, 0) when it has neither (then no incident window keeps it)."""
+    column, offset = ("time", wall_offset_ns) if wall_offset_ns is not None else ("ts_ns", 0)
+    low, high = None, None
+    try:
+        index = metadata.schema.names.index(column)
+        for group in range(metadata.num_row_groups):
+            stats = metadata.row_group(group).column(index).statistics
+            if stats is None or not stats.has_min_max:
+                return 0, 0
+            found_low, found_high = (int(getattr(v, "value", v) if not hasattr(v, "timestamp") else
+                                         round(v.timestamp() * 1e9)) for v in (stats.min, stats.max))
+            low = found_low if low is None else min(low, found_low)
+            high = found_high if high is None else max(high, found_high)
+    except (ValueError, TypeError, AttributeError):
+        return 0, 0
+    return (0, 0) if low is None or high is None else (low - offset, high - offset)
 
 
 def _write_parquet(data: pa.Table, out: BinaryIO) -> None:

@@ -86,7 +86,7 @@ class ParquetSink:
 
     def __init__(self, directory: Path, argv: list[str], shared: bool = False, max_size: int | None = None,
                  rotate_s: float | None = None, required: bool = True, keep_incidents: int | None = None,
-                 keep_before_s: float = 600.0, keep_after_s: float = 120.0) -> None:
+                 keep_before_s: float = 600.0, keep_after_s: float = 120.0, resume: bool = False) -> None:
         self.directory = Path(directory)
         check_directory(self.directory, create=True)  # before anything is compiled: a planted path is refused at once
         self.name = f"recording to {self.directory}"
@@ -98,6 +98,7 @@ class ParquetSink:
         self.keep_before_ns = int(keep_before_s * 1e9)
         self.keep_after_ns = int(keep_after_s * 1e9)
         self.rotate_s = rotate_s
+        self.resume = resume
         self.events = 0
         self.losses: dict[str, int] = dict.fromkeys(STATS, 0)
         self._writer: RecordingWriter | None = None
@@ -124,7 +125,8 @@ class ParquetSink:
         self._cmdline = info.cmdline
         self._writer = RecordingWriter(self.directory, info.host, run_metadata(info, self.argv),
                                        shared=self.shared, max_size=self.max_size, keep_incidents=self.keep_incidents,
-                                       keep_before_ns=self.keep_before_ns, keep_after_ns=self.keep_after_ns)
+                                       keep_before_ns=self.keep_before_ns, keep_after_ns=self.keep_after_ns,
+                                       resume=self.resume)
         self._next_compaction = time.monotonic() + (self.rotate_s or 0)
 
     def write(self, update: Update) -> None:
