@@ -20,10 +20,11 @@ import pandas as pd
 
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
+from fdtrace.analysis.limits import limit_changes_on, limit_in_force
 from fdtrace.policy import with_margin
 
 NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_limit", "peak_fds", "emfile",
-                "emfile_worst_second", "maxsock", "need", "basis", "recommended"]
+                "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source"]
 
 _PER_PROCESS = """
 WITH used AS (SELECT host, pid, start_ns, min(comm) AS comm, max(open_fds) AS peak_fds,
@@ -51,12 +52,14 @@ LEFT JOIN asked AS a ON k.host = a.host AND k.pid = a.pid
 
 
 def need_of(soft: Any, peak: Any, emfile: int, worst_second: int, maxsock: Any,
-            config_need: int | None = None) -> tuple[int, str]:
-    """(descriptors needed, why) from what one process used and asked for."""
+            config_need: int | None = None, source: str | None = None) -> tuple[int, str]:
+    """(descriptors needed, why) from what one process used and asked for (``soft``: the limit in
+    force when it failed, and ``source`` where that came from, when known)."""
     known = [] if pd.isna(peak) else [(int(peak), f"peak {int(peak)} open")]
     if emfile and not pd.isna(soft):
-        known.append((int(soft) + int(worst_second), f"its limit {int(soft)} plus the {int(worst_second)} opens "
-                                                     f"refused with EMFILE in its worst second"))
+        set_by = f" ({source})" if source else ""
+        known.append((int(soft) + int(worst_second), f"its limit {int(soft)}{set_by} plus the {int(worst_second)} "
+                                                     "opens refused with EMFILE in its worst second"))
     if not pd.isna(maxsock):
         known.append((int(maxsock), f"HAProxy's Maxsock {int(maxsock)} (show info)"))
     if config_need is not None:
@@ -71,8 +74,10 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     found = engine.query(_PER_PROCESS)
     if found.empty:
         return pd.DataFrame(columns=NEED_COLUMNS)
-    needs = [need_of(r.fd_soft_limit, r.peak_fds, int(r.emfile), int(r.emfile_worst_second), r.maxsock)
-             for r in found.itertuples()]
+    found["limit_source"] = None
+    _judge_by_the_limit_in_force(engine, found)
+    needs = [need_of(r.fd_soft_limit, r.peak_fds, int(r.emfile), int(r.emfile_worst_second), r.maxsock,
+                     source=r.limit_source) for r in found.itertuples()]
     found["need"] = [n for n, _ in needs]
     found["basis"] = [b for _, b in needs]
     found["recommended"] = [with_margin(n) for n in found["need"]]
@@ -82,6 +87,34 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     order = order.sort_values(["emfile", "share", "host", "pid"], ascending=[False, False, True, True],
                               na_position="last")
     return order[NEED_COLUMNS].reset_index(drop=True)
+
+
+def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame) -> None:
+    """For each process that failed with EMFILE, its soft limit as it was in its worst second (a
+    process may have lowered its own limit, or had it lowered, after its first samples), and
+    where that limit came from, in place of the highest limit its samples saw."""
+    failing = found[found["emfile"] > 0]
+    if failing.empty:
+        return
+    pids = ", ".join(str(int(p)) for p in sorted(set(failing["pid"])))
+    seconds = engine.query(
+        "SELECT host, pid, start_ns, time_ns // 1000000000 AS second, count(*) AS n, min(time_ns) AS first_ns "
+        f"FROM events WHERE errno = 'EMFILE' AND pid IN ({pids}) GROUP BY host, pid, start_ns, time_ns // 1000000000")
+    samples = engine.query(f"SELECT host, pid, time_ns, fd_soft_limit FROM samples WHERE pid IN ({pids})")
+    changes = limit_changes_on(engine)
+    if not len(changes) and seconds.empty:
+        return
+    for index, row in failing.iterrows():
+        mine = seconds[(seconds["host"].astype(str) == str(row["host"])) & (seconds["pid"] == row["pid"])]
+        if not pd.isna(row["start_ns"]):
+            mine = mine[mine["start_ns"] == row["start_ns"]]
+        if mine.empty:
+            continue
+        worst = mine.sort_values(["n", "second"], ascending=[False, True]).iloc[0]
+        soft, source = limit_in_force(changes, samples, str(row["host"]), int(row["pid"]), int(worst["first_ns"]))
+        if soft is not None:
+            found.at[index, "fd_soft_limit"] = soft
+        found.at[index, "limit_source"] = source
 
 
 def fd_needs(recording: Any) -> pd.DataFrame:

@@ -35,7 +35,7 @@ MAX_GO_BINARIES = 256
 MAX_OTHER_BINARIES = 4096
 
 BPF_SOURCES = ("descriptors.bpf.c", "sockets.bpf.c", "fd_errors.bpf.c", "lifecycle.bpf.c", "connections.bpf.c",
-               "go_runtime.bpf.c")
+               "go_runtime.bpf.c", "limits.bpf.c")
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,11 @@ class BpfTracer:
                 self._attach(f"syscalls:sys_enter_{name}", fn)
             if self.features.close_range:
                 self._attach("syscalls:sys_exit_close_range", "fdt_exit_close_range")
+        for name in self.features.limit_syscalls:
+            self._attach(f"syscalls:sys_enter_{name}", f"fdt_enter_{name}")
         for name in self.features.syscall_exits:
+            self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
+        for name in self.features.limit_syscalls:
             self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
 
     def _on_event(self, data: Any, size: int) -> None:

@@ -73,7 +73,7 @@ def check_nofile(features: KernelFeatures) -> None:
     """Refuse in one line, before bcc opens anything, a hard RLIMIT_NOFILE too low for the probes
     (bcc would fail with dozens of lines of errors, or fail later, mid-recording)."""
     probes = (len(features.syscall_exits) + len(features.syscall_enters) + len(features.lifecycle)
-              + len(features.descriptor_enters) + 1)
+              + len(features.descriptor_enters) + 2 * len(features.limit_syscalls) + 1)
     needed = 2 * probes + OWN_DESCRIPTORS
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < needed:
