@@ -97,4 +97,6 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     start(pipeline)
     note(f"recording to {output} ({len(source.kernel.probes)} probes attached); Ctrl-C to stop")
     final = run(pipeline, stop)
-    note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}")
+    skipped = source.sampler.describe_skipped()
+    note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}"
+         + (f"; samples skipped: {skipped}" if skipped else ""))

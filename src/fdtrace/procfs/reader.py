@@ -1,6 +1,9 @@
 """The one reader of /proc, with one error policy (psutil's): a configurable root; reading a
-process that exited (or never was) raises :class:`ProcessGoneError`, one that may not be read raises
-:class:`ProcessAccessDeniedError`; a system-wide file that is missing reads as None."""
+process that exited (or never was) raises :class:`ProcessGoneError`, at whichever step of the read
+it went (opening its folder, listing it, reading a file it holds open); one that may not be read
+raises :class:`ProcessAccessDeniedError`; any other failure (EMFILE, EIO) stays an ``OSError``
+(:func:`skip_reason` names all three for the counters of what was skipped); a system-wide file that
+is missing reads as None."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import errno
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +43,21 @@ def _translate(error: OSError, pid: int) -> Exception:
     if isinstance(error, FileNotFoundError | ProcessLookupError | NotADirectoryError) or error.errno == errno.ESRCH:
         return ProcessGoneError(pid)
     return error
+
+
+#: What a per-process read may raise: the process went, may not be read, or the read failed.
+READ_ERRORS = (ProcessGoneError, ProcessAccessDeniedError, OSError)
+
+
+def skip_reason(error: BaseException) -> str:
+    """The name a skipped read is counted under: "gone", "denied", or the errno's name (EMFILE)."""
+    if isinstance(error, ProcessGoneError):
+        return "gone"
+    if isinstance(error, ProcessAccessDeniedError):
+        return "denied"
+    if isinstance(error, OSError) and error.errno is not None:
+        return errno.errorcode.get(error.errno, str(error.errno))
+    return type(error).__name__
 
 
 @dataclass(frozen=True)
@@ -176,20 +194,25 @@ class ProcFS:
         except OSError as exc:
             raise _translate(exc, pid) from None
 
-    def fd_targets(self, pid: int) -> Iterator[str]:
+    def fd_targets(self, pid: int) -> list[str]:
         """Where each open FD points (``socket:[123]``, a path, ``pipe:[45]``); FDs closed while
-        listed are left out."""
+        listed are left out. The whole listing is read here (not lazily), so a process that exits
+        after its folder is opened is a ProcessGoneError of this call, like any other read."""
         try:
-            fd_dir = os.open(self.root / str(pid) / "fd", os.O_RDONLY | os.O_DIRECTORY)
+            fd_dir = os.open(f"{self._prefix}{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise _translate(exc, pid) from None
         try:
-            names = os.listdir(fd_dir)
+            names = os.listdir(fd_dir)  # ENOENT once the process has exited
+            targets = []
             for name in names:
                 try:
-                    yield os.readlink(name, dir_fd=fd_dir)
-                except OSError:  # closed while we looked
+                    targets.append(os.readlink(name, dir_fd=fd_dir))
+                except OSError:  # closed while we looked (or the process went: then all are)
                     continue
+            return targets
+        except OSError as exc:
+            raise _translate(exc, pid) from None
         finally:
             os.close(fd_dir)
 
@@ -253,7 +276,7 @@ class ProcFS:
         """Process start in CLOCK_BOOTTIME ns, None if it is gone or unreadable."""
         try:
             return self.stat(pid).start_ns
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:
             return None
 
     # The whole system: None where a file is missing.
@@ -338,7 +361,7 @@ class StartTimeResolver:
             self._rereads += 1
         try:
             where: Placement | None = placement(self.procfs.cgroups(pid))
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:
             if known is not None:
                 where = known[0]
             else:
