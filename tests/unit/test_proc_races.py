@@ -148,4 +148,4 @@ def test_what_was_skipped_is_said_in_words() -> None:
     sampler.skip(ProcessGoneError(1))
     sampler.skip(ProcessGoneError(2))
     sampler.skip(OSError(24, "Too many open files"))
-    assert sampler.describe_skipped() == "2 processes gone while read, 1 process not read (EMFILE)"
+    assert sampler.describe_skipped() == "2 processes gone when sampled, 1 process not read (EMFILE)"

@@ -117,12 +117,12 @@ class ProcSampler:
         self.skipped[skip_reason(error)] += 1
 
     def describe_skipped(self) -> str:
-        """``skipped`` in words ("3 processes gone while read, 1 read failed with EMFILE"), or ""."""
+        """``skipped`` in words ("3 processes gone when sampled, 1 process not read (EMFILE)"), or ""."""
         parts = []
         for reason, count in sorted(self.skipped.items(), key=lambda item: (-item[1], item[0])):
             what = f"process{'es' if count != 1 else ''}"
             if reason == "gone":
-                parts.append(f"{count} {what} gone while read")
+                parts.append(f"{count} {what} gone when sampled")
             elif reason == "denied":
                 parts.append(f"{count} {what} not readable")
             else:
