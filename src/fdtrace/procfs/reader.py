@@ -76,6 +76,15 @@ class ProcStat:
         return self.state in ("Z", "X")
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """Whom a process's file accesses are checked as: its filesystem user id and its groups (the
+    filesystem group id and the supplementary ones)."""
+
+    uid: int
+    gids: frozenset[int]
+
+
 #: /proc/PID/limits is in fixed-width columns: name, soft, hard (then units).
 _LIMIT_COLUMNS = (slice(0, 26), slice(26, 47), slice(47, 68))
 
@@ -168,6 +177,18 @@ class ProcFS:
             except ValueError:
                 continue
         return limits
+
+    def credentials(self, pid: int) -> Credentials:
+        """The ids /proc/PID/status gives for file access (Uid's and Gid's fourth field, the
+        filesystem ids, and Groups). A status without them reads as ProcessGoneError."""
+        status = self.status(pid, ("Uid", "Gid", "Groups"))
+        try:
+            uid = int(status["Uid"].split()[3])
+            gids = {int(status["Gid"].split()[3])} if "Gid" in status else set()
+            gids.update(int(gid) for gid in status.get("Groups", "").split())
+        except (KeyError, IndexError, ValueError):
+            raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
+        return Credentials(uid, frozenset(gids))
 
     def cmdline(self, pid: int) -> list[str]:
         """The arguments of the process."""
