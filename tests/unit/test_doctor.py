@@ -95,7 +95,9 @@ def test_haproxy_maxconn_the_fd_limit_cannot_hold(tree: tuple[Path, Path], tmp_p
                       "backend be\n    server s1 127.0.0.1:2\n")
     parsed = parse_config(config)
     assert (parsed.maxconn, parsed.ulimit_n, parsed.strict_limits, parsed.listeners) == (1000, 4000, False, 1)
-    fake_process(tree[0], 30, "haproxy", 20, "1024", "1024", cmdline=f"/usr/sbin/haproxy -f {config}")
+    # root's haproxy (a configuration is read only as its process could: uid 1000 may not search
+    # pytest's folders of root's)
+    fake_process(tree[0], 30, "haproxy", 20, "1024", "1024", cmdline=f"/usr/sbin/haproxy -f {config}", uid=0)
     checks = doctor(tree).process_checks(30)
     maxconn = by_name(checks, "haproxy maxconn vs FD limit")
     assert maxconn.status == Status.FAIL

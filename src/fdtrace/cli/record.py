@@ -123,6 +123,8 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     note(f"recording to {output} ({len(source.kernel.probes)} probes attached); Ctrl-C to stop")
     final = run(pipeline, stop)
     watched = sum(probe.startswith("uprobe:runtime.gwrite") for probe in source.kernel.probes)
+    skipped = source.sampler.describe_skipped()
     note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}"
          + (f"; {watched} Go binar{'y' if watched == 1 else 'ies'} watched for its thread-limit message"
-            if watched else ""))
+            if watched else "")
+         + (f"; samples skipped: {skipped}" if skipped else ""))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.analysis.needs import need_of
-from fdtrace.integrations.haproxy import HaproxyConfig, config_paths, fds_needed, info_number, parse_config, show_info
+from fdtrace.integrations.haproxy import HaproxyConfig, fds_needed, info_number, read_process_configs, show_info
 from fdtrace.policy import GO_THREADS_ADVICE, USAGE_CRITICAL, USAGE_WARN, with_margin
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
@@ -180,17 +180,16 @@ class Doctor:
         return checks
 
     def _haproxy_configs(self, pid: int, scope: str) -> list[tuple[HaproxyConfig | None, list[Check]]]:
-        """Each configuration file the process was started with, and what could not be read of it."""
+        """Each configuration file the process was started with, read only as the process could
+        read it (``read_process_configs``), and what could not be read of it and why."""
         found: list[tuple[HaproxyConfig | None, list[Check]]] = []
-        for path in config_paths(self._cmdline(pid)):
-            try:
-                config = parse_config(path)
-            except OSError as exc:
+        for read in read_process_configs(self.procfs, pid, self._cmdline(pid)):
+            if read.config is None:
                 found.append((None, [Check(scope, "haproxy config", Status.WARN,
-                                           f"{path}: unreadable ({exc.strerror})")]))
+                                           f"{read.path}: not read: {read.not_read}")]))
                 continue
-            problems = [Check(scope, "haproxy config", Status.WARN, problem) for problem in config.problems]
-            found.append((config, problems))
+            problems = [Check(scope, "haproxy config", Status.WARN, problem) for problem in read.config.problems]
+            found.append((read.config, problems))
         return found
 
     def _limit_source(self, pid: int, soft: int | None,

@@ -1,5 +1,12 @@
 """HAProxy: the limits in the configuration a process was started with, and its runtime
-`show info` through the stats socket."""
+`show info` through the stats socket.
+
+Anyone can start a process named haproxy and name any file with -f, so a configuration is read
+as that process could read it (``read_process_configs``, the one rule for every caller): each
+path is walked from the process's own root or working directory, each folder searched and the
+file opened only where its user and groups may, and only a file its own user or root owns. No
+value read from one is shown as it is written (a key that is not a number is named, its value
+never)."""
 
 from __future__ import annotations
 
@@ -9,9 +16,11 @@ import socket
 import stat
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fdtrace.procfs.reader import READ_ERRORS, Credentials, ProcFS, skip_reason
 from fdtrace.safe_files import read_regular
 from fdtrace.schema.tables import HAPROXY_INFO_FIELDS
 
@@ -60,20 +69,27 @@ def _number(words: list[str], config: HaproxyConfig, file: Path) -> int | None:
         return None
     try:
         return int(words[1])
-    except ValueError:
-        config.problems.append(f"{file}: {words[0]} {words[1][:40]!r} is not a number")
+    except ValueError:  # its value is not shown: the file may hold what its reader should not see
+        config.problems.append(f"{file}: {words[0]} is not a number")
         return None
 
 
 def parse_config(path: Path) -> HaproxyConfig:
-    """Read the global section's limits, the stats sockets and the number of bind lines. A value
-    that is not a number is a problem noted in ``problems``, not an error. Raises OSError when
-    the file cannot be read (see ``read_bounded``)."""
-    config = HaproxyConfig(path=path)
+    """Read the global section's limits, the stats sockets and the number of bind lines of a
+    configuration fdtrace may read as itself (a path of its own, not one a process named: for
+    those, ``read_process_configs``). A value that is not a number is a problem noted in
+    ``problems``, not an error. Raises OSError when the file cannot be read (``read_bounded``)."""
     files = sorted(path.glob("*.cfg"))[:MAX_CONFIG_FILES] if path.is_dir() else [path]
-    for file in files:
+    return parse_config_texts(path, [(file, read_bounded(file)) for file in files])
+
+
+def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConfig:
+    """``parse_config`` of texts already read: (file, text) of the configuration ``path`` (a
+    file, or a directory's files)."""
+    config = HaproxyConfig(path=path)
+    for file, text in texts:
         section = ""
-        for raw in read_bounded(file).splitlines():
+        for raw in text.splitlines():
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
@@ -97,6 +113,206 @@ def parse_config(path: Path) -> HaproxyConfig:
             elif words[:2] == ["stats", "socket"] and len(words) > 2:
                 config.stats_sockets.append(words[2])
     return config
+
+
+class NotReadableError(Exception):
+    """A file the process could not read, or that is not read on its behalf: why, in words."""
+
+
+#: Links followed at most in one path (the kernel's own limit).
+MAX_LINKS = 40
+
+
+def may_access(st: os.stat_result, who: Credentials, user_bit: int, group_bit: int, other_bit: int) -> bool:
+    """Whether ``who`` has the permission of these bits on a file, as the kernel decides it from
+    the mode (the owner's bits, else the group's, else the others'; root has them all)."""
+    if who.uid == 0:
+        return True
+    if st.st_uid == who.uid:
+        return bool(st.st_mode & user_bit)
+    if st.st_gid in who.gids:
+        return bool(st.st_mode & group_bit)
+    return bool(st.st_mode & other_bit)
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}, group {st.st_gid}"
+
+
+class ProcessFiles:
+    """A process's files as it could open them: paths walked from its root (/proc/PID/root) or
+    working directory (/proc/PID/cwd), one component at a time and without following a link
+    blindly, each folder searched only where its user and groups may search it; a file is read
+    only when its owner is the process's user or root and the process's user and groups may
+    read it, up to ``limit`` bytes, and only a regular file. Raises NotReadableError with the reason.
+
+    On a procfs tree a test made (no /proc/PID/root there), paths are walked from this host's /.
+    """
+
+    def __init__(self, procfs: ProcFS, pid: int, limit: int = MAX_CONFIG_BYTES) -> None:
+        self.procfs = procfs
+        self.pid = pid
+        self.limit = limit
+        try:
+            self.who = procfs.credentials(pid)
+        except READ_ERRORS as error:
+            raise NotReadableError(f"the process's user is not known ({skip_reason(error)})") from None
+
+    def _start(self, name: str) -> int:
+        base = f"{self.procfs.root}/{self.pid}/{name}"
+        if not self.procfs.live and not os.path.lexists(base):
+            base = "/" if name == "root" else base
+        try:
+            return os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            where = "root directory" if name == "root" else "working directory"
+            raise NotReadableError(f"its {where} cannot be opened ({exc.strerror})") from None
+
+    def _cwd_shown(self) -> str:
+        """The process's working directory as messages name it (within its root)."""
+        try:
+            return os.readlink(f"{self.procfs.root}/{self.pid}/cwd")
+        except OSError:
+            return "."
+
+    def _walk(self, path: str) -> tuple[int, os.stat_result, str]:
+        """(an O_PATH descriptor of what ``path`` names, its stat, the path walked), each folder
+        on the way checked; the caller closes the descriptor."""
+        root = self._start("root")
+        try:
+            root_st = os.fstat(root)
+            current = os.dup(root) if path.startswith("/") else self._start("cwd")
+            walked = "/" if path.startswith("/") else self._cwd_shown()
+            parts = deque(path.split("/"))
+            links = 0
+            while True:
+                st = os.fstat(current)
+                while parts and parts[0] in ("", "."):
+                    parts.popleft()
+                if not parts:
+                    return current, st, walked
+                name = parts.popleft()
+                if not stat.S_ISDIR(st.st_mode):
+                    os.close(current)
+                    raise NotReadableError(f"{walked} is not a directory")
+                if not may_access(st, self.who, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH):
+                    os.close(current)
+                    raise NotReadableError(f"uid {self.who.uid} may not search {walked} ({_mode(st)})")
+                if name == ".." and (st.st_dev, st.st_ino) == (root_st.st_dev, root_st.st_ino):
+                    continue  # above its root is its root
+                try:
+                    child = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=current)
+                    child_st = os.fstat(child)
+                    if stat.S_ISLNK(child_st.st_mode):
+                        os.close(child)
+                        links += 1
+                        if links > MAX_LINKS:
+                            raise NotReadableError(f"more than {MAX_LINKS} links in {path}")
+                        target = os.readlink(name, dir_fd=current)
+                        parts.extendleft(reversed(target.split("/")))
+                        if target.startswith("/"):
+                            os.close(current)
+                            current, walked = os.dup(root), "/"
+                        continue
+                except OSError as exc:
+                    os.close(current)
+                    raise NotReadableError(f"{os.path.normpath(os.path.join(walked, name))}: {exc.strerror}") from None
+                except NotReadableError:
+                    os.close(current)
+                    raise
+                os.close(current)
+                current, walked = child, os.path.normpath(os.path.join(walked, name))
+        finally:
+            os.close(root)
+
+    def _check_owner(self, st: os.stat_result, what: str) -> None:
+        if st.st_uid not in (self.who.uid, 0):
+            raise NotReadableError(f"{what} belongs to uid {st.st_uid}, neither the process's user (uid "
+                              f"{self.who.uid}) nor root")
+        if not may_access(st, self.who, stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH):
+            raise NotReadableError(f"uid {self.who.uid} may not read {what} ({_mode(st)})")
+
+    def read(self, path: str) -> bytes:
+        """A regular file's bytes, read as the process could (see the class)."""
+        fd, st, walked = self._walk(path)
+        try:
+            if not stat.S_ISREG(st.st_mode):
+                raise NotReadableError(f"{walked} is not a regular file")
+            self._check_owner(st, walked)
+            try:  # the very file checked, opened again for reading through its descriptor
+                readable = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                raise NotReadableError(f"{walked}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        try:
+            data = os.read(readable, self.limit + 1)
+        except OSError as exc:
+            raise NotReadableError(f"{walked}: {exc.strerror}") from None
+        finally:
+            os.close(readable)
+        if len(data) > self.limit:
+            raise NotReadableError(f"{walked} is larger than {self.limit} bytes")
+        return data
+
+    def config_files(self, path: str) -> list[str]:
+        """The files a -f PATH stands for: PATH, or the *.cfg of the directory it names (listed as
+        the process could list it), at most ``MAX_CONFIG_FILES``."""
+        fd, st, walked = self._walk(path)
+        try:
+            if not stat.S_ISDIR(st.st_mode):
+                return [path]
+            self._check_owner(st, walked)
+            if not may_access(st, self.who, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH):
+                raise NotReadableError(f"uid {self.who.uid} may not search {walked} ({_mode(st)})")
+            try:
+                listing = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise NotReadableError(f"{walked}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        try:
+            names = sorted(name for name in os.listdir(listing) if name.endswith(".cfg"))
+        finally:
+            os.close(listing)
+        return [os.path.join(path, name) for name in names[:MAX_CONFIG_FILES]]
+
+
+@dataclass(frozen=True)
+class ConfigRead:
+    """One -f of a process's command line, as read on its behalf.
+
+    Attributes:
+        path: as the command line gives it.
+        config: what it says; None when it was not read.
+        not_read: why it was not read (None when it was).
+    """
+
+    path: Path
+    config: HaproxyConfig | None
+    not_read: str | None = None
+
+
+def read_process_configs(procfs: ProcFS, pid: int, cmdline: list[str] | None = None) -> list[ConfigRead]:
+    """Each configuration an haproxy process was started with (its -f), read only as that
+    process could read it (``ProcessFiles``): the one rule for every reader of another
+    process's configuration (doctor; top, record and export later). ``cmdline``: the process's,
+    when already read."""
+    if cmdline is None:
+        try:
+            cmdline = procfs.cmdline(pid)
+        except READ_ERRORS:
+            return []
+    found = []
+    for path in config_paths(cmdline):
+        try:
+            files = ProcessFiles(procfs, pid)
+            texts = [(Path(name), files.read(name).decode(errors="replace")) for name in files.config_files(str(path))]
+        except NotReadableError as reason:
+            found.append(ConfigRead(path, None, str(reason)))
+            continue
+        found.append(ConfigRead(path, parse_config_texts(path, texts)))
+    return found
 
 
 def show_info(socket_path: str, timeout: float = 1.0, limit: int = MAX_ANSWER_BYTES) -> dict[str, str]:

@@ -4,6 +4,7 @@ FD and thread headroom taken from it."""
 from fdtrace.procfs.reader import (
     CLOCK_TICKS,
     TICK_NS,
+    Credentials,
     ProcessAccessDeniedError,
     ProcessGoneError,
     ProcFS,
@@ -11,5 +12,5 @@ from fdtrace.procfs.reader import (
     StartTimeResolver,
 )
 
-__all__ = ["CLOCK_TICKS", "TICK_NS", "ProcFS", "ProcStat", "ProcessAccessDeniedError", "ProcessGoneError",
-           "StartTimeResolver"]
+__all__ = ["CLOCK_TICKS", "TICK_NS", "Credentials", "ProcFS", "ProcStat", "ProcessAccessDeniedError",
+           "ProcessGoneError", "StartTimeResolver"]

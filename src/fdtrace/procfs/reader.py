@@ -1,6 +1,9 @@
 """The one reader of /proc, with one error policy (psutil's): a configurable root; reading a
-process that exited (or never was) raises :class:`ProcessGoneError`, one that may not be read raises
-:class:`ProcessAccessDeniedError`; a system-wide file that is missing reads as None."""
+process that exited (or never was) raises :class:`ProcessGoneError`, at whichever step of the read
+it went (opening its folder, listing it, reading a file it holds open); one that may not be read
+raises :class:`ProcessAccessDeniedError`; any other failure (EMFILE, EIO) stays an ``OSError``
+(:func:`skip_reason` names all three for the counters of what was skipped); a system-wide file that
+is missing reads as None."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import errno
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +45,21 @@ def _translate(error: OSError, pid: int) -> Exception:
     return error
 
 
+#: What a per-process read may raise: the process went, may not be read, or the read failed.
+READ_ERRORS = (ProcessGoneError, ProcessAccessDeniedError, OSError)
+
+
+def skip_reason(error: BaseException) -> str:
+    """The name a skipped read is counted under: "gone", "denied", or the errno's name (EMFILE)."""
+    if isinstance(error, ProcessGoneError):
+        return "gone"
+    if isinstance(error, ProcessAccessDeniedError):
+        return "denied"
+    if isinstance(error, OSError) and error.errno is not None:
+        return errno.errorcode.get(error.errno, str(error.errno))
+    return type(error).__name__
+
+
 @dataclass(frozen=True)
 class ProcStat:
     """The fields of /proc/PID/stat fdtrace uses."""
@@ -56,6 +74,15 @@ class ProcStat:
     def exited(self) -> bool:
         """A zombie or dead task: nothing of it is left to sample."""
         return self.state in ("Z", "X")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Whom a process's file accesses are checked as: its filesystem user id and its groups (the
+    filesystem group id and the supplementary ones)."""
+
+    uid: int
+    gids: frozenset[int]
 
 
 #: /proc/PID/limits is in fixed-width columns: name, soft, hard (then units).
@@ -151,6 +178,18 @@ class ProcFS:
                 continue
         return limits
 
+    def credentials(self, pid: int) -> Credentials:
+        """The ids /proc/PID/status gives for file access (Uid's and Gid's fourth field, the
+        filesystem ids, and Groups). A status without them reads as ProcessGoneError."""
+        status = self.status(pid, ("Uid", "Gid", "Groups"))
+        try:
+            uid = int(status["Uid"].split()[3])
+            gids = {int(status["Gid"].split()[3])} if "Gid" in status else set()
+            gids.update(int(gid) for gid in status.get("Groups", "").split())
+        except (KeyError, IndexError, ValueError):
+            raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
+        return Credentials(uid, frozenset(gids))
+
     def cmdline(self, pid: int) -> list[str]:
         """The arguments of the process."""
         return [part for part in self.read(pid, "cmdline").split("\0") if part]
@@ -176,20 +215,25 @@ class ProcFS:
         except OSError as exc:
             raise _translate(exc, pid) from None
 
-    def fd_targets(self, pid: int) -> Iterator[str]:
+    def fd_targets(self, pid: int) -> list[str]:
         """Where each open FD points (``socket:[123]``, a path, ``pipe:[45]``); FDs closed while
-        listed are left out."""
+        listed are left out. The whole listing is read here (not lazily), so a process that exits
+        after its folder is opened is a ProcessGoneError of this call, like any other read."""
         try:
-            fd_dir = os.open(self.root / str(pid) / "fd", os.O_RDONLY | os.O_DIRECTORY)
+            fd_dir = os.open(f"{self._prefix}{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise _translate(exc, pid) from None
         try:
-            names = os.listdir(fd_dir)
+            names = os.listdir(fd_dir)  # ENOENT once the process has exited
+            targets = []
             for name in names:
                 try:
-                    yield os.readlink(name, dir_fd=fd_dir)
-                except OSError:  # closed while we looked
+                    targets.append(os.readlink(name, dir_fd=fd_dir))
+                except OSError:  # closed while we looked (or the process went: then all are)
                     continue
+            return targets
+        except OSError as exc:
+            raise _translate(exc, pid) from None
         finally:
             os.close(fd_dir)
 
@@ -253,7 +297,7 @@ class ProcFS:
         """Process start in CLOCK_BOOTTIME ns, None if it is gone or unreadable."""
         try:
             return self.stat(pid).start_ns
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:
             return None
 
     # The whole system: None where a file is missing.
@@ -338,7 +382,7 @@ class StartTimeResolver:
             self._rereads += 1
         try:
             where: Placement | None = placement(self.procfs.cgroups(pid))
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:
             if known is not None:
                 where = known[0]
             else:

@@ -5,6 +5,7 @@ threads-max, and the other limits that apply)."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 from fdtrace.procfs.containers import placement
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
-from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.reader import READ_ERRORS, ProcessAccessDeniedError, ProcFS, skip_reason
 from fdtrace.procfs.thread_limits import cgroup_pids, tasks_total, threads_by_uid
 
 #: Sockets are counted by reading each fd's link only up to this many open FDs.
@@ -52,7 +53,15 @@ class ProcessSample:
 
 
 class ProcSampler:
-    """Reads per-process and system samples from one procfs tree (``/proc`` by default)."""
+    """Reads per-process and system samples from one procfs tree (``/proc`` by default).
+
+    No read of a process raises out of it: a process that exits (or may not be read, or whose
+    read fails) at any step of its sample has none, and is counted in ``skipped``.
+
+    Attributes:
+        skipped: processes left out of samples since the sampler was made, by reason: "gone"
+            (exited while read, or a zombie), "denied", or the errno of a failed read ("EMFILE").
+    """
 
     def __init__(self, procfs_root: str | Path = "/proc", cmdline: bool = False,
                  cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
@@ -63,6 +72,7 @@ class ProcSampler:
         self.fd_count_by_size = self._size_is_count()
         self._go: dict[tuple[int, int], bool] = {}  # (pid, start_ns) -> is a Go program
         self._cgroups: dict[Path, tuple[int, int] | None] | None = None  # during a round: folder -> pids
+        self.skipped: Counter[str] = Counter()
 
     def _size_is_count(self) -> bool:
         """Whether st_size of /proc/PID/fd is the number of open FDs (Linux >= 6.2): O(1) instead
@@ -76,22 +86,48 @@ class ProcSampler:
         return size > 0 and size in (listed, listed - 1)
 
     def open_fds(self, pid: int) -> int | None:
-        """Number of open FDs of a process, None if it is gone."""
+        """Number of open FDs of a process, None if it is gone (or cannot be read)."""
         try:
             return self.procfs.open_fds(pid, self.fd_count_by_size)
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:
             return None
 
     def pids(self) -> list[int]:
-        """Every process id in the tree."""
-        return self.procfs.pids()
+        """Every process id in the tree (none, counted in ``skipped``, when /proc cannot be listed)."""
+        try:
+            return self.procfs.pids()
+        except OSError as error:
+            self.skip(error)
+            return []
 
     def sample(self, pid: int) -> ProcessSample | None:
-        """One process's sample, None if it vanished while being read (or may not be read)."""
+        """One process's sample, None (counted in ``skipped``) if it vanished while being read,
+        may not be read, or a read failed."""
         try:
-            return self._sample(pid)
-        except (ProcessGoneError, ProcessAccessDeniedError):
+            sample = self._sample(pid)
+        except READ_ERRORS as error:
+            self.skip(error)
             return None
+        if sample is None:
+            self.skipped["gone"] += 1
+        return sample
+
+    def skip(self, error: BaseException) -> None:
+        """Count a process left out because of ``error`` (see ``skipped``)."""
+        self.skipped[skip_reason(error)] += 1
+
+    def describe_skipped(self) -> str:
+        """``skipped`` in words ("3 processes gone when sampled, 1 process not read (EMFILE)"), or ""."""
+        parts = []
+        for reason, count in sorted(self.skipped.items(), key=lambda item: (-item[1], item[0])):
+            what = f"process{'es' if count != 1 else ''}"
+            if reason == "gone":
+                parts.append(f"{count} {what} gone when sampled")
+            elif reason == "denied":
+                parts.append(f"{count} {what} not readable")
+            else:
+                parts.append(f"{count} {what} not read ({reason})")
+        return ", ".join(parts)
 
     def _sample(self, pid: int) -> ProcessSample | None:
         procfs = self.procfs
@@ -128,9 +164,12 @@ class ProcSampler:
         return self._go[key]
 
     def _sockets(self, pid: int) -> int | None:
+        """Sockets among the process's FDs, None where its fd folder may not be listed (another
+        user's, without privileges: the rest of its sample stands). A process that went while
+        listed raises ProcessGoneError, as every other read of it does."""
         try:
             return sum(1 for target in self.procfs.fd_targets(pid) if target.startswith("socket:"))
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except ProcessAccessDeniedError:
             return None
 
     def top_by_open_fds(self, n: int) -> list[int]:
@@ -148,7 +187,7 @@ class ProcSampler:
     def _fd_table_size(self, pid: int) -> int:
         try:
             return int(self.procfs.status(pid, ("FDSize",)).get("FDSize", "0"))
-        except (ProcessGoneError, ProcessAccessDeniedError, ValueError):
+        except (*READ_ERRORS, ValueError):
             return 0
 
     def round(self, with_events: Iterable[int], top: int, exclude: int | None = None) -> list[ProcessSample]:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.reader import READ_ERRORS, ProcFS
 
 #: The limits on a process's threads: (name, the sample's limit field, the count that limit is
 #: compared with). The last is system-wide, from the system figures.
@@ -63,7 +63,7 @@ def cgroup_pids(procfs: ProcFS, cgroupfs: Path, pid: int,
     if lines is None:
         try:
             lines = procfs.cgroups(pid)
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:
             return None
     for hierarchy, controllers, path in lines:
         if hierarchy == "0" and controllers == "":
@@ -89,7 +89,7 @@ def threads_by_uid(procfs: ProcFS, pids: Iterable[int], uids: set[int]) -> dict[
     for pid in pids:
         try:
             status = procfs.status(pid, ("Uid", "Threads"))
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:
             continue
         try:
             uid, threads = int(status["Uid"].split()[0]), int(status["Threads"])

@@ -1,6 +1,7 @@
 """A Prometheus /metrics endpoint (prometheus_client): per-process FD headroom under the names
 client libraries use, exact call and error counters, OOM kills, the system FD table under
-node_exporter's names, and fdtrace's own losses. Label sets are bounded to the top processes."""
+node_exporter's names, and fdtrace's own losses. Label sets are bounded to the top processes, and
+the server's threads and connections too, whoever its clients are (``metrics_server``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fdtrace.errors import FdtraceError
@@ -17,6 +18,7 @@ from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.pipeline.update import HaproxyRow, SourceInfo, SystemFigures, Update
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
+from fdtrace.sinks.metrics_server import MetricsServer
 
 #: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).
 #: Labels of the per-process gauges: the process, its systemd unit and its container (the id's first
@@ -54,7 +56,9 @@ class PrometheusSink:
     """Serves /metrics from the latest update's figures.
 
     The server starts when the sink is made (so a busy port is an error before anything else
-    starts); ``write`` takes each update, ``close`` stops serving.
+    starts); ``write`` takes each update, ``close`` stops serving. It holds at most
+    ``metrics_server.DESCRIPTORS`` descriptors and ``WORKERS`` + 1 threads; connections it
+    refused or cut off are counted in ``fdtrace_metrics_connections_refused_total``.
 
     Args:
         listen: ADDRESS:PORT (loopback by default).
@@ -74,9 +78,10 @@ class PrometheusSink:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         try:
-            self._server, self._thread = start_http_server(self.port, self.address, registry=self.registry)
+            self._server = MetricsServer(self.address, self.port, self.registry)
         except OSError as exc:
-            raise FdtraceError(f"cannot serve metrics on {listen}: {exc.strerror}") from None
+            raise FdtraceError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None
+        self.port = self._server.port  # the one bound, when 0 asked for any
         self._serving = True
 
     def open(self, info: SourceInfo) -> None:
@@ -163,10 +168,15 @@ class PrometheusSink:
         for reason, count in sorted(snap.losses.items()):
             lost.add_metric([reason], count)
         yield lost
+        refused = CounterMetricFamily("fdtrace_metrics_connections_refused", "Connections to this endpoint "
+                                      "refused or cut off, by reason (busy, peer: its cap; timeout: a slow "
+                                      "request).", labels=["reason"])
+        for reason, count in sorted(self._server.refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
 
     def close(self, failed: bool = False) -> None:
         """Stop serving (once; closing again does nothing)."""
         if self._serving:
             self._serving = False
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()

@@ -17,7 +17,8 @@ from fdtrace.kernel.loader import TraceOptions
 from fdtrace.kernel.session import KernelSession
 from fdtrace.kernel.syscalls import syscall_name
 from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
-from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs import ProcFS
+from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import thread_census
@@ -159,7 +160,10 @@ class LiveSource:
             system = self.sampler.system()
             for sample in samples:
                 if sample.go_max_threads is not None:  # a Go binary: its thread-limit message is read
-                    self.kernel.watch_go_runtime(sample.pid)
+                    try:
+                        self.kernel.watch_go_runtime(sample.pid)
+                    except OSError as error:  # its /proc/PID/exe went while it was looked at
+                        self.sampler.skip(error)
         self._pids_with_events.clear()
         haproxy = self.haproxy.sample() if self.haproxy is not None else []
         sample_round = SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
@@ -188,6 +192,6 @@ class LiveSource:
         for pid, comm in wanted.items():
             try:
                 census.append(ThreadCensus(pid, comm, thread_census(self._procfs, pid, syscall_name)))
-            except (ProcessGoneError, ProcessAccessDeniedError):
-                continue
+            except READ_ERRORS as error:
+                self.sampler.skip(error)
         return census

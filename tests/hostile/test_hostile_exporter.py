@@ -1,0 +1,101 @@
+"""Another user cannot grow root's exporter: `nobody` opens hundreds of connections to root's
+`fdtrace export` and sends each a request that never ends; the exporter keeps its threads and
+descriptors within its bounds, cuts those requests off, and still answers root's scrape."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fdtrace.sinks.metrics_server import HEAD_TIMEOUT_S, MAX_PER_PEER, WORKERS
+from tests.helpers import started
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as another user: needs root")
+
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+NOBODY = pwd.getpwnam("nobody")
+CONNECTIONS = 300
+#: nobody's client: CONNECTIONS connections to the port, each sent half a request, all held open.
+HALF_SENT = """
+import socket, sys, time
+held = []
+for _ in range({n}):
+    connection = socket.create_connection(("127.0.0.1", {port}), timeout=10)
+    held.append(connection)
+    try:
+        connection.sendall(b"GET /metrics HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nX-Slow: ")
+    except OSError:
+        pass  # refused at once: it goes on with the next
+print(len(held), flush=True)
+sys.stdin.readline()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
+
+
+def refused(text: str, reason: str) -> int:
+    found = re.search(rf'^fdtrace_metrics_connections_refused_total{{reason="{reason}"}} (\S+)$', text, re.M)
+    return int(float(found[1])) if found else 0
+
+
+def threads_and_fds(pid: int) -> tuple[int, int]:
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.fixture
+def exporter() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    process = started([FDTRACE, "export", "--listen", f"127.0.0.1:{port}"], "serving metrics")
+    yield process, port
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def test_nobodys_half_sent_requests_leave_roots_exporter_within_its_bounds(
+        exporter: tuple[subprocess.Popen[str], int]) -> None:
+    process, port = exporter
+    assert "process_open_fds" in scrape(port)
+    idle_threads, idle_fds = threads_and_fds(process.pid)
+    attacker = subprocess.Popen([sys.executable, "-S", "-c", HALF_SENT.format(n=CONNECTIONS, port=port)],
+                                user=NOBODY.pw_uid, group=NOBODY.pw_gid, extra_groups=[],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert attacker.stdout is not None and attacker.stdin is not None
+        # every one connected (the kernel completes a handshake before the exporter accepts it)
+        assert int(attacker.stdout.readline()) == CONNECTIONS
+        text = scrape(port)  # root's scrape, answered while nobody holds them all
+        threads, fds = threads_and_fds(process.pid)
+        assert threads <= idle_threads + WORKERS, (idle_threads, threads)
+        assert fds <= idle_fds + MAX_PER_PEER + 1, (idle_fds, fds)  # + one /proc read of a sampling round
+        # nobody's first MAX_PER_PEER were taken, every other one refused at once
+        assert refused(text, "peer") == CONNECTIONS - MAX_PER_PEER
+        assert refused(text, "busy") == 0
+        deadline = time.monotonic() + HEAD_TIMEOUT_S + 10
+        while refused(text, "timeout") < MAX_PER_PEER and time.monotonic() < deadline:
+            time.sleep(0.5)
+            text = scrape(port)
+        assert refused(text, "timeout") == MAX_PER_PEER  # cut off, their requests never having ended
+        assert threads_and_fds(process.pid)[1] <= idle_fds + 1
+    finally:
+        attacker.kill()
+        attacker.wait()
+    assert process.poll() is None  # still serving
