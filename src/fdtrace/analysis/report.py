@@ -282,13 +282,14 @@ def go_limit_advice(engine: Engine) -> list[str]:
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
 THREAD_FIXES = {
     "Go default": lambda need: f"{GO_THREADS_ADVICE}({need})",
+    "Go SetMaxThreads": lambda need: f"{GO_THREADS_ADVICE}({need})",
     "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
     "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
     "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
 }
 
 
-THREADS_COUNTED = {"Go default": "threads", "RLIMIT_NPROC": "threads of its user",
+THREADS_COUNTED = {"Go default": "threads", "Go SetMaxThreads": "threads", "RLIMIT_NPROC": "threads of its user",
                    "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
 
 

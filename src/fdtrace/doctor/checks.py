@@ -13,6 +13,7 @@ from typing import Any
 from fdtrace.analysis.needs import need_of
 from fdtrace.integrations.haproxy import HaproxyConfig, fds_needed, info_number, read_process_configs, show_info
 from fdtrace.policy import GO_THREADS_ADVICE, USAGE_CRITICAL, USAGE_WARN, with_margin
+from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
 from fdtrace.procfs.thread_limits import threads_by_uid
@@ -327,8 +328,13 @@ class Doctor:
             limit = sample.go_max_threads
             status = by_usage(threads, limit)
             growth = self.thread_growth.get(pid, 0.0)
-            current = (f"{threads} threads of Go's default {limit} (a Go binary; a lower limit set by "
-                       "debug.SetMaxThreads is not visible: the runtime prints it only once it is exceeded)")
+            if sample.go_limit_unread is None and limit != GO_DEFAULT_MAX_THREADS:
+                current = f"{threads} threads of its limit {limit} (debug.SetMaxThreads, read from its memory)"
+            elif sample.go_limit_unread is None:
+                current = f"{threads} threads of Go's default {limit} (read from its memory)"
+            else:
+                current = (f"{threads} threads of Go's default {limit} (a Go binary whose own limit could not be read: "
+                           f"{sample.go_limit_unread}; the runtime prints it only once it is exceeded)")
             said = self.recorded.get(pid)
             if said is not None and said.go_thread_limit is not None:
                 current = (f"{threads} threads; in the recording, {said.comm} exceeded its {said.go_thread_limit}-"

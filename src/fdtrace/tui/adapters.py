@@ -255,9 +255,9 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         share = count / limit if limit else None
         text.append(f"thread limit: {kind}, {count} of {limit} ", style="")
         text.append(f"({share:.0%})" if share is not None else "", style=usage_style(share))
-        if kind == "Go default":
-            text.append("  (a lower limit set by debug.SetMaxThreads is not visible until the runtime says it was "
-                        "exceeded)", style="dim")
+        if kind == "Go default" and view.go_limit_unread:
+            text.append(f"  (its own limit could not be read: {shown(view.go_limit_unread)}; a lower one set by "
+                        "debug.SetMaxThreads shows when the runtime says it was exceeded)", style="dim")
         text.append("\n")
     if view.go_thread_limit is not None:
         text.append(f"the Go runtime said: program exceeds {view.go_thread_limit}-thread limit (it exits 2)\n",

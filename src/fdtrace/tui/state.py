@@ -48,6 +48,7 @@ class ProcessView:
     rates: dict[str, float] = field(default_factory=dict)
     fd_exhaustion_errors: int = 0  # EMFILE + ENFILE from any syscall
     go_thread_limit: int | None = None  # the N of Go's "program exceeds N-thread limit", when it said so
+    go_limit_unread: str | None = None  # why its Go limit could not be read from its memory
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
     history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     thread_history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -351,6 +352,7 @@ class IncidentState:
             view.sockets = sample.sockets
             view.threads = sample.threads
             view.thread_limit = binding_limit(sample)
+            view.go_limit_unread = getattr(sample, "go_limit_unread", None)
             view.placement = (sample.cgroup, sample.unit, sample.container_id, sample.container_runtime,
                               sample.pod_uid)
             view.history.append((time_ns, sample.open_fds))
