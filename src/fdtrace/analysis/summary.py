@@ -170,6 +170,12 @@ def summary_on(recording: Any, engine: Engine) -> str:
     parts = recording.part_summaries() if hasattr(recording, "part_summaries") else None
     failed = parts["failed"] if parts is not None else _failed(engine)
     lines = headline(engine, least, several_hosts=several, failed=failed)
+    from fdtrace.analysis.needs import fd_needs_on
+    from fdtrace.analysis.report import fd_advice
+
+    advice = fd_advice(fd_needs_on(engine), several=several)  # the numbers doctor and the report give
+    if advice:
+        lines += ["what to change:", *_capped([f"  {line}" for line in advice], "processes")]
     by_host = parts["kinds"] if parts is not None else engine.query(
         "SELECT host, kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events GROUP BY 1, 2")
     lines += _hosts(recording, engine, by_host)
