@@ -18,6 +18,7 @@ import pytest
 from fdtrace.analysis import load
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.summaries import read_summary
+from fdtrace.schema import SCHEMA_VERSION
 from fdtrace.sources.replay import ReplaySource
 from tests.hostile import mutations as damage
 
@@ -190,7 +191,7 @@ def test_a_schema_version_of_another_type_is_refused(version: object, tmp_path: 
     damage.set_meta(recording, schema_version=version)
     line = damage.one_line_error(damage.fdtrace("info", str(recording)))
     assert line == (f"fdtrace: error: {recording}/meta/host=vm.json: recording schema version {version!r}, this "
-                    "fdtrace reads versions 1 to 6")
+                    f"fdtrace reads versions 1 to {SCHEMA_VERSION}")
     with pytest.raises(FdtraceError, match="recording schema version"):
         ReplaySource(recording)
 
@@ -254,7 +255,7 @@ def test_one_unusable_host_does_not_stop_a_fleet(command: list[str], tmp_path: P
     damage.set_meta(bad, schema_version=99)
     output = {"report": ["-o", str(tmp_path / "r.md")], "trace-export": ["-o", str(tmp_path / "t.json")]}
     result = damage.succeeded(damage.fdtrace(*command, *output.get(command[0], []), str(fleet)))
-    why = f"{bad}/meta/host=vm.json: recording schema version 99, this fdtrace reads versions 1 to 6"
+    why = f"{bad}/meta/host=vm.json: recording schema version 99, this fdtrace reads versions 1 to {SCHEMA_VERSION}"
     if command[0] == "info":
         assert f"\nskipped unreadable files:\n  {why}\n" in result.stdout + "\n" and "\nevents: 76\n" in result.stdout
     else:
