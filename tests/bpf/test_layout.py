@@ -13,7 +13,7 @@ pytestmark = pytest.mark.bpf
 
 
 def test_event_struct_matches_decoder_dtype(live_tracer: LiveTracer) -> None:
-    leaf = live_tracer.source.tracer._bpf[b"event_layout"].Leaf
+    leaf = live_tracer.source.tracer._programs["event_layout"].Leaf
     assert ctypes.sizeof(leaf) == RAW_EVENT_DTYPE.itemsize
     c_fields = [name for name, *_ in leaf._fields_ if not name.startswith("__pad")]
     assert [n.rstrip("_") for n in c_fields] == list(RAW_EVENT_DTYPE.names)
@@ -22,5 +22,5 @@ def test_event_struct_matches_decoder_dtype(live_tracer: LiveTracer) -> None:
 
 
 def test_counter_struct_has_one_slot_per_counter(live_tracer: LiveTracer) -> None:
-    leaf = live_tracer.source.tracer._bpf[b"counters"].Leaf
+    leaf = live_tracer.source.tracer._programs["counters"].Leaf
     assert len(leaf().n) == len(COUNTERS)

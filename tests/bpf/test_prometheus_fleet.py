@@ -104,13 +104,13 @@ def test_the_fleet_view_ranks_the_failing_host_first_and_opens_its_processes(
                 if table.row_count == 2:
                     break
                 await pilot.pause(0.1)
-            assert [table.get_row_at(i)[0] for i in range(2)] == ["alpha", "beta"]
+            assert [str(table.get_row_at(i)[0]) for i in range(2)] == ["alpha", "beta"]
             assert str(table.get_row_at(0)[2]) != "·"  # its EMFILE/ENFILE of the window
             await pilot.press("enter")
             await pilot.pause(0.3)
             assert isinstance(app.screen, HostScreen) and app.screen.host == "alpha"
             processes = app.screen.query_one("#host-processes", DataTable)
-            assert processes.get_row_at(0)[0] == str(pids["alpha"])  # failing first
+            assert str(processes.get_row_at(0)[0]) == str(pids["alpha"])  # failing first
             assert str(processes.get_row_at(0)[2]) == "64/64" and str(processes.get_row_at(0)[3]) == "100%"
     asyncio.run(scenario())
 

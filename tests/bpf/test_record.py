@@ -175,8 +175,13 @@ def test_rotate_merges_files_and_max_size_caps_the_recording(tmp_path: Path) -> 
                              "--max-size", "40K"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     size = sum(p.stat().st_size for p in capped.rglob("*.parquet"))
-    assert size <= 40 << 10
     [meta] = load(capped).meta.values()
+    # an EMFILE of any process on a busy host opens an incident window, kept besides --max-size
+    kept = meta["keep_incidents"] if meta["incident_windows"] else 0
+    # the newest file of each table always stays: a cap below them all keeps just them
+    newest = sum(max(folder.glob("part-*.parquet")).stat().st_size
+                 for folder in capped.glob("*/host=*") if any(folder.glob("part-*.parquet")))
+    assert size <= max(40 << 10, newest) + kept, (size, newest, meta["incident_windows"])
     assert meta["rotated_out"]["files"] > 0 and meta["rotated_out"]["rows"]["clock"] > 0
     summary = subprocess.run([FDTRACE, "info", str(capped)], capture_output=True, text=True, check=True).stdout
     assert "rotated out (--max-size):" in summary

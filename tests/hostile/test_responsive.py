@@ -107,6 +107,7 @@ def test_top_quits_at_once_with_a_fifo_planted_as_a_phase_state(tmp_path: Path) 
 
     started = time.monotonic()
     asyncio.run(scenario())
-    assert took and took[0] < 2.0
-    assert time.monotonic() - started < 10
+    # a FIFO's open blocks for ever: any bound tells a hang apart, one loose enough for a busy host
+    assert took and took[0] < 10.0
+    assert time.monotonic() - started < 30
     assert app.state.phases == {}

@@ -57,7 +57,7 @@ LEFT JOIN asked AS a ON k.host = a.host AND k.pid = a.pid
 
 def fd_needs_on(engine: Engine) -> pd.DataFrame:
     """``fd_needs()`` computed by ``engine``."""
-    found = engine.query(_PER_PROCESS)
+    found = engine.query(_PER_PROCESS).copy()  # written below: an engine's frame may be read-only (Spark's Arrow)
     if found.empty:
         return pd.DataFrame(columns=NEED_COLUMNS)
     found["limit_source"] = None

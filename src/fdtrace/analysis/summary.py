@@ -53,13 +53,20 @@ def _failed(engine: Engine) -> pd.DataFrame:
 
 def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
              failed: pd.DataFrame | None = None) -> list[str]:
-    """What went wrong, worst first: EMFILE/ENFILE per process and syscall, OOM kills, kills by a
-    signal, and the processes that reached a limit."""
+    """What went wrong, worst first: the processes that died of it (OOM kills, Go thread limits,
+    kills by a signal), EMFILE/ENFILE per process and syscall, and the processes that reached a
+    limit; each class capped on its own, so a host full of failing calls still shows its deaths."""
     def who(host: Any, comm: Any, pid: Any) -> str:
         return f"{comm} [{pid}]" + (f" on {host}" if several_hosts else "")
 
     failed = _failed(engine) if failed is None else failed
     calls = failed[failed["at"].isna()]
+    deaths: list[str] = []
+    ends = failed[failed["at"].notna()].sort_values(["at", "host", "pid"])
+    for row in ends.itertuples():
+        what = {"oom_kill": "OOM-killed", "go_thread_limit": "exceeded its Go thread limit (the runtime said so, and "
+                "exits 2)"}.get(str(row.kind), f"killed by {row.signal}")
+        deaths.append(f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.at)}")
     lines: list[str] = []
     if len(calls):
         per_process = calls.groupby(["host", "pid", "comm"], sort=False).agg(n=("n", "sum"), first=("first", "min"))
@@ -69,19 +76,16 @@ def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
             detail = ", ".join(f"{r.errno} {r.syscall} {r.n}" for r in mine.itertuples())
             lines.append(f"  {who(host, comm, pid)}: {totals['n']} calls failed ({detail}), first at "
                          f"{_ns(totals['first'])}")
-    ends = failed[failed["at"].notna()].sort_values(["at", "host", "pid"])
-    for row in ends.itertuples():
-        what = {"oom_kill": "OOM-killed", "go_thread_limit": "exceeded its Go thread limit (the runtime said so, and "
-                "exits 2)"}.get(str(row.kind), f"killed by {row.signal}")
-        lines.append(f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.at)}")
+    reached: list[str] = []
     if len(least):
         for row in least[least["usage"] >= 1.0].itertuples():
-            lines.append(f"  {who(row.host, row.comm, row.pid)}: reached its FD limit, {row.open_fds} of "
-                         f"{row.fd_soft_limit:.0f} at {when(row.time)}")
-    if not lines:
+            reached.append(f"  {who(row.host, row.comm, row.pid)}: reached its FD limit, {row.open_fds} of "
+                           f"{row.fd_soft_limit:.0f} at {when(row.time)}")
+    if not deaths and not lines and not reached:
         return ["what went wrong: nothing (no EMFILE/ENFILE, OOM kill, Go thread limit, kill by a signal or full FD "
                 "table)"]
-    return ["what went wrong:", *_capped(lines, "failing processes")]
+    return ["what went wrong:", *_capped(deaths, "processes ended"), *_capped(lines, "failing processes"),
+            *_capped(reached, "processes at their limit")]
 
 
 def _hosts(recording: Any, engine: Engine, kinds: pd.DataFrame) -> list[str]:

@@ -153,6 +153,8 @@ class ProcSampler:
         pids = cgroup_pids(procfs, self.cgroupfs, pid, self._cgroups, lines=lines)
         where = placement(lines)
         go_limit, unread = self._go_limit(pid) if self._is_go(pid, stat.start_ns) else (None, None)
+        if procfs.stat(pid).start_ns != stat.start_ns:  # its pid was reused while it was read: two processes' values
+            return None
         return ProcessSample(pid, stat.start_ns, stat.comm, open_fds, soft, hard, threads, sockets, cmdline,
                              uid=uid, nproc_soft_limit=nproc if uid != 0 else None,
                              pids_current=pids[0] if pids else None, pids_max=pids[1] if pids else None,
