@@ -3,7 +3,9 @@
 Each address is symbolized once per mapped binary: the cache is keyed by the file (device, inode)
 and the address's offset in it, so the hundred workers of one haproxy share their frames. bcc's
 per-process symbol caches are only made for addresses not seen before, and freed when the
-process is gone.
+process is gone. Each holds a descriptor per binary its process maps, and one more (bcc 0.26,
+measured): together they hold at most ``SYMBOL_CACHE_DESCRIPTORS`` (the least recently used are
+freed first), which fdtrace's descriptor budget counts.
 """
 
 from __future__ import annotations
@@ -15,8 +17,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs import ProcFS
+from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
+
+#: Descriptors bcc's symbol caches may hold at once (each: one per binary its process maps, plus one;
+#: a margin of one more is counted). A process mapping more binaries than this is symbolized without
+#: one: module and offset only.
+SYMBOL_CACHE_DESCRIPTORS = 64
 
 #: Functions a thread's stack starts from: a walk that ends in one of them is whole.
 OUTERMOST_FUNCTIONS: frozenset[str] = frozenset({
@@ -55,7 +63,10 @@ class Symbolizer:
         self._procfs = procfs or ProcFS()
         self._frames: OrderedDict[tuple[int, int, int], str] = OrderedDict()
         self._max_frames = max_frames
-        self._caches: dict[int, Any] = {}
+        self._caches: OrderedDict[int, Any] = OrderedDict()  # least recently used first
+        self._cache_cost: dict[int, int] = {}  # descriptors each cache holds
+        #: Processes symbolized without a cache: they map more binaries than the caches may hold.
+        self.too_many_binaries: set[int] = set()
         self._calls: dict[tuple[int, int, int], bool] = {}
         self._unsafe: set[int] = set()  # processes whose mapped binaries bcc must not open
         self._maps: dict[int, list[tuple[int, int, int, int, int, str]]] = {}
@@ -69,7 +80,7 @@ class Symbolizer:
         if maps is None:
             try:
                 maps = self._procfs.executable_maps(pid)
-            except (ProcessGoneError, ProcessAccessDeniedError):
+            except READ_ERRORS:  # gone, denied, or a read that failed
                 maps = []
             self._maps[pid] = maps
         i = bisect.bisect_right(maps, (address, 1 << 64)) - 1
@@ -88,9 +99,11 @@ class Symbolizer:
                 self._frames.move_to_end(key)
                 return text, _function(text)
         cache = self._caches.get(pid)
-        if cache is None and pid not in self._unsafe:
+        if cache is not None:
+            self._caches.move_to_end(pid)
+        elif pid not in self._unsafe and pid not in self.too_many_binaries:
             if self._mapped_files_intact(pid):
-                cache = self._caches[pid] = self._tracer.symbol_cache(pid)
+                cache = self._new_cache(pid)
             else:
                 self._unsafe.add(pid)
         if cache is None:  # bcc would open a file that is not the one mapped: module and offset only
@@ -109,6 +122,26 @@ class Symbolizer:
             if len(self._frames) > self._max_frames:
                 self._frames.popitem(last=False)
         return text, name
+
+    def _new_cache(self, pid: int) -> Any:
+        """bcc's symbol cache of the process, made once the older caches hold few enough
+        descriptors for it (they are freed, least recently used first); None when the process
+        maps too many binaries for any cache."""
+        binaries = {(device, inode) for _s, _e, _o, device, inode, path in self._maps.get(pid) or []
+                    if inode and path.startswith("/")}
+        cost = len(binaries) + 2
+        if cost > SYMBOL_CACHE_DESCRIPTORS:
+            self.too_many_binaries.add(pid)
+            return None
+        while self._caches and sum(self._cache_cost.values()) + cost > SYMBOL_CACHE_DESCRIPTORS:
+            self._free(next(iter(self._caches)))
+        cache = self._caches[pid] = self._tracer.symbol_cache(pid)
+        self._cache_cost[pid] = cost
+        return cache
+
+    def _free(self, pid: int) -> None:
+        self._tracer.free_symbol_cache(self._caches.pop(pid), pid)
+        self._cache_cost.pop(pid, None)
 
     def _mapped_files_intact(self, pid: int) -> bool:
         """Whether every binary the process maps is still, at its path, the regular file mapped
@@ -182,13 +215,14 @@ class Symbolizer:
     def forget(self) -> None:
         """Free the symbol caches of processes that are gone."""
         for pid in [p for p in self._caches if not os.path.exists(f"/proc/{p}")]:
-            self._tracer.free_symbol_cache(self._caches.pop(pid), pid)
+            self._free(pid)
         self._unsafe = {p for p in self._unsafe if os.path.exists(f"/proc/{p}")}
+        self.too_many_binaries = {p for p in self.too_many_binaries if os.path.exists(f"/proc/{p}")}
 
     def close(self) -> None:
         """Free every symbol cache."""
         for pid in list(self._caches):
-            self._tracer.free_symbol_cache(self._caches.pop(pid), pid)
+            self._free(pid)
 
 
 def symbolize(symbolizer: Symbolizer, stack_id: int, pid: int, scan: list[int], addresses: list[int], comm: str,
