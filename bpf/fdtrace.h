@@ -109,6 +109,11 @@ BPF_RINGBUF_OUTPUT(events, FDT_RING_PAGES);
 /* Never written: lets user space see struct fdt_event's layout as compiled (tests compare it). */
 BPF_ARRAY(event_layout, struct fdt_event, 1);
 BPF_PERCPU_ARRAY(stats, u64, FDT_N_STATS);
+/* Values user space sets after loading (the programs' instructions stay the same from one start
+ * to the next, so they can be kept compiled): FDT_SETTING_SELF_PID, fdtrace's own process. */
+#define FDT_SETTING_SELF_PID 0
+#define FDT_N_SETTINGS 1
+BPF_ARRAY(settings, u32, FDT_N_SETTINGS);
 BPF_HASH(counters, u32, struct fdt_counters, FDT_MAX_PROCESSES);
 BPF_HASH(exited, struct fdt_instance_key, struct fdt_counters, FDT_MAX_EXITED);
 BPF_HASH(errors, struct fdt_error_key, u64, FDT_MAX_ERROR_KEYS);
@@ -139,7 +144,9 @@ static __always_inline void fdt_stat(u32 slot)
 /* fdtrace's own process is never traced: its reads of /proc would feed back into what it sees. */
 static __always_inline int fdt_skip(u32 tgid)
 {
-    if (tgid == FDT_SELF_PID)
+    u32 slot = FDT_SETTING_SELF_PID;
+    u32 *self = settings.lookup(&slot);
+    if (self && *self == tgid)
         return 1;
 #ifdef FDT_FILTER_PIDS
     if (!pid_filter.lookup(&tgid))

@@ -62,13 +62,13 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 #ifdef FDT_STACKS
     fdt_fd_table_changed(tgid, FDT_FD_EXEC); /* its close-on-exec descriptors are closed */
 #endif
-#ifndef FDT_ERRORS_ONLY
+    /* Sent under FDT_ERRORS_ONLY too: user space looks at each new program as it starts (a Go
+     * binary gets its thread-limit uprobe before it can die of it), then drops these events. */
     struct fdt_event *e = fdt_reserve(FDT_KIND_PROCESS_EXEC, 0, tgid, tgid);
     if (!e)
         return 0;
     e->extra[FDT_X_PROCESS_EXEC_OLD_TID] = args->old_pid;
     fdt_submit(e);
-#endif
     return 0;
 }
 #endif

@@ -99,3 +99,20 @@ async def replay_to_end(pilot: Any, feed: Any, clock: list[int], step_ns: int = 
         await pilot.pause(0.02)
     clock[0] += 3_000_000_000
     await pilot.pause(0.3)
+
+
+def drain(leader: int, quiet_s: float = 0.2) -> bytes:
+    """What is left to read on a pseudo-terminal's leader side, until it stays quiet for
+    ``quiet_s`` or its other side is closed."""
+    import select
+
+    taken = b""
+    while select.select([leader], [], [], quiet_s)[0]:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the other side closed
+            break
+        if not chunk:
+            break
+        taken += chunk
+    return taken

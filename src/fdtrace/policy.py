@@ -4,6 +4,7 @@ the margin a recommended limit gets, which errors are exhaustion, and the advice
 from __future__ import annotations
 
 import math
+from typing import Any
 
 #: Usage of a limit (count / limit) that turns amber, and red.
 USAGE_WARN = 0.80
@@ -23,3 +24,40 @@ GO_THREADS_ADVICE = ("bound the goroutines blocked in syscalls or cgo (e.g. DNS:
 def with_margin(value: int) -> int:
     """A limit that leaves room above ``value`` (x LIMIT_MARGIN, rounded up)."""
     return math.ceil(value * LIMIT_MARGIN)
+
+
+#: Event kinds that are incidents by themselves (besides EMFILE/ENFILE and kills by a signal).
+INCIDENT_KINDS = ("oom_kill", "go_thread_limit")
+#: Each incident's failure class, by event kind (EMFILE/ENFILE for any other kind).
+INCIDENT_CLASSES = {"oom_kill": "OOM kill", "go_thread_limit": "Go thread limit", "process_exit": "killed by a signal"}
+
+
+def incident_mask(events: Any) -> Any:
+    """Which rows of an events table (pyarrow) are incidents: EMFILE/ENFILE of any call, OOM
+    kills, Go thread limits and kills by a signal (what replay's n/N stops at and what a flight
+    recorder keeps the time around)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = events["kind"].cast(pa.string())
+    exhausted = pc.is_in(events["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS)))
+    signal = events["signal"].cast(pa.string())
+    killed = pc.and_(pc.equal(kind, "process_exit"), pc.and_(pc.is_valid(signal), pc.not_equal(signal, "")))
+    return pc.fill_null(pc.or_(pc.or_(exhausted, pc.is_in(kind, value_set=pa.array(INCIDENT_KINDS))),
+                               pc.fill_null(killed, False)), False)
+
+
+#: Frames of the C library and of Go's syscall plumbing: a site is named by the first frame below them.
+_WRAPPER_MODULES = ("[libc.so", "[libpthread", "[ld-linux", "[libc-")
+_WRAPPER_FUNCTIONS = ("syscall.", "runtime.", "internal/poll.", "internal/syscall", "golang.org/x/sys/unix.")
+
+
+def site_name(frames: Any) -> str:
+    """The frame that names a call site: the first one outside libc and Go's syscall plumbing."""
+    frames = list(frames) if frames is not None else []
+    for frame in frames:
+        function, _, module = str(frame).partition(" ")
+        if module.startswith(_WRAPPER_MODULES) or function.startswith(_WRAPPER_FUNCTIONS):
+            continue
+        return str(frame)
+    return str(frames[0]) if frames else "(no stack)"

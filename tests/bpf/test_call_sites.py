@@ -300,9 +300,9 @@ def test_trace_prints_the_stack_of_each_failure(sites_binary: Path) -> None:
 
 
 def test_a_binary_replaced_by_a_fifo_does_not_hang_the_symbolizer(sites_binary: Path, tmp_path: Path) -> None:
-    """A traced program's file is deleted and a FIFO planted at its path: bcc opens modules by
-    path and would wait on the FIFO forever. fdtrace sees that the mapped file is not there and
-    gives module offsets instead of names."""
+    """A traced program's file is deleted and a FIFO planted at its path: a symbolizer that opens
+    modules by path would wait on the FIFO forever. fdtrace reads the very file the process maps
+    (its /proc/PID/map_files entry), so the names still come, and the FIFO is never opened."""
     copy = tmp_path / "planted" / "sites"
     copy.parent.mkdir()
     shutil.copy(sites_binary, copy)
@@ -317,4 +317,57 @@ def test_a_binary_replaced_by_a_fifo_does_not_hang_the_symbolizer(sites_binary: 
     made = [site for site in data["sites"] if site["site"] != "(from before tracing)"]
     assert [site["open"] for site in made] == [4]
     frames = made[0]["frames"]
-    assert frames and all(frame.startswith("[") for frame in frames), frames  # "[sites]+0x..." and no names
+    assert frames[1].startswith("leak_sockets+") and frames[1].endswith(" [sites (deleted)]"), frames
+
+
+def test_leaks_of_a_process_that_exits_while_traced_are_kept_and_printed(sites_binary: Path) -> None:
+    """Its end is the moment that matters: what it held at its last look before the exit is
+    printed, with a note saying it ended, instead of an error that throws the tracing away."""
+    program = Program([str(sites_binary), "leak", "6", "2"])
+    tracer = traced(program, ["leaks", "--pid", str(program.pid), "--duration", "60", "--interval", "0.2"])
+    try:
+        program.go()
+        assert program.line() == "done"
+        time.sleep(1.0)  # five sweeps (--interval 0.2) see the six sockets before the program ends
+        program.finish()  # its stdin closes: it exits 0, its sockets with it
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        if tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
+    assert tracer.returncode == 0, err
+    assert f"process {program.pid} ended " in err and "what follows is what was traced up to its end" in err
+    rows = [line.split() for line in out.splitlines() if "leak_sockets+" in line and line.split()[0].isdigit()]
+    assert len(rows) == 1 and rows[0][:3] == ["6", "6", "0"], out  # open, opened, closed
+
+
+def test_threads_of_a_go_program_that_dies_while_traced_are_printed(tmp_path: Path) -> None:
+    """`threads --stacks` on the Go incident: the program dies of its thread limit while traced;
+    where its threads were created and its last census are printed, with how it ended."""
+    from tests.bpf.test_go_threads import GOROUTINES, build
+
+    if shutil.which("go") is None:
+        pytest.skip("golang-go is not installed")
+    program = subprocess.Popen([str(build(tmp_path)), str(GOROUTINES), "wait", "250"], stdin=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    tracer = subprocess.Popen([FDTRACE, "threads", "--pid", str(program.pid), "--stacks", "--duration", "60"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(tracer.stderr, "tracing pid")
+        assert program.stdin is not None
+        program.stdin.write(b"x")
+        program.stdin.flush()
+        assert program.wait(timeout=60) == 2
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        for process in (program, tracer):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert tracer.returncode == 0, err
+    assert f"process {program.pid} ended " in err and "(exit 2)" in err, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"pid {program.pid} (go-threads): "), out
+    started = lines.index(next(line for line in lines if line.startswith("threads started in ")))
+    counts = [int(line.split()[0]) for line in lines[started + 1:] if line[:7].strip().isdigit()]
+    assert sum(counts) >= 200, out  # the threads it made before the runtime killed it at 250

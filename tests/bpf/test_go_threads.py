@@ -192,3 +192,69 @@ def test_a_go_program_past_its_thread_limit_is_flagged_with_the_limit_it_printed
     advice = recommendations(rec, least_headroom(rec))
     assert any(line.startswith(f"Go thread limit of go-threads [{program.pid}]: the runtime said 'program exceeds "
                                f"{limit}-thread limit'") for line in advice)
+
+
+STORM = """package main
+
+import (
+	"runtime/debug"
+	"syscall"
+	"time"
+)
+
+// The Go incident at full speed: goroutines pin threads in blocking reads until the runtime's
+// limit kills the program, well within its first second.
+func main() {
+	debug.SetMaxThreads(STORM_LIMIT)
+	for i := 0; i < STORM_GOROUTINES; i++ {
+		var fds [2]int
+		if err := syscall.Pipe(fds[:]); err != nil {
+			panic(err)
+		}
+		go func(fd int) { buf := make([]byte, 1); syscall.Read(fd, buf) }(fds[0])
+	}
+	time.Sleep(30 * time.Second)
+}
+"""
+
+
+def test_a_go_program_that_dies_of_its_thread_limit_within_a_second_is_caught(tmp_path: Path) -> None:
+    """The uprobe is attached as the program execs, not once a sampling round has seen it: a
+    program that lives well under a second still leaves its go_thread_limit event, and the
+    postmortem commands find it from its events alone (no sample of it was taken)."""
+    limit = 250
+    source = tmp_path / "storm.go"
+    source.write_text(STORM.replace("STORM_LIMIT", str(limit)).replace("STORM_GOROUTINES", str(GOROUTINES)))
+    binary = tmp_path / "thread_storm"
+    env = {**os.environ, "GOCACHE": str(tmp_path / "cache"), "GOPATH": str(tmp_path / "gopath"),
+           "HOME": str(tmp_path), "GO111MODULE": "off", "GOFLAGS": ""}
+    subprocess.run(["go", "build", "-o", str(binary), str(source)], check=True, env=env, cwd=tmp_path,
+                   capture_output=True, timeout=300)
+    out = tmp_path / "rec"
+    # Rounds 60 s apart, the first one done (its flush is on disk) before the program starts: no
+    # sampling round sees the program alive, only its events do.
+    recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "60"], "recording to")
+    try:
+        deadline = time.monotonic() + 30
+        while not list(out.glob("system/host=*/part-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        began = time.monotonic()
+        storm = subprocess.run([str(binary)], capture_output=True, timeout=60)
+        lived = time.monotonic() - began
+        assert storm.returncode == 2 and f"program exceeds {limit}-thread limit".encode() in storm.stderr
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.communicate(timeout=60)
+    rec = load(out)
+    pids = rec.events[(rec.events["comm"] == "thread_storm") & (rec.events["kind"] == "process_exec")]["pid"]
+    assert len(pids) == 1, f"lived {lived:.2f} s"
+    assert not (rec.samples["pid"] == pids.iloc[0]).any()  # never sampled: the uprobe came with its exec
+    mine = rec.events[rec.events["pid"] == pids.iloc[0]]
+    assert mine[mine["kind"] == "go_thread_limit"]["ret"].tolist() == [limit], f"lived {lived:.2f} s"
+    doctor = subprocess.run([FDTRACE, "doctor", "--comm", "thread_storm", "--from", str(out), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert doctor.returncode == 2, doctor.stderr
+    go = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "Go thread limit"]
+    assert len(go) == 1 and go[0]["status"] == "FAIL" and f"program exceeds {limit}-thread limit" in go[0]["current"]
+    shown = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120).stdout
+    assert f"thread_storm [{pids.iloc[0]}]: exceeded its Go thread limit" in shown

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import needs_root
-from tests.helpers import replay_to_end
+from tests.helpers import drain, replay_to_end
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
@@ -100,14 +100,7 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             process.send_signal(signal.SIGINT)
         for process in (tracer, recorder):
             assert process.wait(timeout=60) == 0, process.stderr.read() if process.stderr else ""
-        while select.select([leader], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            screen += chunk
+        screen += drain(leader)
     finally:
         os.close(leader)
         for process in (*children, tracer, recorder):

@@ -33,3 +33,13 @@ def test_each_event_is_one_aligned_line_under_the_header() -> None:
     exits = [line for line in lines if " process_exit " in line]
     assert len(exits) == 3 and all(line.endswith(("exit 0", "exit 1")) or "killed by" in line for line in exits)
     assert lines_sink.summary().startswith("76 events (")
+
+
+def test_times_are_written_as_pandas_writes_them() -> None:
+    """The live commands do not import pandas: their ISO times are the same all the same."""
+    import pandas as pd
+
+    from fdtrace.schema import iso_utc
+
+    for ns in (1764477217490362178, 1764477217490362000, 1764477217000000000, 0, 1764477217000000001):
+        assert iso_utc(ns) == pd.Timestamp(ns, unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")

@@ -6,23 +6,10 @@ from typing import Any
 
 import pandas as pd
 
-#: Frames of the C library and of Go's syscall plumbing: a site is named by the first frame below them.
-_WRAPPER_MODULES = ("[libc.so", "[libpthread", "[ld-linux", "[libc-")
-_WRAPPER_FUNCTIONS = ("syscall.", "runtime.", "internal/poll.", "internal/syscall", "golang.org/x/sys/unix.")
+from fdtrace.policy import site_name as site_name  # where it was first: the analyses' name for it too
 
 LEAK_COLUMNS = ["host", "pid", "comm", "site", "open", "opened", "closed", "oldest_age_s", "growth_per_min",
                 "stack_id", "frames", "truncated"]
-
-
-def site_name(frames: Any) -> str:
-    """The frame that names a call site: the first one outside libc and Go's syscall plumbing."""
-    frames = list(frames) if frames is not None else []
-    for frame in frames:
-        function, _, module = str(frame).partition(" ")
-        if module.startswith(_WRAPPER_MODULES) or function.startswith(_WRAPPER_FUNCTIONS):
-            continue
-        return str(frame)
-    return str(frames[0]) if frames else "(no stack)"
 
 
 def _host_column(frame: pd.DataFrame) -> pd.Series:

@@ -1,6 +1,9 @@
 """What each process needed of its FD limit, from what it asked for: the one recommendation per
 process that both ``fdtrace doctor --from`` and the report give.
 
+Processes that no sample saw (they lived less than a round) are here from their events: a
+failure of theirs (EMFILE, ENFILE, an OOM kill, Go's thread limit) puts them in.
+
 A process that failed with EMFILE never shows its need: its open FDs stop at the limit. What it
 asked for is known from the refused calls themselves (in its worst second, that many more
 descriptors were wanted at once than the table held) and, for HAProxy, from ``show info``'s
@@ -10,16 +13,18 @@ the peak; the recommendation adds the usual margin to it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
 
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
+from fdtrace.analysis.limits import limit_changes_on, limit_in_force
 from fdtrace.policy import with_margin
 
 NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_limit", "peak_fds", "emfile",
-                "emfile_worst_second", "maxsock", "need", "basis", "recommended"]
+                "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source"]
 
 _PER_PROCESS = """
 WITH used AS (SELECT host, pid, start_ns, min(comm) AS comm, max(open_fds) AS peak_fds,
@@ -30,22 +35,31 @@ per_second AS (SELECT host, pid, start_ns, min(comm) AS comm, time_ns // 1000000
 refused AS (SELECT host, pid, start_ns, min(comm) AS comm, sum(n) AS emfile, max(n) AS emfile_worst_second
             FROM per_second GROUP BY host, pid, start_ns),
 asked AS (SELECT host, haproxy_pid AS pid, max(maxsock) AS maxsock FROM haproxy
-          WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid)
-SELECT coalesce(u.host, r.host) AS host, coalesce(u.pid, r.pid) AS pid, coalesce(u.start_ns, r.start_ns) AS start_ns,
-       coalesce(u.comm, r.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit, u.peak_fds,
-       coalesce(r.emfile, 0) AS emfile, coalesce(r.emfile_worst_second, 0) AS emfile_worst_second, a.maxsock
-FROM used AS u FULL OUTER JOIN refused AS r ON u.host = r.host AND u.pid = r.pid AND u.start_ns = r.start_ns
-LEFT JOIN asked AS a ON coalesce(u.host, r.host) = a.host AND coalesce(u.pid, r.pid) = a.pid
+          WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid),
+failed AS (SELECT host, pid, start_ns, min(comm) AS comm FROM events
+           WHERE kind IN ('go_thread_limit', 'oom_kill') OR errno = 'ENFILE' GROUP BY host, pid, start_ns),
+known AS (SELECT host, pid, start_ns FROM used UNION SELECT host, pid, start_ns FROM refused
+          UNION SELECT host, pid, start_ns FROM failed)
+SELECT k.host, k.pid, k.start_ns, coalesce(u.comm, r.comm, f.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit,
+       u.peak_fds, coalesce(r.emfile, 0) AS emfile, coalesce(r.emfile_worst_second, 0) AS emfile_worst_second,
+       a.maxsock
+FROM known AS k
+LEFT JOIN used AS u ON k.host = u.host AND k.pid = u.pid AND k.start_ns = u.start_ns
+LEFT JOIN refused AS r ON k.host = r.host AND k.pid = r.pid AND k.start_ns = r.start_ns
+LEFT JOIN failed AS f ON k.host = f.host AND k.pid = f.pid AND k.start_ns = f.start_ns
+LEFT JOIN asked AS a ON k.host = a.host AND k.pid = a.pid
 """
 
 
 def need_of(soft: Any, peak: Any, emfile: int, worst_second: int, maxsock: Any,
-            config_need: int | None = None) -> tuple[int, str]:
-    """(descriptors needed, why) from what one process used and asked for."""
+            config_need: int | None = None, source: str | None = None) -> tuple[int, str]:
+    """(descriptors needed, why) from what one process used and asked for (``soft``: the limit in
+    force when it failed, and ``source`` where that came from, when known)."""
     known = [] if pd.isna(peak) else [(int(peak), f"peak {int(peak)} open")]
     if emfile and not pd.isna(soft):
-        known.append((int(soft) + int(worst_second), f"its limit {int(soft)} plus the {int(worst_second)} opens "
-                                                     f"refused with EMFILE in its worst second"))
+        set_by = f" ({source})" if source else ""
+        known.append((int(soft) + int(worst_second), f"its limit {int(soft)}{set_by} plus the {int(worst_second)} "
+                                                     "opens refused with EMFILE in its worst second"))
     if not pd.isna(maxsock):
         known.append((int(maxsock), f"HAProxy's Maxsock {int(maxsock)} (show info)"))
     if config_need is not None:
@@ -60,8 +74,10 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     found = engine.query(_PER_PROCESS)
     if found.empty:
         return pd.DataFrame(columns=NEED_COLUMNS)
-    needs = [need_of(r.fd_soft_limit, r.peak_fds, int(r.emfile), int(r.emfile_worst_second), r.maxsock)
-             for r in found.itertuples()]
+    found["limit_source"] = None
+    _judge_by_the_limit_in_force(engine, found)
+    needs = [need_of(r.fd_soft_limit, r.peak_fds, int(r.emfile), int(r.emfile_worst_second), r.maxsock,
+                     source=r.limit_source) for r in found.itertuples()]
     found["need"] = [n for n, _ in needs]
     found["basis"] = [b for _, b in needs]
     found["recommended"] = [with_margin(n) for n in found["need"]]
@@ -73,9 +89,46 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     return order[NEED_COLUMNS].reset_index(drop=True)
 
 
+def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame) -> None:
+    """For each process that failed with EMFILE, its soft limit as it was in its worst second (a
+    process may have lowered its own limit, or had it lowered, after its first samples), and
+    where that limit came from, in place of the highest limit its samples saw."""
+    failing = found[found["emfile"] > 0]
+    if failing.empty:
+        return
+    pids = ", ".join(str(int(p)) for p in sorted(set(failing["pid"])))
+    seconds = engine.query(
+        "SELECT host, pid, start_ns, time_ns // 1000000000 AS second, count(*) AS n, min(time_ns) AS first_ns "
+        f"FROM events WHERE errno = 'EMFILE' AND pid IN ({pids}) GROUP BY host, pid, start_ns, time_ns // 1000000000")
+    samples = engine.query(f"SELECT host, pid, time_ns, fd_soft_limit FROM samples WHERE pid IN ({pids})")
+    changes = limit_changes_on(engine)
+    if not len(changes) and seconds.empty:
+        return
+    for index, row in failing.iterrows():
+        mine = seconds[(seconds["host"].astype(str) == str(row["host"])) & (seconds["pid"] == row["pid"])]
+        if not pd.isna(row["start_ns"]):
+            mine = mine[mine["start_ns"] == row["start_ns"]]
+        if mine.empty:
+            continue
+        worst = mine.sort_values(["n", "second"], ascending=[False, True]).iloc[0]
+        soft, source = limit_in_force(changes, samples, str(row["host"]), int(row["pid"]), int(worst["first_ns"]))
+        if soft is not None:
+            found.at[index, "fd_soft_limit"] = soft
+        found.at[index, "limit_source"] = source
+
+
 def fd_needs(recording: Any) -> pd.DataFrame:
     """Per process (host, pid, start_ns): its FD limits, peak, EMFILE failures (all, and in its
     worst second), HAProxy's Maxsock where recorded, the ``need`` and its ``basis``, and the
     ``recommended`` soft limit (the need with the margin). Processes that failed come first."""
     with engine_for(recording) as engine:
         return fd_needs_on(engine)
+
+
+def rehearsed_need(idle_fds: int, fds_per_connection: float, connections: int) -> tuple[int, str]:
+    """(descriptors needed, why) for a process to hold ``connections`` at once, from what
+    ``fdtrace rehearse`` measured of it: the descriptors it held idle plus the descriptors each
+    connection took (the slope of its open descriptors against the connections it held)."""
+    need = idle_fds + math.ceil(fds_per_connection * connections - 1e-9)
+    return need, (f"{connections} connections at {fds_per_connection:.2f} descriptors each and {idle_fds} held idle, "
+                  "as rehearsed")

@@ -28,8 +28,9 @@ from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, 
 from fdtrace.schema import STATS
 
 #: The event columns the report reads (a large recording is loaded with these only).
-EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "errno", "signal", "exit_code",
-                 "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid", "stack_id")
+EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "ret", "errno", "signal",
+                 "exit_code", "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid",
+                 "stack_id", "limit_target", "limit_resource", "limit_soft", "limit_hard")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
 
 

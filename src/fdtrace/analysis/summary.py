@@ -114,8 +114,27 @@ def _hosts(recording: Any, engine: Engine, kinds: pd.DataFrame) -> list[str]:
         if rotated.get("files"):
             rows = ", ".join(f"{t} {n}" for t, n in rotated["rows"].items() if n)
             lines.append(f"  rotated out (--max-size): {rotated['files']} oldest files, {rows} rows")
+        lines += incident_window_lines(meta)
         if meta.get("probes_skipped"):
             lines.append(f"  probes skipped: {', '.join(meta['probes_skipped'])}")
+    return lines
+
+
+def incident_window_lines(meta: dict[str, Any]) -> list[str]:
+    """The incident windows a ring kept (``record --max-size``), and those it had to drop."""
+    lines = []
+    windows = meta.get("incident_windows")
+    for window in windows if isinstance(windows, list) else []:
+        try:
+            kinds = ", ".join(f"{kind} {int(n)}" for kind, n in dict(window["incidents"]).items())
+            lines.append(f"  incident window kept (--keep-incidents): {_ns(int(window['start']))} .. "
+                         f"{_ns(int(window['end']))}: {kinds}")
+        except (KeyError, TypeError, ValueError):
+            continue
+    dropped = meta.get("incidents_dropped")
+    if isinstance(dropped, dict) and isinstance(dropped.get("windows"), int) and dropped["windows"] > 0:
+        lines.append(f"  incident windows dropped (more than --keep-incidents holds): {dropped['windows']} windows, "
+                     f"{dropped.get('incidents')} incidents, the oldest first")
     return lines
 
 

@@ -11,8 +11,10 @@ from fdtrace.cli.doctor import doctor
 from fdtrace.cli.export import export
 from fdtrace.cli.info import info
 from fdtrace.cli.record import record
+from fdtrace.cli.rehearse import rehearse
 from fdtrace.cli.report import report
 from fdtrace.cli.run import run
+from fdtrace.cli.service import service
 from fdtrace.cli.top import replay, top
 from fdtrace.cli.trace import trace
 from fdtrace.cli.trace_export import trace_export
@@ -25,5 +27,5 @@ def main() -> None:
 
 
 for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact,
-                trace_export):
+                trace_export, rehearse, service):
     main.add_command(command)

@@ -48,8 +48,11 @@ def _trace(pid: int, duration: float, interval: float, max_stacks: int, max_fds:
     start(pipeline)
     note(f"tracing pid {pid} for {duration:g} s; Ctrl-C to stop sooner")
     run(pipeline, gone)
-    if not os.path.exists(f"/proc/{pid}"):
-        fail(FdtraceError(f"process {pid} exited while it was traced: its descriptors went with it"))
+    if not os.path.exists(f"/proc/{pid}"):  # its end is the moment that matters: what it held then
+        how = sites.endings.get(pid, "exited")
+        when = "" if sites.start_ns is None or pid not in sites.exits else \
+            f" {max(0.0, (sites.exits[pid] - sites.start_ns) / 1e9):.1f} s into the tracing"
+        note(f"process {pid} ended{when} ({how}): what follows is what was traced up to its end")
     return sites
 
 
@@ -182,10 +185,12 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         fail(FdtraceError("give --pid PID (look now) or --from RECORDING"))
     comm = _check_pid(pid)
     sites = None
+    traced = None
     if stacks:
         if duration <= 0:
             fail(FdtraceError("--duration must be positive"))
-        sites = _trace(pid, duration, 1.0, 16384, 1, sample=True, thread_starts=True).thread_sites(pid)
+        traced = _trace(pid, duration, 1.0, 16384, 1, sample=True, thread_starts=True)
+        sites = traced.thread_sites(pid)
     from fdtrace.kernel.syscalls import syscall_name
     from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
     from fdtrace.procfs.sampler import ProcSampler
@@ -195,7 +200,9 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     try:
         census = thread_census(ProcFS(), pid, syscall_name)
     except ProcessGoneError:
-        fail(FdtraceError(f"process {pid} is gone"))
+        if traced is None or pid not in traced.census:
+            fail(FdtraceError(f"process {pid} is gone"))
+        census = traced.census[pid].states  # it ended while traced: its last census before the end
     except ProcessAccessDeniedError:
         fail(FdtraceError(f"no access to the threads of process {pid}: run as root"))
     sample = ProcSampler().sample(pid)

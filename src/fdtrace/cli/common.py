@@ -114,6 +114,32 @@ class StartupProgress:
             self._ticker.join()
 
 
+def live_without_pandas() -> None:
+    """Tell pyarrow, before its first use, that this process has no pandas: the live commands
+    never hand it a DataFrame, and its first conversion would otherwise import pandas to look for
+    one, half of the CPU second a start takes (bench/startup). Only for commands that read no
+    recording (a replay, a report, doctor --from convert to pandas)."""
+    import importlib.abc
+    import sys
+
+    if "pandas" in sys.modules:
+        return
+
+    class _NoPandas(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+            if name == "pandas" or name.startswith("pandas."):
+                raise ImportError(f"{name} is not imported by fdtrace's live commands")
+
+    blocker = _NoPandas()
+    sys.meta_path.insert(0, blocker)
+    try:
+        import pyarrow as pa
+
+        pa.array([0])  # pyarrow looks for pandas once, at its first conversion: now, and finds none
+    finally:
+        sys.meta_path.remove(blocker)
+
+
 def start_live(source: LiveSource) -> None:
     """Start a live source with the start-up line shown; any problem is one line and an exit."""
     failed = None

@@ -9,6 +9,7 @@ from fdtrace.cli.common import (
     duration_option,
     fail,
     follow_option,
+    live_without_pandas,
     note,
     pid_option,
     placement_options,
@@ -51,6 +52,7 @@ def export(listen: str, pids: tuple[int, ...], follow: bool, top_processes: int,
     from fdtrace.sources.live import LiveOptions, LiveSource
 
     check_trace_options(pids, follow, 4096)
+    live_without_pandas()
     stop = Stop(duration)
     try:
         exporter = PrometheusSink(listen, max_processes=top_processes)

@@ -12,6 +12,7 @@ from fdtrace.cli.common import (
     duration_option,
     fail,
     follow_option,
+    live_without_pandas,
     note,
     parse_size,
     pid_option,
@@ -43,7 +44,18 @@ from fdtrace.errors import FdtraceError
               help="Every this many seconds, merge the per-interval files into one (fewer files).")
 @click.option("--max-size", "max_size", default=None,
               help="Keep the recording under this size (e.g. 500M, 2G) by deleting its oldest files; "
-                   "what is deleted is counted in the metadata.")
+                   "what is deleted is counted in the metadata. Incident windows are kept apart (--keep-incidents).")
+@click.option("--keep-incidents", default=None, metavar="SIZE",
+              help="With --max-size: bytes, besides --max-size, for the files around each EMFILE/ENFILE, OOM kill, "
+                   "Go thread limit and kill by a signal, which the ring does not delete (default: half of "
+                   "--max-size); past it the oldest windows go first, counted in the metadata.")
+@click.option("--keep-before", type=float, default=600.0, show_default=True,
+              help="With --max-size: seconds before an incident that its window keeps.")
+@click.option("--keep-after", type=float, default=120.0, show_default=True,
+              help="With --max-size: seconds after an incident that its window keeps.")
+@click.option("--resume", is_flag=True,
+              help="Continue this host's recording already in the directory (a service's restart) instead of "
+                   "refusing it: its files, counts and incident windows are kept.")
 @click.option("--listen", default=None, help="Also serve Prometheus /metrics on ADDRESS:PORT.")
 @click.option("--haproxy-socket", "haproxy_sockets", multiple=True,
               help="Sample HAProxy's `show info` from this stats socket every interval (repeatable).")
@@ -54,7 +66,8 @@ from fdtrace.errors import FdtraceError
 @stacks_options
 def record(output: str, duration: float | None, pids: tuple[int, ...], follow: bool, comms: tuple[str, ...],
            errors_only: bool, interval: float, top_processes: int, cmdline: bool, shared: bool,
-           rotate: float | None, max_size: str | None, listen: str | None, haproxy_sockets: tuple[str, ...],
+           rotate: float | None, max_size: str | None, keep_incidents: str | None, keep_before: float,
+           keep_after: float, resume: bool, listen: str | None, haproxy_sockets: tuple[str, ...],
            no_connections: bool, ring_pages: int, stacks: bool, max_stacks: int, max_fds: int) -> None:
     """Record events, FD headroom samples, exact counters and losses to Parquet, headless.
 
@@ -66,17 +79,29 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     from fdtrace.sources.live import LiveOptions, LiveSource
 
     check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
+    live_without_pandas()
     if rotate is not None and rotate < interval:
         fail(FdtraceError("--rotate must be at least --interval"))
-    max_bytes = None
+    max_bytes = kept_bytes = None
     if max_size is not None:
         try:
             max_bytes = parse_size(max_size)
         except ValueError as exc:
             fail(FdtraceError(f"--max-size: {exc}"))
+    if keep_incidents is not None:
+        if max_bytes is None:
+            fail(FdtraceError("--keep-incidents keeps incidents of a --max-size ring: give --max-size too"))
+        try:
+            kept_bytes = parse_size(keep_incidents)
+        except ValueError as exc:
+            fail(FdtraceError(f"--keep-incidents: {exc}"))
+    if keep_before < 0 or keep_after < 0:
+        fail(FdtraceError("--keep-before and --keep-after must not be negative"))
     stop = Stop(duration)
     try:
-        recording = ParquetSink(Path(output), sys.argv, shared=shared, max_size=max_bytes, rotate_s=rotate)
+        recording = ParquetSink(Path(output), sys.argv, shared=shared, max_size=max_bytes, rotate_s=rotate,
+                                keep_incidents=kept_bytes, keep_before_s=keep_before, keep_after_s=keep_after,
+                                resume=resume)
     except FdtraceError as error:
         fail(error)
     sinks: list[Sink] = [recording]
@@ -97,6 +122,9 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     start(pipeline)
     note(f"recording to {output} ({len(source.kernel.probes)} probes attached); Ctrl-C to stop")
     final = run(pipeline, stop)
+    watched = sum(probe.startswith("uprobe:runtime.gwrite") for probe in source.kernel.probes)
     skipped = source.sampler.describe_skipped()
     note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}"
+         + (f"; {watched} Go binar{'y' if watched == 1 else 'ies'} watched for its thread-limit message"
+            if watched else "")
          + (f"; samples skipped: {skipped}" if skipped else ""))

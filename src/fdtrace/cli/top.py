@@ -10,6 +10,7 @@ from fdtrace.cli.common import (
     check_trace_options,
     fail,
     follow_option,
+    live_without_pandas,
     note,
     pid_option,
     placement_options,
@@ -68,6 +69,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
     from fdtrace.sources.live import LiveOptions, LiveSource
 
     check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
+    live_without_pandas()
     source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages,
             stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,

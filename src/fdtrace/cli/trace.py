@@ -10,6 +10,7 @@ from fdtrace.cli.common import (
     check_trace_options,
     duration_option,
     follow_option,
+    live_without_pandas,
     note,
     pid_option,
     placement_options,
@@ -53,6 +54,7 @@ def trace(pids: tuple[int, ...], follow: bool, comms: tuple[str, ...], errors_on
     from fdtrace.sources.live import LiveOptions, LiveSource
 
     check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
+    live_without_pandas()
     stop = Stop(duration)
     json_lines = as_json or not sys.stdout.isatty()
     output: JsonLinesSink | TextLinesSink = JsonLinesSink(sys.stdout) if json_lines else TextLinesSink(sys.stdout)

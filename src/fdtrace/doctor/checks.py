@@ -49,6 +49,7 @@ class RecordedProcess:
     exit: str | None = None  # how it ended, when it ended in the recording
     gone: bool = False  # not running now (a running process of its pid is another one)
     go_thread_limit: int | None = None  # the N of the Go runtime's "program exceeds N-thread limit"
+    limit_source: str | None = None  # who set the RLIMIT_NOFILE it failed at, when a change of it was traced
 
 
 @dataclass(frozen=True)
@@ -277,14 +278,15 @@ class Doctor:
         """The checks of a process that is gone, from what the recording holds of it."""
         scope = f"pid {pid} ({gone.comm}, gone: from the recording)"
         ended = f"; it ended: {gone.exit}" if gone.exit else ""
-        checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK,
-                        f"not known: the process is gone and the recording holds its limits, not their origin{ended}")]
+        origin = gone.limit_source or "not known: the process is gone and no change of its limit was traced"
+        checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK, f"{origin}{ended}")]
         soft, peak = gone.fd_soft_limit, gone.peak_fds or 0
         seen = f"peak {peak} open" + (f", {gone.emfile} EMFILE failures" if gone.emfile else "")
         if soft is None:
             checks.append(Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {seen}"))
         else:
-            need, basis = need_of(soft, peak, gone.emfile, gone.emfile_worst_second, gone.maxsock)
+            need, basis = need_of(soft, peak, gone.emfile, gone.emfile_worst_second, gone.maxsock,
+                                  source=gone.limit_source)
             status = Status.FAIL if gone.emfile or need > soft else by_usage(peak, soft)
 
             def how(new_soft: int, hard: int | None) -> str:

@@ -53,7 +53,8 @@ def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
                             emfile=int(row.emfile), emfile_worst_second=int(row.emfile_worst_second),
                             maxsock=number(row.maxsock), exit=ends.get((int(row.pid), number(row.start_ns) or -1)),
                             gone=gone, go_thread_limit=(go_limits or {}).get(
-                                (int(row.pid), -1 if pd.isna(row.start_ns) else int(row.start_ns))))
+                                (int(row.pid), -1 if pd.isna(row.start_ns) else int(row.start_ns))),
+                            limit_source=getattr(row, "limit_source", None) or None)
     if len(mine):
         top = mine.iloc[0]
         kind = top["thread_limit_kind"]

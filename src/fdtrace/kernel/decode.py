@@ -14,6 +14,7 @@ from fdtrace.procfs import StartTimeResolver
 from fdtrace.procfs.containers import Placement
 from fdtrace.schema import (
     KIND_LABELS,
+    LIMIT_RESOURCES,
     RAW_EVENT_DTYPE,
     STACK_KINDS,
     STACK_SLOT,
@@ -213,6 +214,7 @@ def decode(
     kinds = raw["kind"]
     extra = raw["extra"]
     is_syscall = np.isin(kinds, _SYSCALL_KINDS)
+    is_limit = kinds == Kind.LIMIT_CHANGE
     is_oom = kinds == Kind.OOM_KILL
     is_exit = kinds == Kind.PROCESS_EXIT
     exit_known = is_exit & (extra[:, slot(Kind.PROCESS_EXIT, "exit_known")] == 1)
@@ -233,7 +235,7 @@ def decode(
         "comm": _comm_column(raw["comm"]),
         "kind": _dictionary(kinds, _KIND_DICT),
         "syscall": _dictionary(raw["syscall"], list(SYSCALL_NAMES)),
-        "ret": _masked(raw["ret"], is_syscall | (kinds == Kind.GO_THREAD_LIMIT), pa.int64()),
+        "ret": _masked(raw["ret"], is_syscall | is_limit | (kinds == Kind.GO_THREAD_LIMIT), pa.int64()),
         "errno": _dictionary(np.minimum(raw["errno"], 4095), _ERRNO_DICT),
         "fd": _masked(raw["fd"], (raw["fd"] >= 0) & is_syscall, pa.int32()),
         "family": family,
@@ -250,10 +252,30 @@ def decode(
         "shmem_rss_kb": _masked(_slot(extra, Kind.OOM_KILL, "shmem_rss_kb", np.int64), is_oom, pa.int64()),
         "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()),
         "stack_id": _stack_ids(raw, kinds),
+        **_limit_columns(extra, is_limit),
         **placements,
     }
     schema = arrow_schema()
     return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+_RESOURCE_NAMES = [LIMIT_RESOURCES.get(i, f"RLIMIT_{i}") for i in range(16)]
+_UNLIMITED = np.uint64(2**64 - 1)
+
+
+def _limit_columns(extra: np.ndarray, is_limit: np.ndarray) -> dict[str, pa.Array]:
+    """limit_change: whose limit, which one, and the soft and hard values asked for (null where
+    unlimited)."""
+    columns: dict[str, pa.Array] = {
+        "limit_target": _masked(_slot(extra, Kind.LIMIT_CHANGE, "target"), is_limit, pa.int32()),
+        "limit_resource": _dictionary(np.minimum(_slot(extra, Kind.LIMIT_CHANGE, "resource"), 15), _RESOURCE_NAMES,
+                                      mask=~is_limit),
+    }
+    for name in ("soft", "hard"):
+        values = extra[:, slot(Kind.LIMIT_CHANGE, name)]
+        columns[f"limit_{name}"] = _masked(np.minimum(values, np.uint64(2**63 - 1)).astype(np.int64),
+                                           is_limit & (values != _UNLIMITED), pa.int64())
+    return columns
 
 
 def split_connections(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

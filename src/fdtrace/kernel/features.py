@@ -66,8 +66,13 @@ def ensure_tracefs(root: Path = TRACEFS, mount: bool = True) -> str | None:
     Returns:
         A note for the user when tracefs had to be mounted, else None.
     """
-    if (root / "events").is_dir():
-        return None
+    try:
+        if (root / "events").is_dir():
+            return None
+    except PermissionError:
+        raise FdtraceError(f"tracefs at {root} cannot be read by this user: run as root, or with CAP_DAC_READ_SEARCH "
+                           "besides CAP_BPF and CAP_PERFMON (fdtrace service prints a unit that grants them)",
+                           exit_code=77) from None
     if mount:
         result = subprocess.run(
             ["mount", "-t", "tracefs", "tracefs", str(root)],
@@ -127,6 +132,8 @@ class KernelFeatures:
     #: one is made (fcntl), found with the argument at the expected offset; close_range's exit
     descriptor_enters: list[str] = field(default_factory=list)
     close_range: bool = False
+    #: setrlimit and prlimit64 whose entry arguments and exit are where bpf/limits.bpf.c reads them
+    limit_syscalls: list[str] = field(default_factory=list)
     stack_top: bool = False  # has_task_pt_regs(), looked up only for --stacks
     missing: list[str] = field(default_factory=list)
 
@@ -139,6 +146,8 @@ class KernelFeatures:
             flags.append("-DFDT_OOM_DETAILS")
         if self.connect_peer:
             flags.append("-DFDT_CONNECT_PEER")
+        if self.limit_syscalls:
+            flags.append("-DFDT_LIMITS")
         return flags
 
 
@@ -151,6 +160,13 @@ def _syscall_arg_at_16(category_event: str, field_name: str) -> bool:
 DESCRIPTOR_ENTER_ARGS: tuple[tuple[str, str, int], ...] = (
     ("pipe", "fildes", 16), ("pipe2", "fildes", 16), ("socketpair", "usockvec", 40), ("fcntl", "cmd", 24),
 )
+
+
+#: The entry arguments bpf/limits.bpf.c reads, and their offsets in each entry's format.
+LIMIT_ENTER_ARGS: dict[str, tuple[tuple[str, int], ...]] = {
+    "prlimit64": (("pid", 16), ("resource", 24), ("new_rlim", 32)),
+    "setrlimit": (("resource", 16), ("rlim", 24)),
+}
 
 
 def has_task_pt_regs(kallsyms: Path = Path("/proc/kallsyms")) -> bool:
@@ -181,6 +197,13 @@ def probe_kernel() -> KernelFeatures:
         if entry.get(arg, (0, 0))[0] == offset and name in features.syscall_exits:
             features.descriptor_enters.append(name)
     features.close_range = _syscall_arg_at_16("sys_exit_close_range", "ret")
+    for name, arguments in LIMIT_ENTER_ARGS.items():
+        entry = tracepoint_fields("syscalls", f"sys_enter_{name}") or {}
+        if all(entry.get(arg, (0, 0))[0] == at for arg, at in arguments) and _syscall_arg_at_16(f"sys_exit_{name}",
+                                                                                                 "ret"):
+            features.limit_syscalls.append(name)
+        else:
+            features.missing.append(f"syscalls:sys_enter_{name}")
     connect = tracepoint_fields("syscalls", "sys_enter_connect") or {}
     features.connect_peer = (connect.get("uservaddr", (0, 0))[0], connect.get("addrlen", (0, 0))[0]) == (24, 32)
     accepts = [tracepoint_fields("syscalls", f"sys_enter_{name}") or {} for name in ("accept", "accept4")]

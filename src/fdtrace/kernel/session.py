@@ -29,7 +29,7 @@ from fdtrace.kernel.features import (
     probe_kernel,
 )
 from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carries_accept_peer, carries_close_fd
-from fdtrace.kernel.stacks import SYMBOL_CACHE_DESCRIPTORS, Stack, Symbolizer, symbolize
+from fdtrace.kernel.stacks import Stack, Symbolizer, symbolize
 from fdtrace.procfs import StartTimeResolver
 from fdtrace.schema import RAW_EVENT_DTYPE, arrow_schema
 
@@ -70,10 +70,9 @@ def raise_nofile_limit() -> tuple[int, int]:
 #: 14 (`trace`, `record`, `export`, `top`, with and without --stacks, over a churning host); 10 more
 #: for what it does not exercise.
 OWN_DESCRIPTORS = 24
-#: --stacks: its maps, a listing of /proc/PID/fd, the symbolizer's /proc/PID/mem (one at a time) and
-#: bcc's symbol caches (at most ``SYMBOL_CACHE_DESCRIPTORS`` together); bench/fd_budget found at most
-#: 71 (`record --stacks`).
-STACKS_DESCRIPTORS = 16 + SYMBOL_CACHE_DESCRIPTORS
+#: --stacks: its maps, a listing of /proc/PID/fd, the symbolizer's /proc/PID/mem and a binary (and its
+#: debug file) read at a time. Measured with bench/fd_budget.
+STACKS_DESCRIPTORS = 16
 #: The pipe of the helper that detaches the probes once fdtrace has exited (``_hand_off_detaching``).
 DETACH_HELPER_DESCRIPTORS = 2
 #: A uprobe (its perf event) per Go binary watched for its thread-limit message, and their program.
@@ -106,7 +105,9 @@ def planned_probes(features: KernelFeatures, options: TraceOptions) -> list[str]
     if options.stacks:
         probes += [f"syscalls:sys_enter_{name}" for name in features.descriptor_enters]
         probes += ["syscalls:sys_exit_close_range"] if features.close_range else []
+    probes += [f"syscalls:sys_enter_{name}" for name in features.limit_syscalls]
     probes += [f"syscalls:sys_exit_{name}" for name in features.syscall_exits]
+    probes += [f"syscalls:sys_exit_{name}" for name in features.limit_syscalls]
     return probes + [name for name in features.lifecycle
                      if name != "sock:inet_sock_set_state" or options.connections]
 
@@ -179,6 +180,7 @@ class KernelSession:
         self.counters = CounterStore(max_exited=keep_exited)
         self._resolver = StartTimeResolver()
         self._tracer: BpfTracer | None = None
+        self._probes_at_stop: list[str] = []
         self._empty = arrow_schema().empty_table()
         self._last_losses: dict[str, int] = {}
         self._losses_read_ns = -(10**18)
@@ -207,8 +209,9 @@ class KernelSession:
                 self.notes.append("this kernel lacks bpf_task_pt_regs (Linux 5.15): stacks skip the caller of "
                                   "libc's syscall wrappers")
         self._tracer = BpfTracer(self.options, features, on_stage=stage)
+        self.notes.append(self._tracer.programs_note)
         if self.options.stacks:
-            self._symbolizer = Symbolizer(self._tracer)
+            self._symbolizer = Symbolizer()
             self._descriptors = DescriptorTracker(self._tracer, self._resolve_sites,
                                                   before_tracing_pids=self.options.pids)
         if self._tracer.skipped:
@@ -228,8 +231,8 @@ class KernelSession:
 
     @property
     def probes(self) -> list[str]:
-        """The tracepoints attached."""
-        return list(self.tracer.attached)
+        """The probes attached (after ``stop()``: those that were attached at the end)."""
+        return list(self._tracer.attached) if self._tracer is not None else list(self._probes_at_stop)
 
     def watch_go_runtime(self, pid: int) -> None:
         """Read the thread-limit message of this Go process's binary from now on (see
@@ -250,12 +253,26 @@ class KernelSession:
         raw, established = split_connections(raw)
         connections = decode_connections(established, offsets) if len(established) else None
         table = decode(raw, self.host, offsets, self._resolver)
+        table = self._programs_started(table)
         stacks: list[Stack] = []
         if self._symbolizer is not None:
             self._symbolizer.begin()
             table, stacks = self._new_stacks(table, offsets.mono_ns)
         return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks,
                           connections=connections)
+
+    def _programs_started(self, events: Any) -> Any:
+        """Each program exec'd in this batch is looked at as it starts: a Go binary gets its
+        thread-limit uprobe at once (one that dies of its limit within a second is still heard).
+        Under --errors-only the exec events, sent for this alone, are dropped."""
+        import pyarrow.compute as pc
+
+        execs = pc.equal(events["kind"].cast("string"), "process_exec")
+        if not pc.any(execs).as_py():
+            return events
+        for pid in set(events.filter(execs)["pid"].to_pylist()):
+            self.watch_go_runtime(pid)
+        return events.filter(pc.invert(execs)) if self.options.errors_only else events
 
     def _new_stacks(self, events: Any, mono_ns: int) -> tuple[Any, list[Stack]]:
         """The events with their stack ids as sites (see ``_site_of``), and the stacks they name
@@ -336,7 +353,6 @@ class KernelSession:
         comms = {t.pid: t.comm for t in self.counters.live.values()}
         rows = self._descriptors.sweep(comms)
         stacks, self._pending_stacks = self._pending_stacks, []
-        self._symbolizer.forget()
         return rows, stacks
 
     def _losses(self, now_ns: int) -> dict[str, int]:
@@ -372,13 +388,14 @@ class KernelSession:
         fdtrace at once; the probes stay attached, unread, for those seconds."""
         if self._tracer is None:
             return
+        tracer, self._tracer = self._tracer, None  # a stop that fails half way is not repeated
+        self._probes_at_stop = list(tracer.attached)
         if exiting:
             _hand_off_detaching()
         if self._symbolizer is not None:
             self._symbolizer.close()
             self._symbolizer = None
-        self._tracer.close()
-        self._tracer = None
+        tracer.close()
 
 
 def _signed(stack_id: int) -> int:

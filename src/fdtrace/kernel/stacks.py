@@ -1,11 +1,8 @@
 """User stacks kept by the BPF programs (--stacks), symbolized while their process lives.
 
 Each address is symbolized once per mapped binary: the cache is keyed by the file (device, inode)
-and the address's offset in it, so the hundred workers of one haproxy share their frames. bcc's
-per-process symbol caches are only made for addresses not seen before, and freed when the
-process is gone. Each holds a descriptor per binary its process maps, and one more (bcc 0.26,
-measured): together they hold at most ``SYMBOL_CACHE_DESCRIPTORS`` (the least recently used are
-freed first), which fdtrace's descriptor budget counts.
+and the address's offset in it, so the hundred workers of one haproxy share their frames; each
+binary's symbol table is read once (``fdtrace.procfs.elf``).
 """
 
 from __future__ import annotations
@@ -15,16 +12,11 @@ import os
 import stat
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 from fdtrace.procfs import ProcFS
+from fdtrace.procfs.elf import ElfError, ModuleSymbols, demangled, read_module
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
-
-#: Descriptors bcc's symbol caches may hold at once (each: one per binary its process maps, plus one;
-#: a margin of one more is counted). A process mapping more binaries than this is symbolized without
-#: one: module and offset only.
-SYMBOL_CACHE_DESCRIPTORS = 64
 
 #: Functions a thread's stack starts from: a walk that ends in one of them is whole.
 OUTERMOST_FUNCTIONS: frozenset[str] = frozenset({
@@ -56,19 +48,20 @@ class Stack:
 
 
 class Symbolizer:
-    """Addresses of a process to "function+0xoffset [module]", cached per binary."""
+    """Addresses of a process to "function+0xoffset [module]", cached per binary.
 
-    def __init__(self, tracer: Any, procfs: ProcFS | None = None, max_frames: int = 200_000) -> None:
-        self._tracer = tracer
+    The binaries are read by fdtrace's own ELF reader (``fdtrace.procfs.elf``), each opened as
+    the very file the process maps (its /proc/PID/map_files entry, else its path under
+    /proc/PID/root when that is still the same regular file), never by a path it could swap for
+    a FIFO or another file."""
+
+    def __init__(self, procfs: ProcFS | None = None, max_frames: int = 200_000, max_modules: int = 256) -> None:
         self._procfs = procfs or ProcFS()
         self._frames: OrderedDict[tuple[int, int, int], str] = OrderedDict()
         self._max_frames = max_frames
-        self._caches: OrderedDict[int, Any] = OrderedDict()  # least recently used first
-        self._cache_cost: dict[int, int] = {}  # descriptors each cache holds
-        #: Processes symbolized without a cache: they map more binaries than the caches may hold.
-        self.too_many_binaries: set[int] = set()
+        self._modules: OrderedDict[tuple[int, int], ModuleSymbols | None] = OrderedDict()
+        self._max_modules = max_modules
         self._calls: dict[tuple[int, int, int], bool] = {}
-        self._unsafe: set[int] = set()  # processes whose mapped binaries bcc must not open
         self._maps: dict[int, list[tuple[int, int, int, int, int, str]]] = {}
 
     def begin(self) -> None:
@@ -88,78 +81,59 @@ class Symbolizer:
             return maps[i]
         return None
 
+    def _module(self, pid: int, mapping: tuple[int, int, int, int, int, str]) -> ModuleSymbols | None:
+        """The symbols of a mapped file, read once per (device, inode)."""
+        start, end, _offset, device, inode, path = mapping
+        key = (device, inode)
+        if key in self._modules:
+            self._modules.move_to_end(key)
+            return self._modules[key]
+        found = None
+        for candidate in (f"/proc/{pid}/map_files/{start:x}-{end:x}", f"/proc/{pid}/root{path}"):
+            try:
+                info = os.stat(candidate)
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or (info.st_dev == device and info.st_ino != inode):
+                continue  # not the file mapped (an overlay shows other numbers: then the path is trusted)
+            try:
+                found = read_module(candidate)
+            except (OSError, ElfError):
+                continue
+            break
+        self._modules[key] = found
+        while len(self._modules) > self._max_modules:
+            self._modules.popitem(last=False)
+        return found
+
     def frame(self, pid: int, address: int) -> tuple[str, str | None]:
         """(the frame's text, its function or None)."""
         mapping = self._mapping(pid, address)
-        key = None
-        if mapping is not None and mapping[4]:
-            key = (mapping[3], mapping[4], address - mapping[0] + mapping[2])
+        if mapping is None:
+            return f"{address:#x}", None
+        offset = address - mapping[0] + mapping[2]
+        key = (mapping[3], mapping[4], offset)
+        if mapping[4]:
             text = self._frames.get(key)
             if text is not None:
                 self._frames.move_to_end(key)
                 return text, _function(text)
-        cache = self._caches.get(pid)
-        if cache is not None:
-            self._caches.move_to_end(pid)
-        elif pid not in self._unsafe and pid not in self.too_many_binaries:
-            if self._mapped_files_intact(pid):
-                cache = self._new_cache(pid)
-            else:
-                self._unsafe.add(pid)
-        if cache is None:  # bcc would open a file that is not the one mapped: module and offset only
-            name, offset, module = None, (address - mapping[0] + mapping[2]) if mapping else address, None
-        else:
-            name, offset, module = self._tracer.resolve(cache, address)
-        module_name = os.path.basename(module) if module else (os.path.basename(mapping[5]) if mapping else None)
-        if name:
-            text = f"{name}+{offset:#x}" + (f" [{module_name}]" if module_name else "")
+        module = self._module(pid, mapping) if mapping[4] else None
+        found = module.resolve(offset) if module is not None else None
+        module_name = os.path.basename(mapping[5]) if mapping[5] else None
+        name = None
+        if found is not None:
+            name = demangled(found[0])
+            text = f"{name}+{found[1]:#x}" + (f" [{module_name}]" if module_name else "")
         elif module_name:
             text = f"[{module_name}]+{offset:#x}"
         else:
             text = f"{address:#x}"
-        if key is not None:
+        if mapping[4]:
             self._frames[key] = text
             if len(self._frames) > self._max_frames:
                 self._frames.popitem(last=False)
         return text, name
-
-    def _new_cache(self, pid: int) -> Any:
-        """bcc's symbol cache of the process, made once the older caches hold few enough
-        descriptors for it (they are freed, least recently used first); None when the process
-        maps too many binaries for any cache."""
-        binaries = {(device, inode) for _s, _e, _o, device, inode, path in self._maps.get(pid) or []
-                    if inode and path.startswith("/")}
-        cost = len(binaries) + 2
-        if cost > SYMBOL_CACHE_DESCRIPTORS:
-            self.too_many_binaries.add(pid)
-            return None
-        while self._caches and sum(self._cache_cost.values()) + cost > SYMBOL_CACHE_DESCRIPTORS:
-            self._free(next(iter(self._caches)))
-        cache = self._caches[pid] = self._tracer.symbol_cache(pid)
-        self._cache_cost[pid] = cost
-        return cache
-
-    def _free(self, pid: int) -> None:
-        self._tracer.free_symbol_cache(self._caches.pop(pid), pid)
-        self._cache_cost.pop(pid, None)
-
-    def _mapped_files_intact(self, pid: int) -> bool:
-        """Whether every binary the process maps is still, at its path, the regular file mapped
-        (a regular file, the same inode where the device is the same). bcc opens the modules by
-        path: a path the process replaced with a FIFO would hang it, another file would give
-        wrong names."""
-        for _start, _end, _offset, device, inode, path in self._maps.get(pid) or []:
-            if not inode or not path.startswith("/"):
-                continue
-            try:
-                found = os.stat(f"/proc/{pid}/root{path}")
-            except OSError:
-                return False
-            if not stat.S_ISREG(found.st_mode):
-                return False
-            if found.st_dev == device and found.st_ino != inode:  # replaced (an overlay shows other numbers)
-                return False
-        return True
 
     def executable(self, pid: int, address: int) -> bool:
         """Whether ``address`` lies in an executable mapping of the process (code, JIT code too)."""
@@ -212,17 +186,10 @@ class Symbolizer:
                 return int.from_bytes(slot, "little")
         return target
 
-    def forget(self) -> None:
-        """Free the symbol caches of processes that are gone."""
-        for pid in [p for p in self._caches if not os.path.exists(f"/proc/{p}")]:
-            self._free(pid)
-        self._unsafe = {p for p in self._unsafe if os.path.exists(f"/proc/{p}")}
-        self.too_many_binaries = {p for p in self.too_many_binaries if os.path.exists(f"/proc/{p}")}
-
     def close(self) -> None:
-        """Free every symbol cache."""
-        for pid in list(self._caches):
-            self._free(pid)
+        """Let go of the cached symbols."""
+        self._modules.clear()
+        self._frames.clear()
 
 
 def symbolize(symbolizer: Symbolizer, stack_id: int, pid: int, scan: list[int], addresses: list[int], comm: str,

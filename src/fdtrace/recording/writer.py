@@ -9,6 +9,7 @@ import fcntl
 import functools
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from fdtrace.safe_files import (
 )
 from fdtrace.schema import SCHEMA_VERSION
 
+#: Bytes of a metadata file read at most when a recording is resumed.
+MAX_META_BYTES = 1 << 20
 #: Flushes that may wait for the writer thread before the caller is held back.
 MAX_PENDING_WRITES = 3
 
@@ -53,6 +56,21 @@ class _Part:
     name: str
     rows: int
     size: int
+    start_ns: int = 0  # the CLOCK_MONOTONIC times its rows fall in
+    end_ns: int = 0
+    kept: bool = False  # it covers an incident window
+
+
+@dataclass
+class IncidentWindow:
+    """The time around incidents whose parts a ring keeps (CLOCK_MONOTONIC ns; ``wall_offset_ns``
+    turns them into UTC), and the incidents in it by kind."""
+
+    start_ns: int
+    end_ns: int
+    first_ns: int
+    wall_offset_ns: int
+    kinds: dict[str, int]
 
 
 class RecordingWriter:
@@ -66,14 +84,36 @@ class RecordingWriter:
     ``compact()`` merges the parts written since the last compaction into one file per table
     (``--rotate``); ``max_size`` keeps the recording under that many bytes by deleting its oldest
     parts, counted in the metadata as ``rotated_out`` (``--max-size``).
+
+    A flight recorder, with ``max_size``: ``mark_incidents()`` opens a window around each
+    incident (``keep_before_ns`` before it to ``keep_after_ns`` after it); the parts of every
+    table that cover a window are kept, apart from the ring, under ``keep_incidents`` bytes of
+    their own. When the windows need more, the oldest windows go first (counted in the
+    metadata as ``incidents_dropped``); the kept ones are listed there as ``incident_windows``.
+
+    ``resume``: a recording of this host already in ``root`` is continued (a service's restart):
+    its parts, what it counted and its incident windows are taken over, and numbering goes on
+    after its last part.
     """
 
     def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False,
-                 max_size: int | None = None) -> None:
+                 max_size: int | None = None, keep_incidents: int | None = None,
+                 keep_before_ns: int = 600 * 10**9, keep_after_ns: int = 120 * 10**9,
+                 resume: bool = False) -> None:
         self.root = Path(root)
         self.host = host
         self.meta = dict(meta)
         self.max_size = max_size
+        self.keep_incidents = keep_incidents if keep_incidents is not None else (max_size or 0) // 2
+        self.keep_before_ns = keep_before_ns
+        self.keep_after_ns = keep_after_ns
+        self._windows: list[IncidentWindow] = []
+        self.incidents_dropped: dict[str, int] = {"windows": 0, "incidents": 0, "bytes": 0}
+        self._last_flush_ns = time.monotonic_ns()
+        self._wall_offset_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - self._last_flush_ns
+        self._other_boot = False  # resumed parts of another boot: their times come from UTC
+        self._size = 0
+        self._kept_bytes = 0
         self.file_mode = SHARED_FILE if shared else PRIVATE_FILE
         self.dir_mode = SHARED_DIR if shared else PRIVATE_DIR
         self.bytes_written = 0
@@ -87,12 +127,14 @@ class RecordingWriter:
         self._lock_fd = -1
         self._compactions = 0  # how many changes of fdtrace compact this writer has seen
         self._folders: dict[str, HeldDirectory] = {}
-        self._open_folders()
+        self._open_folders(resume)
+        if resume:
+            self._resume()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
         self._pending: list[Future[None]] = []
         self.write_meta(complete=False)
 
-    def _open_folders(self) -> None:
+    def _open_folders(self, resume: bool) -> None:
         """Open the recording's folders once, each checked, and hold them: every later write,
         merge and deletion goes through these descriptors, so a folder renamed or swapped for a
         link meanwhile is never written through (``fdtrace.safe_files``)."""
@@ -100,8 +142,9 @@ class RecordingWriter:
         try:
             meta = held[0].subdirectory("meta", self.dir_mode)
             held.append(meta)
-            if meta.exists(meta_name(self.host)):
-                raise FdtraceError(f"{self.root} already holds a recording of host {self.host}: choose another -o")
+            if meta.exists(meta_name(self.host)) and not resume:
+                raise FdtraceError(f"{self.root} already holds a recording of host {self.host}: choose another -o, "
+                                   "or --resume to continue it")
             for table in TABLES:
                 with held[0].subdirectory(table, self.dir_mode) as folder:
                     held.append(folder.subdirectory(host_folder(self.host), self.dir_mode))
@@ -110,6 +153,49 @@ class RecordingWriter:
                 folder.close()
             raise
         self._folders = {"root": held[0], "meta": held[1], **dict(zip(TABLES, held[2:], strict=True))}
+
+    def _resume(self) -> None:
+        """Take over the recording of this host already here (see the class's doc)."""
+        name = meta_name(self.host)
+        if not self._folders["meta"].exists(name):
+            return
+        try:
+            with self._folders["meta"].open_file(name) as file:
+                old = json.loads(file.read(MAX_META_BYTES + 1)[:MAX_META_BYTES])
+            if not isinstance(old, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as exc:
+            self._release_folders()
+            raise FdtraceError(f"{self.root}: cannot resume its recording of {self.host}: its metadata is unreadable "
+                               f"({exc}); record into another directory") from None
+        if old.get("schema_version") != self.meta.get("schema_version"):
+            self._release_folders()
+            raise FdtraceError(f"{self.root}: its recording of {self.host} has schema {old.get('schema_version')!r}, "
+                               f"this fdtrace writes {self.meta.get('schema_version')}: record into another directory")
+        self._other_boot = old.get("boot_id") != self.meta.get("boot_id")
+        self.bytes_written = _count(old.get("bytes"))
+        rows, rotated = old.get("rows"), old.get("rotated_out")
+        self.rows_written = {t: _count(rows.get(t) if isinstance(rows, dict) else 0) for t in TABLES}
+        if isinstance(rotated, dict):
+            found = rotated.get("rows")
+            rotated_rows: dict[str, Any] = found if isinstance(found, dict) else {}
+            self.rotated_out = {"files": _count(rotated.get("files")), "bytes": _count(rotated.get("bytes")),
+                                "rows": {t: _count(rotated_rows.get(t)) for t in TABLES}}
+        dropped = old.get("incidents_dropped")
+        if isinstance(dropped, dict):
+            self.incidents_dropped = {k: _count(dropped.get(k)) for k in self.incidents_dropped}
+        for window in old.get("incident_windows") or []:
+            try:
+                kinds = {str(k): _count(v) for k, v in dict(window["incidents"]).items()}
+                start, end, first = (int(window[k]) - self._wall_offset_ns for k in ("start", "end", "first"))
+            except (KeyError, TypeError, ValueError):
+                continue
+            self._windows.append(IncidentWindow(start, end, first, self._wall_offset_ns, kinds))
+        self.meta.update(first_started=old.get("first_started", old.get("started")),
+                         runs=_count(old.get("runs", 1)) + 1)
+        self._refresh()
+        self._unmerged = dict.fromkeys(TABLES, 0)  # what the last run wrote stays as it is
+        self._flush_number = 1 + max((part.last for parts in self._parts.values() for part in parts), default=0)
 
     def _release_folders(self) -> None:
         for folder in self._folders.values():
@@ -122,7 +208,29 @@ class RecordingWriter:
     @property
     def size(self) -> int:
         """Bytes of the part files the recording holds now."""
-        return sum(part.size for parts in self._parts.values() for part in parts)
+        return self._size
+
+    def _insert(self, table: str, part: _Part, at: int | None = None) -> None:
+        part.kept = self._covers_window(part)
+        parts = self._parts[table]
+        parts.insert(len(parts) if at is None else at, part)
+        self._size += part.size
+        self._kept_bytes += part.size if part.kept else 0
+
+    def _remove(self, table: str, index: int) -> _Part:
+        part = self._parts[table].pop(index)
+        self._size -= part.size
+        self._kept_bytes -= part.size if part.kept else 0
+        return part
+
+    def _recount(self) -> None:
+        """Sizes and kept flags again from the part lists (after they were read from disk)."""
+        self._size = self._kept_bytes = 0
+        for parts in self._parts.values():
+            for part in parts:
+                part.kept = self._covers_window(part)
+                self._size += part.size
+                self._kept_bytes += part.size if part.kept else 0
 
     def add(self, table: str, rows: pa.Table) -> None:
         """Buffer rows for ``table`` until the next flush."""
@@ -170,15 +278,58 @@ class RecordingWriter:
         self._flush_number += 1
         pending = {table: buffered for table, buffered in self._buffers.items() if buffered}
         self._buffers = {t: [] for t in TABLES}
-        self._submit(self._write_flush, number, pending, wait=wait)
+        self._submit(self._write_flush, number, pending, time.monotonic_ns(), wait=wait)
 
-    def _write_flush(self, number: int, pending: dict[str, list[pa.Table]]) -> None:
+    def mark_incidents(self, incidents: list[tuple[int, str]], wall_offset_ns: int) -> None:
+        """Keep what the recording holds around these incidents ((CLOCK_MONOTONIC ns, kind) each),
+        under ``keep_incidents`` (only with ``max_size``: a recording without one deletes nothing)."""
+        if self.max_size is not None and incidents:
+            self._submit(self._add_windows, list(incidents), wall_offset_ns, wait=False)
+
+    def _add_windows(self, incidents: list[tuple[int, str]], wall_offset_ns: int) -> None:
+        for at_ns, kind in sorted(incidents):
+            start, end = at_ns - self.keep_before_ns, at_ns + self.keep_after_ns
+            last = self._windows[-1] if self._windows else None
+            if last is not None and start <= last.end_ns:
+                last.end_ns = max(last.end_ns, end)
+                last.kinds[kind] = last.kinds.get(kind, 0) + 1
+            else:
+                self._windows.append(IncidentWindow(start, end, at_ns, wall_offset_ns, {kind: 1}))
+            self._mark(start, newest_first=True)
+
+    def _mark(self, since_ns: int, newest_first: bool) -> None:
+        """Look again whether the parts from ``since_ns`` on (newest first: a window just opened)
+        or up to it (oldest first: a window dropped, ``since_ns`` its end) cover a window."""
+        for parts in self._parts.values():
+            ordered = reversed(parts) if newest_first else iter(parts)
+            for part in ordered:
+                start, end = self._span(part)
+                if (end < since_ns) if newest_first else (start > since_ns):
+                    break
+                kept = self._covers_window(part)
+                if kept != part.kept:
+                    self._kept_bytes += part.size if kept else -part.size
+                    part.kept = kept
+
+    @staticmethod
+    def _span(part: _Part) -> tuple[int, int]:
+        """The CLOCK_MONOTONIC times a part's rows fall in."""
+        return part.start_ns, part.end_ns
+
+    def _covers_window(self, part: _Part) -> bool:
+        if not self._windows:
+            return False
+        start, end = self._span(part)
+        return any(window.start_ns <= end and start <= window.end_ns for window in self._windows)
+
+    def _write_flush(self, number: int, pending: dict[str, list[pa.Table]], asked_ns: int) -> None:
+        start_ns, self._last_flush_ns = self._last_flush_ns, asked_ns
         for table, buffered in pending.items():
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
             name = part_name(number, number)
             size = self._guard(functools.partial(self._folders[table].write_file, name,
                                                  functools.partial(_write_parquet, data), self.file_mode))
-            self._parts[table].append(_Part(number, number, name, data.num_rows, size))
+            self._insert(table, _Part(number, number, name, data.num_rows, size, start_ns, asked_ns))
             self._unmerged[table] += 1
             self.rows_written[table] += data.num_rows
             self.bytes_written += size
@@ -223,7 +374,9 @@ class RecordingWriter:
                 try:
                     if part is None and covered is not None:
                         with folder.open_file(name) as file:
-                            part = _Part(covered[0], covered[1], name, pq.read_metadata(file).num_rows, 0)
+                            metadata = pq.read_metadata(file)
+                        part = _Part(covered[0], covered[1], name, metadata.num_rows, 0,
+                                     *_stored_span(metadata, self._wall_offset_ns if self._other_boot else None))
                     if part is not None:
                         part.size = folder.lstat(name).st_size  # compact may have rewritten it in place
                         fresh.append(part)
@@ -236,6 +389,7 @@ class RecordingWriter:
                 singles += 1
             self._parts[table] = fresh
             self._unmerged[table] = min(self._unmerged[table], singles)
+        self._recount()
 
     def _compact(self) -> None:
         """Merge each table's parts since the last compaction into one file.
@@ -264,25 +418,48 @@ class RecordingWriter:
             for part in merging:
                 self._guard(functools.partial(folder.unlink, part.name))
             rows = sum(part.rows for part in merging)
-            parts[-count:] = [_Part(merging[0].first, merging[-1].last, name, rows, size)]
+            for _ in merging:
+                self._remove(table, len(parts) - 1)
+            self._insert(table, _Part(merging[0].first, merging[-1].last, name, rows, size,
+                                      min(p.start_ns for p in merging), max(p.end_ns for p in merging)))
 
     def _rotate_out(self, reserve: int = 0, keep: tuple[_Part, ...] = ()) -> None:
-        """Delete the oldest parts until the recording, and ``reserve`` bytes more (a merged file
-        about to be written beside its parts), fits ``max_size``, keeping the newest part of each
-        table and the parts in ``keep``."""
+        """Delete the oldest parts outside the incident windows until they, and ``reserve``
+        bytes more (a merged file about to be written beside its parts), fit ``max_size``,
+        keeping the newest part of each table and the parts in ``keep``; first drop the oldest
+        windows until the parts they keep fit ``keep_incidents``."""
         assert self.max_size is not None
-        while self.size + reserve > self.max_size:
-            candidates = [(parts[0].first, table) for table, parts in self._parts.items()
-                          if len(parts) > 1 and not any(parts[0] is kept for kept in keep)]
+        while self._windows and self._kept_bytes > self.keep_incidents:
+            window = self._windows.pop(0)
+            before = self._kept_bytes
+            self._mark(window.end_ns, newest_first=False)
+            self.incidents_dropped["windows"] += 1
+            self.incidents_dropped["incidents"] += sum(window.kinds.values())
+            self.incidents_dropped["bytes"] += before - self._kept_bytes
+        while self._size - self._kept_bytes + reserve > self.max_size:
+            candidates = []
+            for table, parts in self._parts.items():
+                for index, part in enumerate(parts[:-1]):  # the newest part of each table stays
+                    if not part.kept and not any(part is k for k in keep):
+                        candidates.append((part.first, table, index))
+                        break
             if not candidates:
                 return
-            _, table = min(candidates)
-            part = self._parts[table].pop(0)
-            self._unmerged[table] = min(self._unmerged[table], len(self._parts[table]))
+            _, table, index = min(candidates)
+            unmerged_from = len(self._parts[table]) - self._unmerged[table]
+            part = self._remove(table, index)
+            if index >= unmerged_from:  # one of the parts not merged yet
+                self._unmerged[table] -= 1
             self._guard(functools.partial(self._folders[table].unlink, part.name))
             self.rotated_out["files"] += 1
             self.rotated_out["bytes"] += part.size
             self.rotated_out["rows"][table] += part.rows
+
+    def incident_windows(self) -> list[dict[str, Any]]:
+        """The incident windows kept, for the metadata (times as UTC ns)."""
+        return [{"start": window.start_ns + window.wall_offset_ns, "end": window.end_ns + window.wall_offset_ns,
+                 "first": window.first_ns + window.wall_offset_ns, "incidents": dict(window.kinds)}
+                for window in self._windows]
 
     def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
         """Write the metadata file (atomically); ``complete`` marks a clean end."""
@@ -291,6 +468,9 @@ class RecordingWriter:
     def _write_meta(self, complete: bool, updates: dict[str, Any]) -> None:
         self.meta.update(updates, complete=complete, rows=self.rows_written, bytes=self.bytes_written,
                          rotated_out=self.rotated_out)
+        if self.max_size is not None:
+            self.meta.update(incident_windows=self.incident_windows(), incidents_dropped=self.incidents_dropped,
+                             keep_incidents=self.keep_incidents, max_size=self.max_size)
         text = json.dumps(self.meta, indent=1, sort_keys=True).encode()
         self._guard(lambda: self._folders["meta"].write_file(meta_name(self.host), lambda out: out.write(text),
                                                               self.file_mode))
@@ -308,6 +488,32 @@ class RecordingWriter:
                     "already written are complete", exit_code=1,
                 ) from None
             raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
+
+
+def _count(value: Any) -> int:
+    """A count as a metadata file holds it (anything else is 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _stored_span(metadata: Any, wall_offset_ns: int | None) -> tuple[int, int]:
+    """The CLOCK_MONOTONIC times a part file's rows fall in, from its footer's statistics: of its
+    ``ts_ns`` (this boot's clock), or with ``wall_offset_ns`` (a part of another boot) of its
+    UTC ``time``; (0, 0) when it has neither (then no incident window keeps it)."""
+    column, offset = ("time", wall_offset_ns) if wall_offset_ns is not None else ("ts_ns", 0)
+    low, high = None, None
+    try:
+        index = metadata.schema.names.index(column)
+        for group in range(metadata.num_row_groups):
+            stats = metadata.row_group(group).column(index).statistics
+            if stats is None or not stats.has_min_max:
+                return 0, 0
+            found_low, found_high = (int(getattr(v, "value", v) if not hasattr(v, "timestamp") else
+                                         round(v.timestamp() * 1e9)) for v in (stats.min, stats.max))
+            low = found_low if low is None else min(low, found_low)
+            high = found_high if high is None else max(high, found_high)
+    except (ValueError, TypeError, AttributeError):
+        return 0, 0
+    return (0, 0) if low is None or high is None else (low - offset, high - offset)
 
 
 def _write_parquet(data: pa.Table, out: BinaryIO) -> None:

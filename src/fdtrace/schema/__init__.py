@@ -8,6 +8,8 @@ from fdtrace.schema.events import (
     EXTRA_SLOTS,
     FD_ALLOC_SYSCALLS,
     KIND_LABELS,
+    LIMIT_RESOURCES,
+    LIMIT_SYSCALLS,
     NONFATAL_SIGNALS,
     NOT_FAILURES,
     RAW_EVENT_DTYPE,
@@ -20,15 +22,18 @@ from fdtrace.schema.events import (
     SYSCALL_NAMES,
     Kind,
     bpf_cflags,
+    iso_utc,
+    plain_rows,
     slot,
 )
 from fdtrace.schema.fields import Field, arrow_type
 from fdtrace.schema.tables import META_FIELDS, SCHEMA_VERSION, TABLES, VERSIONS, Table, arrow_schema
 
 __all__ = [
-    "COUNTERS", "META_FIELDS", "EVENT_COLUMNS", "EVENT_FIELDS", "EXTRA_SLOTS", "FD_ALLOC_SYSCALLS", "KIND_LABELS",
+    "COUNTERS", "LIMIT_RESOURCES", "LIMIT_SYSCALLS",
+    "META_FIELDS", "EVENT_COLUMNS", "EVENT_FIELDS", "EXTRA_SLOTS", "FD_ALLOC_SYSCALLS", "KIND_LABELS",
     "NONFATAL_SIGNALS", "NOT_FAILURES", "RAW_EVENT_DTYPE", "SCHEMA_VERSION", "SOCKET_SYSCALLS", "STACK_DEPTH",
     "STACK_KINDS", "STACK_SLOT", "STATS",
     "SYSCALL_IDS", "SYSCALL_NAMES", "TABLES", "VERSIONS", "Field", "Kind", "Table", "arrow_schema", "arrow_type",
-    "bpf_cflags", "slot",
+    "bpf_cflags", "iso_utc", "plain_rows", "slot",
 ]

@@ -9,6 +9,8 @@ decodes raw records with :data:`RAW_EVENT_DTYPE` and :data:`EXTRA_SLOTS`.
 from __future__ import annotations
 
 import enum
+import time
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +33,7 @@ class Kind(enum.IntEnum):
     OOM_KILL = 11
     TCP_ESTABLISHED = 12  # a TCP connection of this host became established (clock pairs; own table)
     GO_THREAD_LIMIT = 13  # Go's runtime printed "program exceeds N-thread limit" (N in ret); it exits 2
+    LIMIT_CHANGE = 14  # setrlimit/prlimit64 of RLIMIT_NOFILE or RLIMIT_NPROC (ret: 0 or -errno)
 
     @property
     def label(self) -> str:
@@ -56,8 +59,14 @@ FD_ALLOC_SYSCALLS: tuple[str, ...] = (
     "fsopen", "fsmount", "fspick", "landlock_create_ruleset", "seccomp",
 )
 
+#: Syscalls that change a process's limits, traced for RLIMIT_NOFILE and RLIMIT_NPROC (kind limit_change).
+LIMIT_SYSCALLS: tuple[str, ...] = ("setrlimit", "prlimit64")
+
+#: The limits whose changes are traced, by their number (linux/resource.h).
+LIMIT_RESOURCES: dict[int, str] = {6: "RLIMIT_NPROC", 7: "RLIMIT_NOFILE"}
+
 #: Syscall names by their number in event records; 0 means "not a syscall".
-SYSCALL_NAMES: tuple[str, ...] = ("",) + SOCKET_SYSCALLS + FD_ALLOC_SYSCALLS
+SYSCALL_NAMES: tuple[str, ...] = ("",) + SOCKET_SYSCALLS + FD_ALLOC_SYSCALLS + LIMIT_SYSCALLS
 SYSCALL_IDS: dict[str, int] = {name: i for i, name in enumerate(SYSCALL_NAMES) if name}
 
 #: errno values of a call that did not fail: success, and the normal answers of non-blocking
@@ -120,6 +129,7 @@ EXTRA_SLOTS: dict[Kind, tuple[str, ...]] = {
     Kind.OOM_KILL: ("total_vm_kb", "anon_rss_kb", "file_rss_kb", "shmem_rss_kb"),
     # The local and remote address, 16 bytes each (IPv4 in the first 4); ports, family and role in ret.
     Kind.TCP_ESTABLISHED: ("local0", "local1", "remote0", "remote1"),
+    Kind.LIMIT_CHANGE: ("target", "resource", "soft", "hard"),
 }
 
 
@@ -171,6 +181,10 @@ EVENT_FIELDS: tuple[Field, ...] = (
     Field("oom_score_adj", "int16", True, "oom_kill: the victim's oom_score_adj"),
     Field("stack_id", "int64", True,
           "--stacks: the user stack of a failed call or of a thread's creation (the stacks table)"),
+    Field("limit_target", "int32", True, "limit_change: the process whose limit the call changes (pid is the caller)"),
+    Field("limit_resource", "dict_string", True, "limit_change: RLIMIT_NOFILE or RLIMIT_NPROC"),
+    Field("limit_soft", "int64", True, "limit_change: the soft limit asked for (null: unlimited)"),
+    Field("limit_hard", "int64", True, "limit_change: the hard limit asked for (null: unlimited)"),
     Field("cgroup", "dict_string", True, "the process's cgroup (as in samples), read when it is first seen"),
     Field("unit", "dict_string", True, "the process's systemd unit"),
     Field("container_id", "dict_string", True, "the process's container's id"),
@@ -196,3 +210,27 @@ def bpf_cflags() -> list[str]:
     mask = sum(1 << s for s in NONFATAL_SIGNALS)
     flags.append(f"-DFDT_NONFATAL_SIGNAL_MASK={mask}U")
     return flags
+
+
+def plain_rows(table: Any) -> list[dict[str, Any]]:
+    """A table's rows as Python values, its timestamps as int ns since the epoch (UTC): pyarrow
+    turns nanosecond timestamps into Python objects only with pandas, which the live commands do
+    not import (``cli.common.live_without_pandas``)."""
+    import pyarrow as pa
+
+    for index, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            table = table.set_column(index, field.name, table.column(index).cast(pa.int64()))
+    return list(table.to_pylist())
+
+
+def iso_utc(ns: int) -> str:
+    """A UTC time in ns as ISO 8601, as pandas writes one: 9 decimals when the nanoseconds are not
+    zero, 6 when only microseconds are, none for a whole second; "Z" for UTC."""
+    seconds, fraction = divmod(int(ns), 1_000_000_000)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    if fraction % 1000:
+        text += f".{fraction:09d}"
+    elif fraction:
+        text += f".{fraction // 1000:06d}"
+    return text + "Z"

@@ -12,7 +12,7 @@ from fdtrace.schema.fields import Field, arrow_type
 
 #: Version of the tables' layout. Bump it whenever a column is added, removed or changes type,
 #: and say in :data:`VERSIONS` what changed; the reader upgrades any older version it knows.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: What each version changed, for the reader's upgrade step and for people.
 VERSIONS: dict[int, str] = {
@@ -27,6 +27,8 @@ VERSIONS: dict[int, str] = {
        "syscalls other than socket and accept, not EMFILE/ENFILE); the go_thread_limit event kind; the samples' "
        "cgroup, unit, container_id, container_runtime and pod_uid",
     6: "the events' cgroup, unit, container_id, container_runtime and pod_uid (each process's, as in samples)",
+    7: "the limit_change event kind (setrlimit/prlimit64 of RLIMIT_NOFILE and RLIMIT_NPROC: the syscalls "
+       "setrlimit and prlimit64, the events' limit_target, limit_resource, limit_soft and limit_hard)",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")

@@ -9,8 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.call_sites import leaks, site_name
+from fdtrace.analysis.call_sites import leaks
 from fdtrace.pipeline.update import SourceInfo, ThreadCensus, Update
+from fdtrace.policy import site_name
 
 
 @dataclass
@@ -43,12 +44,21 @@ class CallSitesSink:
         self._sites: dict[tuple[int, str, int | None], deque[dict[str, Any]]] = {}
         self._stacks: dict[int, dict[str, Any]] = {}
         self._thread_sites: dict[tuple[int, int], _ThreadSite] = {}
+        #: CLOCK_MONOTONIC ns of the exit of the traced processes that ended, by pid.
+        self.exits: dict[int, int] = {}
+        #: How they ended, where an event said (an exit code or a signal).
+        self.endings: dict[int, str] = {}
 
     def open(self, info: SourceInfo) -> None:
         """Nothing to prepare."""
 
     def write(self, update: Update) -> None:
         self.losses = update.losses
+        if update.counters is not None:
+            for ended in update.counters.newly_exited:
+                if ended.exit_ts:
+                    self.exits[ended.pid] = ended.exit_ts
+        self._endings(update.events)
         for stack in update.stacks:
             self._stacks[stack.stack_id] = {"stack_id": stack.stack_id, "pid": stack.pid, "comm": stack.comm,
                                             "frames": list(stack.frames), "truncated": stack.truncated}
@@ -65,6 +75,15 @@ class CallSitesSink:
                 rows.append({"ts_ns": now, **vars(site)})
                 while len(rows) > 1 and rows[1]["ts_ns"] <= now - self.window_ns:
                     rows.popleft()  # the last row before the window stays: growth is measured from it
+
+    def _endings(self, events: Any) -> None:
+        if not events.num_rows:
+            return
+        import pyarrow.compute as pc
+
+        ended = events.filter(pc.equal(events["kind"].cast("string"), "process_exit"))
+        for row in ended.select(["pid", "exit_code", "signal"]).to_pylist():
+            self.endings[row["pid"]] = f"killed by {row['signal']}" if row["signal"] else f"exit {row['exit_code']}"
 
     def _thread_starts(self, events: Any) -> None:
         if not events.num_rows:
@@ -95,12 +114,16 @@ class CallSitesSink:
         return pd.DataFrame(list(self._stacks.values()), columns=["stack_id", "pid", "comm", "frames", "truncated"])
 
     def leaks(self, pid: int | None = None) -> pd.DataFrame:
-        """``fdtrace.analysis.leaks`` over what was traced."""
-        rows = [row for site_rows in self._sites.values() for row in site_rows]
+        """``fdtrace.analysis.leaks`` over what was traced; of a process that exited meanwhile,
+        as its last look before the exit saw them (after it, the exit closed them all)."""
+        until = self.exits.get(pid) if pid is not None else None
+        rows = [row for site_rows in self._sites.values() for row in site_rows
+                if until is None or row["ts_ns"] < until]
         sites = pd.DataFrame(rows)
         if len(sites):
             sites["stack_id"] = pd.array([row["stack_id"] for row in rows], dtype="Int64")  # no float64 on the way
-        return leaks(sites, self.stacks(), end_ns=self.end_ns, window_s=self.window_ns / 1e9, pid=pid)
+        end = max((row["ts_ns"] for row in rows), default=None) if until is not None else self.end_ns
+        return leaks(sites, self.stacks(), end_ns=end, window_s=self.window_ns / 1e9, pid=pid)
 
     def thread_sites(self, pid: int | None = None) -> pd.DataFrame:
         """Threads started per process and creating stack, most first."""

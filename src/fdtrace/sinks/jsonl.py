@@ -11,6 +11,7 @@ from typing import IO, Any
 from fdtrace.errors import FdtraceError
 from fdtrace.pipeline.update import SourceInfo, Update
 from fdtrace.safe_files import PRIVATE_FILE, SHARED_FILE, write_text_atomically
+from fdtrace.schema import iso_utc, plain_rows
 
 
 def _plain(value: Any) -> Any:
@@ -68,15 +69,16 @@ class JsonLinesSink:
         if not events.num_rows:
             return
         self.kinds.update(count_kinds(events))
-        for row in events.to_pylist():  # type: ignore[attr-defined]
+        for row in plain_rows(events):
             if row.get("stack_id") is not None:
                 row["stack"] = list(self.stacks.get(row["stack_id"], ()))
             self.stream.write(self.format(row) + "\n")
         self.stream.flush()
 
     def format(self, row: dict[str, Any]) -> str:
-        """One event as one line."""
-        return json.dumps({k: _plain(v) for k, v in row.items()}, separators=(",", ":"))
+        """One event as one line (``time`` in ISO 8601, UTC)."""
+        return json.dumps({k: iso_utc(v) if k == "time" and isinstance(v, int) else _plain(v) for k, v in row.items()},
+                          separators=(",", ":"))
 
     def close(self, failed: bool = False) -> None:
         """The stream belongs to the caller."""

@@ -16,6 +16,7 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.policy import INCIDENT_CLASSES, incident_mask
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import check_directory
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, TABLES, arrow_type
@@ -56,6 +57,18 @@ def _rows(table: str, rows: list[dict[str, Any]], offset: int) -> pa.Table:
     return data.append_column("time", _wall(data["ts_ns"].to_pylist(), offset))
 
 
+def incidents(events: Any) -> list[tuple[int, str]]:
+    """The incidents among events (``policy.incident_mask``), as (CLOCK_MONOTONIC ns, failure class)."""
+    import pyarrow.compute as pc
+
+    found = incident_mask(events)
+    if not pc.any(found).as_py():
+        return []
+    chosen = events.filter(found)
+    return [(ts, INCIDENT_CLASSES.get(kind, "EMFILE/ENFILE")) for ts, kind in
+            zip(chosen["ts_ns"].to_pylist(), chosen["kind"].cast(pa.string()).to_pylist(), strict=True)]
+
+
 _SAMPLE_FIELDS = tuple(c for c in TABLES["samples"].columns if c not in ("ts_ns", "time", "cmdline"))
 
 
@@ -73,7 +86,8 @@ class ParquetSink:
     """
 
     def __init__(self, directory: Path, argv: list[str], shared: bool = False, max_size: int | None = None,
-                 rotate_s: float | None = None, required: bool = True) -> None:
+                 rotate_s: float | None = None, required: bool = True, keep_incidents: int | None = None,
+                 keep_before_s: float = 600.0, keep_after_s: float = 120.0, resume: bool = False) -> None:
         self.directory = Path(directory)
         check_directory(self.directory, create=True)  # before anything is compiled: a planted path is refused at once
         self.name = f"recording to {self.directory}"
@@ -81,7 +95,11 @@ class ParquetSink:
         self.argv = argv
         self.shared = shared
         self.max_size = max_size
+        self.keep_incidents = keep_incidents
+        self.keep_before_ns = int(keep_before_s * 1e9)
+        self.keep_after_ns = int(keep_after_s * 1e9)
         self.rotate_s = rotate_s
+        self.resume = resume
         self.events = 0
         self.losses: dict[str, int] = dict.fromkeys(STATS, 0)
         self._writer: RecordingWriter | None = None
@@ -108,7 +126,9 @@ class ParquetSink:
             raise FdtraceError("a replay cannot be recorded again: copy the recording instead")
         self._cmdline = info.cmdline
         self._writer = RecordingWriter(self.directory, info.host, run_metadata(info, self.argv),
-                                       shared=self.shared, max_size=self.max_size)
+                                       shared=self.shared, max_size=self.max_size, keep_incidents=self.keep_incidents,
+                                       keep_before_ns=self.keep_before_ns, keep_after_ns=self.keep_after_ns,
+                                       resume=self.resume)
         self._next_compaction = time.monotonic() + (self.rotate_s or 0)
 
     def write(self, update: Update) -> None:
@@ -116,6 +136,9 @@ class ParquetSink:
         if update.events.num_rows:
             writer.add("events", update.events.drop_columns(["host"]))  # type: ignore[attr-defined]
             self.events += update.events.num_rows
+            if self.max_size is not None:
+                writer.mark_incidents(incidents(update.events),
+                                      time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns())
         if update.connections is not None and update.connections.num_rows:
             writer.add("connections", update.connections)
         if update.stacks:

@@ -37,8 +37,9 @@ def _detail(row: dict[str, Any]) -> str:
 
 def event_line(row: dict[str, Any]) -> str:
     """One event as one aligned line (names shown as data: see ``fdtrace.display``)."""
-    stamp = row["time"]
-    clock = time.strftime("%H:%M:%S", time.gmtime(stamp.timestamp())) + f".{stamp.microsecond // 1000:03d}"
+    stamp = row["time"]  # UTC ns (or a datetime)
+    ns = stamp if isinstance(stamp, int) else int(stamp.timestamp()) * 1_000_000_000 + stamp.microsecond * 1000
+    clock = time.strftime("%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + f".{ns // 1_000_000 % 1000:03d}"
     ret = "" if row["ret"] is None else str(row["ret"])
     return (f"{clock:<12} {row['pid']:>7} {row['tid']:>7} {shown(row['comm'])[:16]:<16} {row['kind']:<13} "
             f"{row['syscall'] or '':<13} {ret:>6} {row['errno'] or '':<12} {shown(_detail(row))}").rstrip()

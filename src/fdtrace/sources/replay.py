@@ -19,7 +19,7 @@ from fdtrace.integrations.phases.live import phases_at
 from fdtrace.kernel.descriptors import SiteRow
 from fdtrace.kernel.stacks import Stack
 from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS
+from fdtrace.policy import incident_mask
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.threads import ThreadState
 from fdtrace.recording import read_meta, read_parts
@@ -38,10 +38,6 @@ def _with_host(events: pa.Table, host: str) -> pa.Table:
                else pa.nulls(events.num_rows, type=field.type)
                for field in schema]
     return pa.Table.from_arrays(columns, schema=schema)
-
-
-#: Kinds that are a failure whatever their fields say (replay's n and N stop at them).
-PROBLEM_KINDS = ["oom_kill", "go_thread_limit"]
 
 
 @dataclass
@@ -200,12 +196,7 @@ class EventPlayer:
     def _problems(self, start: int, end: int) -> np.ndarray:
         """Indexes, from ``start``, of the problem events among events[start:end]."""
         part = self.events.slice(start, max(end - start, 0))
-        kind = part["kind"].cast(pa.string())
-        problem = pc.or_(
-            pc.or_(pc.is_in(part["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS))),
-                   pc.is_in(kind, value_set=pa.array(PROBLEM_KINDS))),
-            pc.and_(pc.equal(kind, "process_exit"), pc.is_valid(part["signal"])))
-        return np.flatnonzero(problem.to_numpy(zero_copy_only=False))
+        return np.flatnonzero(incident_mask(part).to_numpy(zero_copy_only=False))
 
     def seek_next(self, kinds: set[str]) -> int | None:
         """Jump to the next event of one of ``kinds`` after the current time (e.g. the next

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -16,7 +16,6 @@ from textual.widgets import DataTable, Footer, Input, RichLog, Static
 from fdtrace.display import shown
 from fdtrace.pipeline import Pipeline, Source, SourceInfo, Update
 from fdtrace.sinks.parquet import ParquetSink
-from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.adapters import (
     COLUMNS,
     SORT_LABELS,
@@ -30,6 +29,9 @@ from fdtrace.tui.adapters import (
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
 from fdtrace.tui.state import SORT_KEYS, IncidentState, LogEntry, ProcessView
+
+if TYPE_CHECKING:  # the live view does not import what replays need (pandas: half a CPU second)
+    from fdtrace.sources.replay import ReplaySource
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
@@ -112,6 +114,8 @@ class FdtraceApp(App[None]):
         self.keep_exited_ns = int(keep_exited_s * 1e9)
         self.source = source
         self.live = source.info.live
+        #: The replayed recording (None when live): the one thing the view asks of a replay.
+        self.replay: ReplaySource | None = None if self.live else source  # type: ignore[assignment]
         self.pipeline = Pipeline(source, source_started=True)
         self.recording: ParquetSink | None = None
         self.record_dir = record_dir
@@ -145,9 +149,9 @@ class FdtraceApp(App[None]):
             table.add_column(label, key=key, width=width)
         if not self.live:
             self.sub_title = "replay: space play/pause, +/- speed, n next error, [ ] seek"
-        if isinstance(self.source, ReplaySource) and self.source.skipped:
-            some = "; ".join(self.source.skipped[:3]) + ("; ..." if len(self.source.skipped) > 3 else "")
-            self.notify(f"skipped {len(self.source.skipped)} unreadable files: {shown(some)}", severity="warning",
+        if self.replay is not None and self.replay.skipped:
+            some = "; ".join(self.replay.skipped[:3]) + ("; ..." if len(self.replay.skipped) > 3 else "")
+            self.notify(f"skipped {len(self.replay.skipped)} unreadable files: {shown(some)}", severity="warning",
                         timeout=30, markup=False)
         self.view_sink = ViewSink(self)
         self.pipeline.attach(self.view_sink)
@@ -246,10 +250,10 @@ class FdtraceApp(App[None]):
             phases.update(phases_line(self.state.phases, self.state.now_ns))
         self._redraw_table(rows[:MAX_ROWS])
         position = self.query_one("#position", Static)
-        position.display = isinstance(self.source, ReplaySource)
-        if isinstance(self.source, ReplaySource):
+        position.display = self.replay is not None
+        if self.replay is not None:
             with self.pipeline.lock:
-                player = self.source.player
+                player = self.replay.player
                 bar = position_bar(player.start_ns, player.end_ns, player.now_ns, player.problem_times(),
                                    max(self.size.width - 2, 20))
             position.update(bar)
@@ -278,8 +282,8 @@ class FdtraceApp(App[None]):
     def status(self) -> str:
         """One line saying what the view shows: live (and recording), or where the replay is."""
         with self.pipeline.lock:
-            if isinstance(self.source, ReplaySource):
-                return self.source.status()
+            if self.replay is not None:
+                return self.replay.status()
             if self.recording is not None and self.recording in self.pipeline.sinks:
                 return f"live, recording to {self.recording.directory} ({self.recording.events} events)"
             failed = [f.error for f in self.pipeline.failures if isinstance(f.sink, ParquetSink)]
@@ -412,10 +416,10 @@ class FdtraceApp(App[None]):
                 self.notify(f"recording saved in {shown(done.directory)}", markup=False)
 
     def _replay(self, action: str, *args: Any) -> None:
-        if not isinstance(self.source, ReplaySource):
+        if self.replay is None:
             return
         with self.pipeline.lock:
-            result = getattr(self.source, action)(*args)
+            result = getattr(self.replay, action)(*args)
         if action == "next_problem" and result is False:
             self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal after this point")
         if action == "previous_problem" and result is False:
@@ -438,7 +442,7 @@ class FdtraceApp(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """The replay's keys exist (and show in the footer) only in a replay."""
-        if action in REPLAY_ACTIONS and not isinstance(self.source, ReplaySource):
+        if action in REPLAY_ACTIONS and self.replay is None:
             return False
         return True
 

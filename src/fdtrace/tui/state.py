@@ -12,16 +12,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fdtrace.analysis.call_sites import site_name
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.kernel.descriptors import SiteRow
 from fdtrace.kernel.stacks import Stack
 from fdtrace.pipeline.update import ThreadCensus
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, site_name
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import ThreadState, describe_state
-from fdtrace.schema import NOT_FAILURES
+from fdtrace.schema import NOT_FAILURES, plain_rows
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
 THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert
@@ -263,7 +262,7 @@ class IncidentState:
         # Each process's identity from its last row in the batch.
         _, first_from_end = np.unique(pids[::-1], return_index=True)
         last_rows = events.take(pa.array(n - 1 - first_from_end)).select(["pid", "comm", "start_ns", "time"])
-        for row in last_rows.to_pylist():
+        for row in plain_rows(last_rows):
             view = self._process(row["pid"], row["comm"], row["start_ns"])
             view.last_seen_ns = _ns(row["time"])
         kinds = _strings(events["kind"])
@@ -290,7 +289,7 @@ class IncidentState:
         rare = pc.is_in(events["kind"].cast(pa.string()),
                         value_set=pa.array(["oom_kill", "process_exit", "go_thread_limit"]))
         if pc.any(rare).as_py():
-            for row in events.filter(rare).to_pylist():
+            for row in plain_rows(events.filter(rare)):
                 self._lifecycle(row)
 
     def _destinations(self, events: pa.Table) -> None:
@@ -528,7 +527,9 @@ SORT_KEYS: dict[str, Any] = {
 
 
 def _ns(value: Any) -> int:
-    """Nanoseconds of a timestamp as pyarrow gives it (pandas Timestamp or datetime)."""
+    """Nanoseconds of a timestamp: from ``plain_rows`` already, or a pandas Timestamp or datetime."""
+    if isinstance(value, int):
+        return value
     if hasattr(value, "value"):
         return int(value.value)
     return int(value.timestamp() * 1e9)

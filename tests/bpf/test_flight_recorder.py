@@ -1,0 +1,108 @@
+"""An always-on recording with a bounded ring: an EMFILE burst, then enough socket churn to turn
+the ring over many times. The burst's window is kept apart from the ring, so every one of its
+failures is still in the recording, which stays within --max-size plus --keep-incidents."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fdtrace.analysis import load
+from tests.conftest import needs_root
+from tests.helpers import started
+
+pytestmark = [needs_root(), pytest.mark.bpf]
+
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+MAX_SIZE, KEEP_INCIDENTS = 400 * 1024, 300 * 1024
+REFUSED = 47  # socket() calls refused with EMFILE by the burst
+
+NAME = """
+import ctypes
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(b"NAME"), 0, 0, 0)  # PR_SET_NAME: events of this test only
+"""
+TAG = os.getpid() % 100000  # names no other process on the host has
+BURST = NAME.replace("NAME", f"burst-{TAG}") + f"""
+import socket
+held, refused = [], 0
+while refused < {REFUSED}:
+    try:
+        held.append(socket.socket())
+    except OSError as exc:
+        assert exc.errno == 24, exc
+        refused += 1
+print(refused, flush=True)
+"""
+
+CHURN = NAME.replace("NAME", f"churn-{TAG}") + """
+import socket, sys, time
+end = time.monotonic() + float(sys.argv[1])
+calls = 0
+while time.monotonic() < end:
+    for _ in range(200):
+        socket.socket().close()
+    calls += 200
+print(calls, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    out = tmp_path_factory.mktemp("ring") / "rec"
+    # Only this test's two programs (--comm): other processes' failures on a busy host are not
+    # incidents of this ring.
+    recorder = started([FDTRACE, "record", "-o", str(out), "--max-size", str(MAX_SIZE), "--keep-incidents",
+                        str(KEEP_INCIDENTS), "--keep-before", "1", "--keep-after", "0.5", "--interval", "0.2",
+                        "--comm", f"burst-{TAG}", "--comm", f"churn-{TAG}"], "recording to")
+    try:
+        burst = subprocess.run(["prlimit", "--nofile=32:32", sys.executable, "-c", BURST], capture_output=True,
+                               text=True, timeout=60, check=True)
+        time.sleep(1.0)  # past the burst's window (--keep-after 0.5): the churn is only the ring's
+        churn = subprocess.run([sys.executable, "-c", CHURN, "8"], capture_output=True, text=True, timeout=60,
+                               check=True)
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        _, said = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, said
+    return {"out": out, "refused": int(burst.stdout), "churn": int(churn.stdout)}
+
+
+def test_every_failure_of_the_burst_outlives_the_ring_turning_over(ring: dict[str, object]) -> None:
+    out = ring["out"]
+    assert isinstance(out, Path)
+    meta = json.loads(next((out / "meta").glob("host=*.json")).read_text())
+    assert meta["bytes"] > 4 * (MAX_SIZE + KEEP_INCIDENTS)  # the ring turned over several times
+    assert meta["rotated_out"]["rows"]["events"] > int(ring["churn"])  # most of the churn's 2 events a loop went
+    rec = load(out)
+    refused = rec.events[rec.events["errno"] == "EMFILE"]
+    assert len(refused) == ring["refused"] == REFUSED
+    assert refused["syscall"].unique().tolist() == ["socket"] and refused["pid"].nunique() == 1
+    windows = meta["incident_windows"]
+    assert [w["incidents"] for w in windows] == [{"EMFILE/ENFILE": REFUSED}]
+    assert meta["incidents_dropped"] == {"windows": 0, "incidents": 0, "bytes": 0}
+    first = refused["time"].min()
+    assert pd.Timestamp(windows[0]["start"], tz="UTC") <= first <= pd.Timestamp(windows[0]["end"], tz="UTC")
+    for table in (rec.system, rec.losses, rec.clock):  # every table's parts of the window were kept
+        assert len(table) and table["ts_ns"].min() <= refused["ts_ns"].min()
+
+
+def test_the_recording_stays_within_its_two_budgets(ring: dict[str, object]) -> None:
+    out = ring["out"]
+    assert isinstance(out, Path)
+    parts = sum(p.stat().st_size for p in out.glob("*/host=*/part-*.parquet"))
+    assert parts <= MAX_SIZE + KEEP_INCIDENTS
+
+
+def test_info_lists_the_kept_window(ring: dict[str, object]) -> None:
+    shown = subprocess.run([FDTRACE, "info", str(ring["out"])], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    [line] = [line for line in shown.stdout.splitlines() if "incident window" in line]
+    assert f"EMFILE/ENFILE {REFUSED}" in line, shown.stdout

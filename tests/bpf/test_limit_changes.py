@@ -1,0 +1,118 @@
+"""A limit that changed is seen: a program started with 20000 descriptors lowers its own limit to
+64 and fails with EMFILE; another one has it lowered from outside by `prlimit --pid`. Both are
+judged by the 64 in force when they failed, and the source of that limit is named from what
+was traced, in doctor --from and the report alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fdtrace.analysis import load
+from fdtrace.analysis.needs import fd_needs
+from fdtrace.policy import with_margin
+from tests.conftest import needs_root
+from tests.helpers import started
+
+pytestmark = [needs_root(), pytest.mark.bpf]
+
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+LOWERED = 64
+REFUSED = 5
+
+PROGRAM = """
+import ctypes, resource, socket, sys
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(sys.argv[1].encode()), 0, 0, 0)  # PR_SET_NAME
+held = [socket.socket() for _ in range(20)]  # room to spare under 20000
+print("ready", flush=True)
+if sys.argv[2] == "itself":
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LOWERED, 20000))
+else:
+    sys.stdin.readline()  # the test lowers it from outside meanwhile
+refused = 0
+while refused < REFUSED:
+    try:
+        held.append(socket.socket())
+    except OSError as exc:
+        assert exc.errno == 24, exc
+        refused += 1
+print(refused, flush=True)
+""".replace("LOWERED", str(LOWERED)).replace("REFUSED", str(REFUSED))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("limits") / "rec"
+    tag = os.getpid() % 100000
+    names = {"itself": f"lowers-{tag}", "outside": f"lowered-{tag}"}
+    recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "0.3"], "recording to")
+    pids: dict[str, int] = {}
+    try:
+        for how, name in names.items():
+            program = subprocess.Popen(["prlimit", "--nofile=20000:20000", sys.executable, "-c", PROGRAM, name, how],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert program.stdout is not None and program.stdin is not None
+            assert program.stdout.readline() == "ready\n"
+            pids[how] = program.pid
+            if how == "outside":
+                lowering = subprocess.run(["prlimit", "--pid", str(program.pid), f"--nofile={LOWERED}:20000"],
+                                          check=True, timeout=30)
+                assert lowering.returncode == 0
+                program.stdin.write("go\n")
+                program.stdin.flush()
+            assert program.stdout.readline() == f"{REFUSED}\n"
+            program.wait(timeout=30)
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.communicate(timeout=60)
+    return {"out": out, "pids": pids, "names": names}
+
+
+def test_the_changes_are_events(recorded: dict[str, Any]) -> None:
+    rec = load(recorded["out"])
+    changes = rec.events[rec.events["kind"] == "limit_change"]
+    for how, pid in recorded["pids"].items():
+        mine = changes[(changes["limit_target"] == pid) & (changes["limit_resource"] == "RLIMIT_NOFILE")]
+        # prlimit --nofile=20000:20000 set it in this very process before its exec, then the 64
+        assert mine["limit_soft"].tolist() == [20000, LOWERED] and mine["limit_hard"].tolist() == [20000, 20000]
+        assert mine["errno"].tolist() == ["", ""] and mine["ret"].tolist() == [0, 0]
+        assert mine["pid"].iloc[0] == pid and mine["comm"].iloc[0] == "prlimit"
+        if how == "itself":
+            assert mine["pid"].iloc[1] == pid and mine["comm"].iloc[1] == recorded["names"][how]
+        else:
+            assert mine["pid"].iloc[1] != pid and mine["comm"].iloc[1] == "prlimit"
+
+
+def test_failures_are_judged_by_the_limit_in_force(recorded: dict[str, Any]) -> None:
+    needs = fd_needs(load(recorded["out"]))
+    for how, pid in recorded["pids"].items():
+        [row] = needs[needs["pid"] == pid].to_dict("records")
+        assert row["fd_soft_limit"] == LOWERED and row["emfile"] == REFUSED
+        assert row["need"] == LOWERED + REFUSED and row["recommended"] == with_margin(LOWERED + REFUSED)
+        named = "set by the process itself at " if how == "itself" else "set by prlimit (pid "
+        assert row["limit_source"].startswith(named), row
+
+
+def test_doctor_and_the_report_give_that_number_and_name_its_source(recorded: dict[str, Any], tmp_path: Path) -> None:
+    report = tmp_path / "report.md"
+    assert subprocess.run([FDTRACE, "report", str(recorded["out"]), "-o", str(report)], capture_output=True,
+                          timeout=300).returncode == 0
+    text = report.read_text()
+    for how, pid in recorded["pids"].items():
+        name = recorded["names"][how]
+        doctor = subprocess.run([FDTRACE, "doctor", "--comm", name, "--from", str(recorded["out"]), "--json"],
+                                capture_output=True, text=True, timeout=120)
+        checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"] if c["scope"].startswith(f"pid {pid}")}
+        soft = checks["RLIMIT_NOFILE soft"]
+        assert soft["status"] == "FAIL" and soft["current"].startswith(f"{LOWERED} (")
+        assert soft["recommended"] == f">= {with_margin(LOWERED + REFUSED)}"
+        named = "set by the process itself at " if how == "itself" else "set by prlimit (pid "
+        assert checks["RLIMIT_NOFILE source"]["current"].startswith(named)
+        assert f"set it to {with_margin(LOWERED + REFUSED)}" in text and name in text

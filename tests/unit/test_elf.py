@@ -1,0 +1,83 @@
+"""fdtrace's ELF reader on a real binary, and on binaries damaged as another user could: every
+name it gives is the one nm gives, and whatever the bytes, it raises only ElfError or OSError."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fdtrace.procfs.elf import ElfError, ElfFile, demangled, read_module
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+SOURCE = """
+int helper_one(int x) { return x * 3 + 1; }
+int helper_two(int x) { return helper_one(x) - 2; }
+int main(int argc, char **argv) { (void)argv; return helper_two(argc); }
+"""
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("elf")
+    (folder / "p.c").write_text(SOURCE)
+    out = folder / "p"
+    subprocess.run(["gcc", "-O0", "-o", str(out), str(folder / "p.c")], check=True, timeout=60)
+    return out
+
+
+def nm_functions(path: Path) -> dict[str, int]:
+    lines = subprocess.run(["nm", "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
+    return {parts[2]: int(parts[0], 16) for parts in (line.split() for line in lines.splitlines())
+            if len(parts) == 3 and parts[1] in "Tt"}
+
+
+def test_names_and_offsets_are_nm_s(binary: Path) -> None:
+    module = read_module(str(binary))
+    assert module.symbols is not None
+    for name, vaddr in nm_functions(binary).items():
+        if name not in ("helper_one", "helper_two", "main"):
+            continue
+        with ElfFile.open(str(binary)) as elf:
+            offset = elf.offset_of_vaddr(vaddr + 4)
+        assert offset is not None
+        assert module.resolve(offset) == (name, 4)
+        assert module.symbols.address_of(name) == vaddr
+
+
+def test_damaged_binaries_raise_only_elf_or_os_errors(binary: Path, tmp_path: Path) -> None:
+    data = binary.read_bytes()
+    rng = random.Random(7)
+    damaged = tmp_path / "damaged"
+    for case in range(300):
+        raw = bytearray(data)
+        if case % 3 == 0:
+            raw = raw[: rng.randrange(len(raw))]
+        for _ in range(rng.randrange(1, 40)):
+            at = rng.randrange(min(len(raw), 4096) if case % 2 else len(raw)) if raw else 0
+            if raw:
+                raw[at] = rng.randrange(256)
+        damaged.write_bytes(bytes(raw))
+        try:
+            module = read_module(str(damaged))
+            if module.symbols is not None:
+                module.resolve(rng.randrange(len(raw) or 1))
+        except (ElfError, OSError):
+            pass
+
+
+def test_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError):
+        read_module(str(fifo))
+
+
+def test_cxx_names_are_demangled() -> None:
+    assert demangled("_ZN3foo3barEi") == "foo::bar(int)"
+    assert demangled("main.main") == "main.main"
