@@ -12,6 +12,7 @@ from fdtrace.kernel.features import KernelFeatures
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.kernel.session import (
     DETACH_HELPER_DESCRIPTORS,
+    GO_WATCH_DESCRIPTORS,
     OWN_DESCRIPTORS,
     STACKS_DESCRIPTORS,
     check_nofile,
@@ -49,11 +50,14 @@ def test_the_parts_of_the_budget() -> None:
         budget = descriptor_budget(FEATURES, TraceOptions(stacks=True), open_now=5)
         assert budget.parts == (("open already", 5), ("13 probes", 26), ("its own", OWN_DESCRIPTORS),
                                 ("--stacks", STACKS_DESCRIPTORS), ("the detach helper", DETACH_HELPER_DESCRIPTORS),
-                                ("metrics on :9", 20), ("recording to /tmp/x", 16))
-        assert budget.needed == 5 + 26 + OWN_DESCRIPTORS + STACKS_DESCRIPTORS + DETACH_HELPER_DESCRIPTORS + 36
+                                ("Go programs watched", GO_WATCH_DESCRIPTORS), ("metrics on :9", 20),
+                                ("recording to /tmp/x", 16))
+        assert budget.needed == (5 + 26 + OWN_DESCRIPTORS + STACKS_DESCRIPTORS + DETACH_HELPER_DESCRIPTORS
+                                 + GO_WATCH_DESCRIPTORS + 36)
     finally:
         release_descriptors(owner)
-    assert descriptor_budget(FEATURES, TraceOptions(), open_now=5).needed == 5 + 20 + OWN_DESCRIPTORS + 2
+    assert descriptor_budget(FEATURES, TraceOptions(), open_now=5).needed == (5 + 20 + OWN_DESCRIPTORS + 2
+                                                                              + GO_WATCH_DESCRIPTORS)
 
 
 def test_a_reservation_ends_with_its_owner() -> None:

@@ -64,18 +64,19 @@ def raise_nofile_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-#: Descriptors fdtrace holds besides its probes (two each: the program and its perf event) and what
-#: the parts below count: its maps and ring buffer, bcc's compile, Python's, the reads of /proc, a
-#: stats socket and a phase file read at a time. bench/fd_budget (docs/benchmarks.md) found at most
-#: 14 (`trace`, `record`, `export`, `top`, with and without --stacks, over a churning host); 10 more
-#: for what it does not exercise.
-OWN_DESCRIPTORS = 24
+#: Descriptors fdtrace holds besides its probes (two each at most: the program and its perf event)
+#: and what the parts below count: its maps and ring buffer, the kept programs' file, Python's, the
+#: reads of /proc, a stats socket and a phase file read at a time. bench/fd_budget (docs/benchmarks.md)
+#: found at most 16 (`trace`, `record`, `export`, `top`, over a churning host); 10 more for what it
+#: does not exercise.
+OWN_DESCRIPTORS = 26
 #: --stacks: its maps, a listing of /proc/PID/fd, the symbolizer's /proc/PID/mem and a binary (and its
-#: debug file) read at a time. Measured with bench/fd_budget.
+#: debug file) read at a time. bench/fd_budget found at most 8.
 STACKS_DESCRIPTORS = 16
 #: The pipe of the helper that detaches the probes once fdtrace has exited (``_hand_off_detaching``).
 DETACH_HELPER_DESCRIPTORS = 2
-#: A uprobe (its perf event) per Go binary watched for its thread-limit message, and their program.
+#: A uprobe (its perf event) per Go binary watched for its thread-limit message (each exec'd one, up
+#: to the loader's MAX_GO_BINARIES), and their program. Measured: 16 Go programs, 17 more.
 GO_WATCH_DESCRIPTORS = MAX_GO_BINARIES + 1
 
 #: Descriptors that sinks and sources will hold besides the kernel's, by owner: what they are for
@@ -130,8 +131,9 @@ class DescriptorBudget:
 def descriptor_budget(features: KernelFeatures, options: TraceOptions, open_now: int | None = None
                       ) -> DescriptorBudget:
     """The descriptors fdtrace will need with these options: those open already (``open_now``,
-    counted in /proc/self/fd by default), two per probe, its own, --stacks's, the detach helper's
-    and what sinks and sources reserved (``reserve_descriptors``)."""
+    counted in /proc/self/fd by default), two per probe, its own, --stacks's, the detach helper's,
+    the uprobes of the Go binaries it may watch, and what sinks and sources reserved
+    (``reserve_descriptors``)."""
     if open_now is None:
         open_now = len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor is gone again
     probes = len(planned_probes(features, options))
@@ -139,6 +141,7 @@ def descriptor_budget(features: KernelFeatures, options: TraceOptions, open_now:
     if options.stacks:
         parts.append(("--stacks", STACKS_DESCRIPTORS))
     parts.append(("the detach helper", DETACH_HELPER_DESCRIPTORS))
+    parts.append(("Go programs watched", GO_WATCH_DESCRIPTORS))  # each Go binary exec'd gets a uprobe
     parts += sorted(item for reserved in _RESERVED.values() for item in reserved.items())
     return DescriptorBudget(tuple(parts))
 

@@ -14,7 +14,7 @@ from fdtrace.integrations.phases.live import LivePhases
 from fdtrace.kernel.clock import ClockQualityReader, sample_offsets
 from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.loader import TraceOptions
-from fdtrace.kernel.session import GO_WATCH_DESCRIPTORS, KernelSession, reserve_descriptors
+from fdtrace.kernel.session import KernelSession
 from fdtrace.kernel.syscalls import syscall_name
 from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
 from fdtrace.procfs import ProcFS
@@ -76,8 +76,6 @@ class LiveSource:
                         if self.options.haproxy_sockets else None)
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
         self._procfs = ProcFS()
-        if self.options.sample:  # the Go programs its rounds find are watched, a uprobe each
-            reserve_descriptors(self, "Go programs watched", GO_WATCH_DESCRIPTORS)
         self._pids_with_events: set[int] = set()
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
