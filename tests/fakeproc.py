@@ -26,7 +26,7 @@ def fake_process(root: Path, pid: int, comm: str, fds: int | dict[int, str], sof
     (base / "stat").write_text(f"{pid} ({comm}) " + " ".join(stat) + "\n")
     (base / "limits").write_text(LIMITS.format(soft=soft, hard=hard, nproc=nproc))
     (base / "status").write_text(f"Name:\t{comm}\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
-                                 f"FDSize:\t{fd_table}\nThreads:\t{threads}\n")
+                                 f"FDSize:\t{fd_table}\nThreads:\t{threads}\nCpus_allowed_list:\t0-1\n")
     (base / "cmdline").write_text(cmdline.replace(" ", "\0"))
     (base / "cgroup").write_text(cgroup.rstrip("\n") + "\n")
     if exe is not None:

@@ -61,3 +61,36 @@ def site_name(frames: Any) -> str:
             continue
         return str(frame)
     return str(frames[0]) if frames else "(no stack)"
+
+
+def _known(value: Any) -> bool:
+    """Whether a figure is there (not None, NaN or pandas' NA; no pandas needed)."""
+    return value is not None and type(value).__name__ != "NAType" and value == value
+
+
+def need_of(soft: Any, peak: Any, emfile: int, worst_second: int, maxsock: Any,
+            config_need: int | None = None, source: str | None = None,
+            maxsock_from: str | None = None) -> tuple[int, str]:
+    """(descriptors needed, why) for one process's RLIMIT_NOFILE: the one needs model of the live
+    view, doctor (live and --from), info and the report.
+
+    The need is the largest of its peak of open descriptors and what the program demands of
+    itself (HAProxy's Maxsock from `show info`, else what its configuration's maxconn makes);
+    only when it demands nothing known does a process that failed with EMFILE need its limit in
+    force then (``soft``, set by ``source``) plus the opens it refused in its worst second (a
+    retry counted again: a guess, which the program's own demand replaces)."""
+    known = [(int(peak), f"peak {int(peak)} open")] if _known(peak) else []
+    demanded = []
+    if _known(maxsock):
+        said = "its configuration's maxconn, nbthread and listeners" if maxsock_from == "configuration" else "show info"
+        demanded.append((int(maxsock), f"HAProxy's Maxsock {int(maxsock)} ({said})"))
+    if config_need is not None:
+        demanded.append((config_need, f"its maxconn needs ~{config_need}"))
+    known += demanded
+    if emfile and _known(soft) and not demanded:
+        set_by = f" ({source})" if source else ""
+        known.append((int(soft) + int(worst_second), f"its limit {int(soft)}{set_by} plus the {int(worst_second)} "
+                                                     "opens refused with EMFILE in its worst second"))
+    if not known:
+        return 0, "nothing recorded"
+    return max(known, key=lambda item: item[0])

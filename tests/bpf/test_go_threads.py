@@ -16,7 +16,6 @@ import pytest
 
 from fdtrace.analysis import failures, headroom, least_headroom, load, thread_sites, threads
 from fdtrace.analysis.report import recommendations
-from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from tests.helpers import started
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
@@ -88,8 +87,8 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
                   if c["scope"] == f"pid {program.pid} (go-threads)"}
         go = checks["Go thread limit"]
         assert go["status"] == "WARN", go
-        assert "of Go's default 10000 (a Go binary; a lower limit set by debug.SetMaxThreads is not visible" \
-            in go["current"] and "), growing" in go["current"]
+        # the program set 2000 (SetMaxThreads), read from its memory where Go's default was assumed before
+        assert "threads of its limit 2000 (debug.SetMaxThreads, read from its memory), growing" in go["current"]
         assert result.returncode >= 1
     finally:
         program.kill()
@@ -102,11 +101,12 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
     threads = rec.samples[rec.samples["pid"] == program.pid].sort_values("ts_ns")["threads"]
     assert threads.iloc[0] < threads.max() and threads.max() >= GOROUTINES
     samples = rec.samples[rec.samples["pid"] == program.pid]
-    assert (samples["go_max_threads"] == GO_DEFAULT_MAX_THREADS).all()
+    assert (samples["go_max_threads"] == 2000).all() and samples["go_limit_unread"].isna().all()
     limits = headroom(rec)
     mine = limits[limits["pid"] == program.pid]
     # Go's limit binds unless a cgroup or the user's RLIMIT_NPROC leaves even less room
-    assert (mine["thread_headroom"] <= GO_DEFAULT_MAX_THREADS - mine["threads"]).all()
+    assert (mine["thread_headroom"] <= 2000 - mine["threads"]).all()
+    assert (mine["thread_limit_kind"] == "Go SetMaxThreads").any()
     assert mine["thread_limit_kind"].notna().all()
 
 
@@ -258,3 +258,31 @@ def test_a_go_program_that_dies_of_its_thread_limit_within_a_second_is_caught(tm
     assert len(go) == 1 and go[0]["status"] == "FAIL" and f"program exceeds {limit}-thread limit" in go[0]["current"]
     shown = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120).stdout
     assert f"thread_storm [{pids.iloc[0]}]: exceeded its Go thread limit" in shown
+
+
+def test_a_limit_set_by_setmaxthreads_is_read_from_the_program_before_any_crash(tmp_path: Path) -> None:
+    """Under debug.SetMaxThreads(250), 120 goroutines blocked in reads: doctor and the live
+    views measure against 250, read from the program's memory, while it runs."""
+    binary = build(tmp_path)
+    program = subprocess.Popen([str(binary), "120", "go", "250"], stdin=subprocess.PIPE)
+    try:
+        assert program.stdin is not None
+        program.stdin.write(b"x")
+        program.stdin.flush()
+        deadline = time.monotonic() + 30
+        while census_of(program.pid).get(("read", "pipe"), 0) < 120 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        shown = subprocess.run([FDTRACE, "threads", "--pid", str(program.pid)], capture_output=True, text=True,
+                               timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "; Go SetMaxThreads limit 250: " in shown.stdout.splitlines()[0], shown.stdout
+        doctor = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--json"], capture_output=True,
+                                text=True, timeout=60)
+        checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]
+                  if c["scope"] == f"pid {program.pid} (go-threads)"}
+        assert " threads of its limit 250 (debug.SetMaxThreads, read from its memory)" in \
+            checks["Go thread limit"]["current"], checks["Go thread limit"]
+        assert program.poll() is None  # all this before any crash
+    finally:
+        program.kill()
+        program.wait()

@@ -4,6 +4,7 @@ under a loopback connection storm are counted per syscall."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -60,11 +61,12 @@ def test_doctor_flags_a_maxconn_the_fd_limit_cannot_hold(haproxy: tuple[subproce
     assert result.returncode == 2, result.stderr
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"] if c["scope"].startswith(f"pid {proc.pid}")}
     maxconn = checks["haproxy maxconn vs FD limit"]
-    assert maxconn["status"] == "FAIL" and "maxconn 1000 needs ~2017 FDs" in maxconn["current"]
-    assert maxconn["recommended"] == "FD limit >= 2421 (RLIMIT_NOFILE soft, above), or maxconn <= 23"
-    # the one FD limit to set, from what maxconn needs (2017 and the margin), not from the few FDs open
+    # as haproxy 2.6 counts it: 2 per connection, 3 per thread (2), a bind and a stats socket, 20 of its own
+    assert maxconn["status"] == "FAIL" and "maxconn 1000 needs ~2028 FDs" in maxconn["current"]
+    assert maxconn["recommended"] == "FD limit >= 2434 (RLIMIT_NOFILE soft, above), or maxconn <= 18"
+    # the one FD limit to set, from what maxconn needs (2028 and the margin), not from the few FDs open
     soft = checks["RLIMIT_NOFILE soft"]
-    assert soft["status"] == "FAIL" and soft["recommended"] == ">= 2421" and "its maxconn needs ~2017" in soft["change"]
+    assert soft["status"] == "FAIL" and soft["recommended"] == ">= 2434" and "its maxconn needs ~2028" in soft["change"]
     assert checks["haproxy strict-limits"]["status"] == "WARN"
     runtime = checks["haproxy CurrConns vs Maxconn"]
     assert runtime["status"] == "OK" and "Ulimit-n 64" in runtime["current"]
@@ -117,5 +119,11 @@ def test_show_info_samples_land_in_a_recording(haproxy: tuple[subprocess.Popen[s
     assert len(answered) >= 4
     assert set(answered["maxconn"]) == {1000} and set(answered["ulimit_n"]) == {64}
     assert set(answered["haproxy_pid"]) == {proc.pid} and answered["error"].isna().all()
-    silent = rows[rows["socket"] != stats]
+    silent = rows[rows["socket"] == str(tmp_path / "nobody.sock")]
     assert len(silent) == len(answered) and silent["error"].notna().all() and silent["maxconn"].isna().all()
+    # with no flag, what its configuration demands: read once, as haproxy itself could read it
+    [demand] = rows[rows["source"] == "configuration"].to_dict("records")
+    assert (demand["socket"], demand["haproxy_pid"], demand["maxconn"], demand["ulimit_n"]) == \
+        (str(config), proc.pid, 1000, 64)
+    threads = len(os.sched_getaffinity(proc.pid))  # nbthread not set: one per CPU it may run on
+    assert (demand["listeners"], demand["nbthread"], demand["maxsock"]) == (2, threads, 2000 + 3 * threads + 2 + 20)

@@ -163,7 +163,7 @@ def test_a_hostile_fleet_tree(tmp_path: Path, fleet: tuple[Path, list[HostTruth]
     report = subprocess.run([FDTRACE, "report", str(tree), "--engine", "duckdb", "-o", str(tmp_path / "r.md")],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
-    assert f"skipped an unreadable file: {damaged}:" in report.stderr and "Traceback" not in report.stderr
+    assert f"fdtrace: skipped {damaged}:" in report.stderr and "Traceback" not in report.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = subprocess.run([FDTRACE, "info", str(empty), "--engine", "duckdb"], capture_output=True, text=True)

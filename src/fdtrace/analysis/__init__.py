@@ -24,7 +24,6 @@ from fdtrace.analysis import spike_finder as _spikes
 from fdtrace.analysis.engines.dataset import EngineRecording, engine_for, load_with_engine, thread_starts
 from fdtrace.recording import Recording
 from fdtrace.recording import load as load_frames
-from fdtrace.recording.fleet import fleet_roots
 from fdtrace.recording.layout import TABLES
 
 __all__ = ["EngineRecording", "Recording", "align", "cascade", "destinations", "failures", "fleet_heat", "headroom",
@@ -45,7 +44,8 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
             or PyTorch profiler traces).
         engine: ``"pandas"`` loads every table into DataFrames (a ``Recording``); ``"duckdb"``
             leaves them in Parquet and queries them out of core; ``"spark"`` queries them in
-            Apache Spark; ``"auto"``: pandas below 64 MiB of events and samples, DuckDB above.
+            Apache Spark; ``"auto"``: pandas below 5 M rows of events and samples (their
+            footers' row counts), DuckDB above.
             The engine recordings (``EngineRecording``) answer every function here and
             ``recording.sql(...)``; they hold no events in memory.
         spark_master: with ``engine="spark"``, the cluster (``spark://HOST:7077``); ``local[2]``
@@ -58,7 +58,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
             host's times as its clock gave them.
     """
     if engine == "pandas" or (engine == "auto" and (columns or phases)):
-        loaded = load_frames(list[str | Path](fleet_roots(paths)), columns=columns, phases=phases)
+        loaded = load_frames(paths, columns=columns, phases=phases)
         return _on_one_clock(loaded, clock_correction)
     if columns or phases:
         raise ValueError(f"load(engine={engine!r}) reads columns as queries need them and takes no phases= "
@@ -98,7 +98,12 @@ def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s",
 
     Returns:
         One row per bin (a UTC DatetimeIndex named ``time``, every bin from the first to the last,
-        empty ones as 0), one column per group, counts of events in the bin.
+        empty ones as 0), one column per group, counts of events in the bin. The bins cover the
+        recording's span (``fdtrace.analysis.span``: from the recorder's rounds); events far
+        outside it are not binned but counted in ``attrs["outliers"]`` (kind, n, first, last).
+
+    Raises:
+        ValueError: when ``freq`` would make more than 20 million cells (bins times columns).
     """
     return _rates.rates(recording, kind=kind, freq=freq, by=by, errno=errno)
 

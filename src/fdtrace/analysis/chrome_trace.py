@@ -19,6 +19,7 @@ import pandas as pd
 
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.failures import failures_on, severity_of
+from fdtrace.analysis.headroom_series import COLUMNS as HEADROOM_COLUMNS
 from fdtrace.analysis.headroom_series import headroom_on, least_headroom_on, processes_where
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.kineto import read_trace
@@ -73,7 +74,8 @@ def chrome_trace(recording: Any, top: int = 20, base_ns: int | None = None, host
             fullest, threads = (f[f["host"].astype(str) == host] for f in (fullest, threads))
             rates = rates[rates["host"].astype(str) == host]
         chosen = _chosen(found, fullest, threads, phases, top, pids or set())
-        series = headroom_on(engine, where=processes_where(chosen)) if len(chosen) else pd.DataFrame()
+        series = headroom_on(engine, where=processes_where(chosen)) if len(chosen) else \
+            pd.DataFrame(columns=HEADROOM_COLUMNS)
     if base_ns is None:
         base_ns = int(first["t"].iloc[0]) if len(first) and pd.notna(first["t"].iloc[0]) else 0
     offset = {h: i * HOST_PID_STRIDE for i, h in enumerate(hosts)} if host is None else {hosts[0]: 0}

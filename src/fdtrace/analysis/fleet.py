@@ -8,32 +8,39 @@ import pandas as pd
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.failures import as_time, failures_on
 from fdtrace.analysis.headroom_series import headroom_sql
+from fdtrace.analysis.span import Span, span_on
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 
 HEAT_COLUMNS = ["host", "time", "fd_errors", "fd_usage", "thread_usage"]
 CASCADE_COLUMNS = ["order", "host", "time", "after_first_s", "pid", "comm", "failure", "failures_on_host"]
 
 
-def heat_width_ns(engine: Engine, bins: int) -> tuple[int, int]:
-    """(start, width) in ns of ``bins`` whole-second bins over the events' span."""
-    span = engine.query("SELECT min(time_ns) AS first, max(time_ns) AS last FROM events")
-    if span.empty or pd.isna(span["first"].iloc[0]):
-        return 0, 1_000_000_000
-    first, last = int(span["first"].iloc[0]), int(span["last"].iloc[0])
+def heat_width_ns(engine: Engine, bins: int, span: Span | None = None) -> tuple[int, int, Span]:
+    """(start, width) in ns of ``bins`` whole-second bins over the recording's span
+    (``span.span_on``: events far outside it are left out), and the span."""
+    span = span or span_on(engine)
+    if span.first_ns is None or span.last_ns is None:
+        return 0, 1_000_000_000, span
+    inside = engine.query(f"SELECT min(time_ns) AS first, max(time_ns) AS last FROM events WHERE {span.condition()}")
+    if inside.empty or pd.isna(inside["first"].iloc[0]):
+        return 0, 1_000_000_000, span
+    first, last = int(inside["first"].iloc[0]), int(inside["last"].iloc[0])
     width = max(1, -(-(last - first) // (bins * 1_000_000_000))) * 1_000_000_000
-    return first - first % width, width
+    return first - first % width, width, span
 
 
-def fleet_heat_on(engine: Engine, bins: int = 120) -> pd.DataFrame:
-    """Per host and time bin (whole seconds, about ``bins`` of them over the recording):
+def fleet_heat_on(engine: Engine, bins: int = 120, span: Span | None = None) -> pd.DataFrame:
+    """Per host and time bin (whole seconds, about ``bins`` of them over the recording's span):
     ``fd_errors`` (EMFILE/ENFILE calls), ``fd_usage`` (the fullest process's open FDs over its
     soft limit) and ``thread_usage`` (the same for threads against their binding limit)."""
-    start, width = heat_width_ns(engine, bins)
+    _, width, span = heat_width_ns(engine, bins, span)
+    inside = span.condition()
     errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
     errors = engine.query(f"SELECT host, time_ns // {width} AS bin, count(*) AS fd_errors FROM events "
-                          f"WHERE errno IN ({errnos}) GROUP BY 1, 2")
+                          f"WHERE errno IN ({errnos}) AND {inside} GROUP BY 1, 2")
     usage = engine.query(f"SELECT host, time_ns // {width} AS bin, max(usage) AS fd_usage, "
-                         f"max(thread_usage) AS thread_usage FROM ({headroom_sql(30.0)}) AS series GROUP BY 1, 2") \
+                         f"max(thread_usage) AS thread_usage FROM ({headroom_sql(30.0)}) AS series WHERE {inside} "
+                         "GROUP BY 1, 2") \
         if "open_fds" in engine.columns("samples") else pd.DataFrame(columns=["host", "bin", "fd_usage",
                                                                                "thread_usage"])
     heat = errors.merge(usage, on=["host", "bin"], how="outer")

@@ -10,7 +10,8 @@ import pandas as pd
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.failures import as_time
-from fdtrace.procfs.thread_limits import THREAD_LIMITS
+from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
+from fdtrace.procfs.thread_limits import GO_SET_LIMIT, THREAD_LIMITS
 
 #: Larger than any room a limit leaves (stands for "no such limit" in least()).
 NO_ROOM = 1 << 62
@@ -20,13 +21,20 @@ COLUMNS = ["time", "host", "pid", "start_ns", "comm", "open_fds", "fd_soft_limit
            "thread_count", "thread_headroom", "thread_usage", "seconds_to_thread_limit"]
 
 
+def _kind_sql(name: str, limit: str) -> str:
+    """A limit's name in SQL (``thread_limits.limit_name``: Go's depends on the limit read)."""
+    if name != "Go default":
+        return quote(name)
+    return f"CASE WHEN {limit} <> {GO_DEFAULT_MAX_THREADS} THEN {quote(GO_SET_LIMIT)} ELSE {quote(name)} END"
+
+
 def headroom_sql(window_s: float) -> str:
     """One row per sample with its headroom, binding thread limit and times to each limit."""
     window_ns = int(window_s * 1e9)
     rooms = [(name, limit, count, f"room_{i}") for i, (name, limit, count) in enumerate(THREAD_LIMITS)]
     # The binding limit leaves the fewest threads to spare; the first in THREAD_LIMITS on a tie.
     least = f"least({', '.join(f'coalesce({room}, {NO_ROOM})' for *_, room in rooms)})"
-    kind = " ".join(f"WHEN {room} = best THEN {quote(name)}" for name, _, _, room in rooms)
+    kind = " ".join(f"WHEN {room} = best THEN {_kind_sql(name, limit)}" for name, limit, _, room in rooms)
     limit = " ".join(f"WHEN {room} = best THEN {lim}" for _, lim, _, room in rooms)
     count = " ".join(f"WHEN {room} = best THEN {cnt}" for _, _, cnt, room in rooms)
     window = (f"OVER (PARTITION BY host, pid, start_ns ORDER BY ts_ns "

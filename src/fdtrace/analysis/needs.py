@@ -21,6 +21,7 @@ import pandas as pd
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.limits import limit_changes_on, limit_in_force
+from fdtrace.policy import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.policy import with_margin
 
 NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_limit", "peak_fds", "emfile",
@@ -34,39 +35,24 @@ per_second AS (SELECT host, pid, start_ns, min(comm) AS comm, time_ns // 1000000
                FROM events WHERE errno = 'EMFILE' GROUP BY host, pid, start_ns, time_ns // 1000000000),
 refused AS (SELECT host, pid, start_ns, min(comm) AS comm, sum(n) AS emfile, max(n) AS emfile_worst_second
             FROM per_second GROUP BY host, pid, start_ns),
-asked AS (SELECT host, haproxy_pid AS pid, max(maxsock) AS maxsock FROM haproxy
-          WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid),
+asked AS (SELECT host, haproxy_pid AS pid,
+                 max(CASE WHEN source IS NULL OR source <> 'configuration' THEN maxsock END) AS info_maxsock,
+                 max(CASE WHEN source = 'configuration' THEN maxsock END) AS config_maxsock
+          FROM haproxy WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid),
 failed AS (SELECT host, pid, start_ns, min(comm) AS comm FROM events
            WHERE kind IN ('go_thread_limit', 'oom_kill') OR errno = 'ENFILE' GROUP BY host, pid, start_ns),
 known AS (SELECT host, pid, start_ns FROM used UNION SELECT host, pid, start_ns FROM refused
           UNION SELECT host, pid, start_ns FROM failed)
 SELECT k.host, k.pid, k.start_ns, coalesce(u.comm, r.comm, f.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit,
        u.peak_fds, coalesce(r.emfile, 0) AS emfile, coalesce(r.emfile_worst_second, 0) AS emfile_worst_second,
-       a.maxsock
+       coalesce(a.info_maxsock, a.config_maxsock) AS maxsock,
+       CASE WHEN a.info_maxsock IS NULL AND a.config_maxsock IS NOT NULL THEN 'configuration' END AS maxsock_from
 FROM known AS k
 LEFT JOIN used AS u ON k.host = u.host AND k.pid = u.pid AND k.start_ns = u.start_ns
 LEFT JOIN refused AS r ON k.host = r.host AND k.pid = r.pid AND k.start_ns = r.start_ns
 LEFT JOIN failed AS f ON k.host = f.host AND k.pid = f.pid AND k.start_ns = f.start_ns
 LEFT JOIN asked AS a ON k.host = a.host AND k.pid = a.pid
 """
-
-
-def need_of(soft: Any, peak: Any, emfile: int, worst_second: int, maxsock: Any,
-            config_need: int | None = None, source: str | None = None) -> tuple[int, str]:
-    """(descriptors needed, why) from what one process used and asked for (``soft``: the limit in
-    force when it failed, and ``source`` where that came from, when known)."""
-    known = [] if pd.isna(peak) else [(int(peak), f"peak {int(peak)} open")]
-    if emfile and not pd.isna(soft):
-        set_by = f" ({source})" if source else ""
-        known.append((int(soft) + int(worst_second), f"its limit {int(soft)}{set_by} plus the {int(worst_second)} "
-                                                     "opens refused with EMFILE in its worst second"))
-    if not pd.isna(maxsock):
-        known.append((int(maxsock), f"HAProxy's Maxsock {int(maxsock)} (show info)"))
-    if config_need is not None:
-        known.append((config_need, f"its maxconn needs ~{config_need}"))
-    if not known:
-        return 0, "nothing recorded"
-    return max(known, key=lambda item: item[0])
 
 
 def fd_needs_on(engine: Engine) -> pd.DataFrame:
@@ -77,7 +63,7 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     found["limit_source"] = None
     _judge_by_the_limit_in_force(engine, found)
     needs = [need_of(r.fd_soft_limit, r.peak_fds, int(r.emfile), int(r.emfile_worst_second), r.maxsock,
-                     source=r.limit_source) for r in found.itertuples()]
+                     source=r.limit_source, maxsock_from=r.maxsock_from) for r in found.itertuples()]
     found["need"] = [n for n, _ in needs]
     found["basis"] = [b for _, b in needs]
     found["recommended"] = [with_margin(n) for n in found["need"]]

@@ -59,8 +59,8 @@ def align_spikes(spikes: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
         active = phases[(starts <= peak) & (ends >= peak)] if len(phases) else phases
         innermost = active.assign(length=active["end_mono_ns"] - active["start_mono_ns"]).sort_values("length") \
             .groupby("rank").head(1) if len(active) else active
-        by_rank.append({int(r.rank): r.phase for r in innermost.itertuples()})
-        steps.append(sorted({int(s) for s in innermost["step"]}) if len(innermost) else [])
+        by_rank.append({int(r.rank): r.phase for r in innermost.itertuples() if pd.notna(r.rank)})
+        steps.append(sorted({int(s) for s in innermost["step"].dropna()}) if len(innermost) else [])
     labelled["phase_by_rank"] = by_rank
     labelled["steps"] = steps
     return labelled
@@ -77,6 +77,8 @@ def phase_stats_on(engine: Any, phases: pd.DataFrame) -> pd.DataFrame:
     engine, so that only the counts come back."""
     from fdtrace.analysis.engines import quote
 
+    # A phase without a rank or an end (its part lacked them, or the job died in it) is counted nowhere.
+    phases = phases[phases["rank"].notna() & phases["end_mono_ns"].notna()] if not phases.empty else phases
     if phases.empty:
         return pd.DataFrame(columns=STAT_COLUMNS)
     spent = phases.assign(seconds=(phases["end_mono_ns"] - phases["start_mono_ns"]) / 1e9)

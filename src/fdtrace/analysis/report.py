@@ -13,7 +13,7 @@ import pandas as pd
 
 from fdtrace.analysis import call_sites
 from fdtrace.analysis import headroom_series as headroom_module
-from fdtrace.analysis.binning import binned_counts, pivot_rates
+from fdtrace.analysis.binning import binned_counts, coarser, factor_for, pivot_rates, within
 from fdtrace.analysis.destinations import destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for, thread_starts
@@ -22,6 +22,7 @@ from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
 from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
 from fdtrace.analysis.report_charts import figure_html
+from fdtrace.analysis.span import span_on
 from fdtrace.analysis.spike_finder import spikes
 from fdtrace.display import markdown_shown
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
@@ -32,6 +33,8 @@ EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", 
                  "exit_code", "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid",
                  "stack_id", "limit_target", "limit_resource", "limit_soft", "limit_hard")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
+#: Programs the spikes are looked for among (the busiest; the others are summed as one).
+SPIKE_COLUMNS = 50
 
 
 @dataclass
@@ -120,8 +123,12 @@ def _span(first: pd.Timestamp, last: pd.Timestamp) -> str:
 
 def _build(recording: Any, engine: Engine, top: int) -> Report:
     several = len(recording.meta) > 1
-    # One pass over the events for every rate the report draws.
-    counted = binned_counts(engine, "1s", ("kind", "comm", "errno", "host", "pid"))
+    # One pass over the events for every rate the report draws, over the recording's span only
+    # (events far outside it are named, not drawn), in at most MAX_BINS bins.
+    every = binned_counts(engine, "1s", ("kind", "comm", "errno", "host", "pid"))
+    span = span_on(engine, counted=every)
+    factor = factor_for(span, int(every.attrs["width_ns"]))
+    counted = coarser(within(every, span), factor)
     socket_rate = pivot_rates(counted, kind=SOCKET_KINDS, by="kind")
     error_rate = pivot_rates(counted, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
     least = headroom_module.least_headroom_on(engine)
@@ -132,23 +139,33 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     chosen = pd.concat([by_threads[limited], by_threads[~limited].sort_values("threads", ascending=False)]).head(top)
     thread_series = _series_of(engine, chosen, ["threads", "thread_count", "thread_limit", "thread_limit_kind"],
                                several)
-    kinds = counted.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
+    kinds = every.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
     kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
     total = int(kinds["n"].sum()) if len(kinds) else 0
+    drawn = counted[["first", "last"]]
     spans = [(m.get("host"), m.get("kernel"), m.get("complete")) for m in recording.meta.values()]
     summary = [
         ("hosts", ", ".join(f"{h} (kernel {k}{'' if c else ', recorder did not stop cleanly'})" for h, k, c in spans)),
-        ("span", _span(as_time(kinds["first"]).min(), as_time(kinds["last"]).max()) if total else "no events"),
+        ("span", _span(as_time(drawn["first"]).min(), as_time(drawn["last"]).max()) if len(drawn) else "no events"),
         ("events", f"{total:,}"),
     ]
     if total:
         summary.append(("by kind", ", ".join(f"{r.kind} {r.n:,}" for r in kinds.itertuples())))
+    if span.outside:
+        summary.append(("outside the span", span.describe()))
+    if factor > 1:
+        length = pd.Timedelta((span.last_ns or 0) - (span.first_ns or 0), unit="ns").round("s")
+        summary.append(("timeline", f"one bin per {factor:,} s (rates are counts per bin) over a span of {length}"))
     losses = recording.losses
     lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
     summary.append(("events lost", f"{sum(lost.values()):,}" + "".join(f", {k} {v:,}" for k, v in lost.items() if v)))
     if recording.skipped:
         summary.append(("unreadable files skipped", str(len(recording.skipped))))
-    spike_table = spikes(pivot_rates(counted, kind=SOCKET_KINDS, by="comm"))
+    notes = getattr(recording, "notes", [])
+    if notes:
+        summary.append(("files read in part", f"{len(notes)} (values cut, rows left out or copies read once: "
+                                              "fdtrace report names them on stderr)"))
+    spike_table = spikes(pivot_rates(counted, kind=SOCKET_KINDS, by="comm", top=SPIKE_COLUMNS))
     phases = getattr(recording, "phases", pd.DataFrame())
     stats = pd.DataFrame()
     if len(phases):
@@ -170,7 +187,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         recommendations=recommendations(recording, least, engine), phase_stats=stats,
         destinations=destinations_on(engine), leaks=_leaks(recording), threads=_census_at_peak(recording),
         thread_sites=_thread_sites(engine, recording),
-        heat=fleet_heat_on(engine) if several else pd.DataFrame(),
+        heat=fleet_heat_on(engine, span=span) if several else pd.DataFrame(),
         cascade=cascade_from(found) if several else pd.DataFrame(),
         clocks=clocks if several and clocks is not None else pd.DataFrame(),
     )
@@ -282,13 +299,14 @@ def go_limit_advice(engine: Engine) -> list[str]:
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
 THREAD_FIXES = {
     "Go default": lambda need: f"{GO_THREADS_ADVICE}({need})",
+    "Go SetMaxThreads": lambda need: f"{GO_THREADS_ADVICE}({need})",
     "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
     "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
     "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
 }
 
 
-THREADS_COUNTED = {"Go default": "threads", "RLIMIT_NPROC": "threads of its user",
+THREADS_COUNTED = {"Go default": "threads", "Go SetMaxThreads": "threads", "RLIMIT_NPROC": "threads of its user",
                    "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
 
 

@@ -11,6 +11,7 @@ from fdtrace.analysis.destinations import destinations_from, destinations_on
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import least_headroom_on
+from fdtrace.analysis.span import span_on
 from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
@@ -170,6 +171,12 @@ def summary_on(recording: Any, engine: Engine) -> str:
     parts = recording.part_summaries() if hasattr(recording, "part_summaries") else None
     failed = parts["failed"] if parts is not None else _failed(engine)
     lines = headline(engine, least, several_hosts=several, failed=failed)
+    from fdtrace.analysis.needs import fd_needs_on
+    from fdtrace.analysis.report import fd_advice
+
+    advice = fd_advice(fd_needs_on(engine), several=several)  # the numbers doctor and the report give
+    if advice:
+        lines += ["what to change:", *_capped([f"  {line}" for line in advice], "processes")]
     by_host = parts["kinds"] if parts is not None else engine.query(
         "SELECT host, kind, count(*) AS n, min(time_ns) AS first, max(time_ns) AS last FROM events GROUP BY 1, 2")
     lines += _hosts(recording, engine, by_host)
@@ -177,7 +184,15 @@ def summary_on(recording: Any, engine: Engine) -> str:
     kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
     total = int(kinds["n"].sum()) if len(kinds) else 0
     if total:
-        lines.append(f"span: {_ns(kinds['first'].min())} .. {_ns(kinds['last'].max())}")
+        span = span_on(engine, kinds=by_host)
+        first, last = kinds["first"].min(), kinds["last"].max()
+        if span.outside:  # the span of the events inside the recorded span
+            inside = engine.query(f"SELECT min(time_ns) AS first, max(time_ns) AS last FROM events "
+                                  f"WHERE {span.condition()}")
+            first, last = inside["first"].iloc[0], inside["last"].iloc[0]
+        lines.append(f"span: {_ns(first)} .. {_ns(last)}")
+        if span.outside:
+            lines.append(f"  {span.describe()}")
     lines.append(f"events: {total}")
     lines += [f"  {row.kind}: {row.n}" for row in kinds.itertuples() if row.n]
     lost_columns = [name for name in STATS if name in engine.columns("losses")]
@@ -218,7 +233,17 @@ def summary_on(recording: Any, engine: Engine) -> str:
     if recording.skipped:
         lines.append("skipped unreadable files:")
         lines += [f"  {s}" for s in recording.skipped]
+    notes = getattr(recording, "notes", [])
+    if notes:
+        lines.append("read in part or once:")
+        lines += [f"  {n}" for n in notes]
     return "\n".join(shown(line) for line in lines)  # a name holding a newline cannot split a line
+
+
+def named_problems(recording: Any) -> list[str]:
+    """What the readers left out or changed, one line each, for a command to say on stderr:
+    ``skipped FILE: why`` for what was not read, ``FILE: what`` for files read in part."""
+    return [f"skipped {text}" for text in getattr(recording, "skipped", [])] + list(getattr(recording, "notes", []))
 
 
 def summary(recording: Any) -> str:

@@ -56,6 +56,14 @@ def _trace(pid: int, duration: float, interval: float, max_stacks: int, max_fds:
     return sites
 
 
+def _name_problems(loaded: Any) -> None:
+    """Say on stderr what the reader of a recording left out or changed."""
+    from fdtrace.analysis.summary import named_problems
+
+    for line in named_problems(loaded):
+        note(line)
+
+
 def _losses_line(losses: dict[str, int]) -> str:
     lost = {name: n for name, n in losses.items() if n}
     return "lost: nothing" if not lost else "lost: " + ", ".join(f"{name} {n}" for name, n in sorted(lost.items()))
@@ -138,9 +146,11 @@ def leaks(pid: int | None, recording: str | None, duration: float, interval: flo
             loaded = load(recording, columns={"events": ["ts_ns"]})
         except FdtraceError as error:
             fail(error)
+        _name_problems(loaded)
         table = recorded_leaks(loaded, pid=pid)
         losses = {} if not len(loaded.losses) else {
-            c[:-len("_total")]: int(loaded.losses[c].max()) for c in loaded.losses.columns if c.endswith("_total")}
+            c[:-len("_total")]: int(loaded.losses[c].max()) for c in loaded.losses.columns
+            if c.endswith("_total") and loaded.losses[c].notna().any()}
         if loaded.fd_sites is None or not len(loaded.fd_sites):
             fail(FdtraceError(f"{recording} has no call sites: record with --stacks"))
         _emit_leaks(table, f"fdtrace leaks: {recording}" + (f", pid {pid}" if pid else ""), losses, as_json,
@@ -248,6 +258,7 @@ def _recorded_threads(recording: str, pid: int | None, as_json: bool) -> None:
         loaded = load(recording)
     except FdtraceError as error:
         fail(error)
+    _name_problems(loaded)
     census = census_over_time(loaded, pid=pid)
     sites = thread_sites(loaded, pid=pid)
     if as_json:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from fdtrace.cli.common import fail, note, parse_size, say
@@ -15,7 +17,9 @@ from fdtrace.errors import FdtraceError
               help="Merge consecutive parts into files of up to this size.")
 def compact(directories: tuple[str, ...], target_size: str) -> None:
     """Merge the many small part files of recordings (or of a fleet) into few large ones per table
-    and host, atomically. Safe while a recorder still writes: what it changes meanwhile is left."""
+    and host, atomically. Safe while a recorder still writes: what it changes meanwhile is left.
+    A host whose parts cannot be compacted is named and left as it was (exit code 1); the other
+    hosts are compacted."""
     from fdtrace.recording.compaction import compact_host
     from fdtrace.recording.fleet import find_fleet
 
@@ -25,13 +29,24 @@ def compact(directories: tuple[str, ...], target_size: str) -> None:
         fail(FdtraceError(f"--target-size: {exc}"))
     try:
         fleet = find_fleet(list(directories))
-        for recording in fleet.hosts:
-            done = compact_host(recording, target)
-            left = f", {done.changed_meanwhile} merges left (the recorder changed those parts)" \
-                if done.changed_meanwhile else ""
-            say(shown(f"{recording.host} ({recording.root}): {done.files_before} files -> {done.files_after}, "
-                      f"{done.rows} rows merged{left}"))
     except FdtraceError as error:
         fail(error)
+    failed = []
+    for recording in fleet.hosts:
+        try:
+            done = compact_host(recording, target)
+        except FdtraceError as error:  # that host's parts stay as they were; the others are compacted
+            failed.append(f"{recording.host} ({recording.root}): {error}")
+            continue
+        left = f", {done.changed_meanwhile} merges left (the recorder changed those parts)" \
+            if done.changed_meanwhile else ""
+        say(shown(f"{recording.host} ({recording.root}): {done.files_before} files -> {done.files_after}, "
+                  f"{done.rows} rows merged{left}"))
     for skipped in fleet.skipped:
-        note(f"skipped: {skipped}")
+        note(f"skipped {skipped}")
+    for text in fleet.notes:
+        note(text)
+    for why in failed:
+        note(f"not compacted: {why}")
+    if failed:
+        sys.exit(1)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fdtrace.cli.common import fail, say
+from fdtrace.cli.common import fail, note, say
 from fdtrace.errors import FdtraceError
 
 
@@ -36,6 +36,8 @@ def doctor(pids: tuple[int, ...], comms: tuple[str, ...], from_dir: str | None, 
             found = report.apply_recording(Path(from_dir), checker, selected, engine, comms)
         except FdtraceError as error:
             fail(error)
+        for line in found.problems:
+            note(line)
         listen_moved = found.listen_moved
         selected = sorted({*selected, *found.gone})
     known = {pid for pid in selected if checker.sampler.sample(pid) is not None or pid in checker.recorded}

@@ -42,8 +42,10 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
         close = getattr(recording, "close", None)
         if close is not None:
             close()
-    for skipped in recording.skipped:
-        note(f"skipped an unreadable file: {skipped}")
+    from fdtrace.analysis.summary import named_problems
+
+    for line in named_problems(recording):
+        note(line)
     text = to_markdown(content) if fmt == "md" else to_html(content)
     try:
         write_text_atomically(Path(output), text, SHARED_FILE if shared else PRIVATE_FILE)

@@ -35,8 +35,10 @@ def trace_export(directories: tuple[str, ...], output: str, kineto: str | None, 
     if top < 1:
         fail(FdtraceError("--top must be positive"))
     recording = open_recordings(directories, "pandas", None, None, False)
-    for skipped in recording.skipped:
-        note(f"skipped an unreadable file: {skipped}")
+    from fdtrace.analysis.summary import named_problems
+
+    for line in named_problems(recording):
+        note(line)
     try:
         trace = (merge_into_kineto(recording, Path(kineto), top=top, host=host) if kineto is not None
                  else chrome_trace(recording, top=top, host=host))

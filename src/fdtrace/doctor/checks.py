@@ -11,8 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.analysis.needs import need_of
-from fdtrace.integrations.haproxy import HaproxyConfig, fds_needed, info_number, read_process_configs, show_info
+from fdtrace.integrations.haproxy import (
+    HAPROXY_OWN_FDS,
+    HaproxyConfig,
+    config_fds,
+    fds_needed,
+    info_number,
+    read_process_configs,
+    show_info,
+    threads_of,
+)
 from fdtrace.policy import GO_THREADS_ADVICE, USAGE_CRITICAL, USAGE_WARN, with_margin
+from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
 from fdtrace.procfs.thread_limits import threads_by_uid
@@ -166,8 +176,8 @@ class Doctor:
             return []
         scope = f"pid {pid} ({sample.comm})"
         configs = self._haproxy_configs(pid, scope) if sample.comm.startswith("haproxy") else []
-        config_need = max((fds_needed(c.maxconn, c.listeners) for c, _ in configs
-                           if c is not None and c.maxconn is not None), default=None)
+        config_need = max((need for c, _ in configs if c is not None
+                           for need in [config_fds(c, self.procfs, pid)] if need is not None), default=None)
         fd_checks = self._fd_checks(pid, scope, sample.open_fds, sample.fd_soft_limit, sample.fd_hard_limit,
                                     config_need, configs)
         recommended = next((c.recommended for c in fd_checks if c.name == "RLIMIT_NOFILE soft" and c.recommended),
@@ -327,8 +337,13 @@ class Doctor:
             limit = sample.go_max_threads
             status = by_usage(threads, limit)
             growth = self.thread_growth.get(pid, 0.0)
-            current = (f"{threads} threads of Go's default {limit} (a Go binary; a lower limit set by "
-                       "debug.SetMaxThreads is not visible: the runtime prints it only once it is exceeded)")
+            if sample.go_limit_unread is None and limit != GO_DEFAULT_MAX_THREADS:
+                current = f"{threads} threads of its limit {limit} (debug.SetMaxThreads, read from its memory)"
+            elif sample.go_limit_unread is None:
+                current = f"{threads} threads of Go's default {limit} (read from its memory)"
+            else:
+                current = (f"{threads} threads of Go's default {limit} (a Go binary whose own limit could not be read: "
+                           f"{sample.go_limit_unread}; the runtime prints it only once it is exceeded)")
             said = self.recorded.get(pid)
             if said is not None and said.go_thread_limit is not None:
                 current = (f"{threads} threads; in the recording, {said.comm} exceeded its {said.go_thread_limit}-"
@@ -350,14 +365,16 @@ class Doctor:
         (``recommended``), so that the two never disagree."""
         checks = []
         if config.maxconn is not None:
-            need = fds_needed(config.maxconn, config.listeners)
+            threads, listeners = threads_of(config, self.procfs, pid), config.listeners + len(config.stats_sockets)
+            need = fds_needed(config.maxconn, listeners, threads)
             limit = soft if soft is not None else config.ulimit_n
             status = Status.FAIL if limit is not None and need > limit else Status.OK
-            fits = (limit - config.listeners - 16) // 2 if limit is not None else None
+            fits = (limit - (need - 2 * config.maxconn)) // 2 if limit is not None else None
             raise_to = recommended.removeprefix(">= ") or str(with_margin(need))
             checks.append(Check(
                 scope, "haproxy maxconn vs FD limit", status,
-                f"maxconn {config.maxconn} needs ~{need} FDs (2 per connection + {config.listeners} listeners); "
+                f"maxconn {config.maxconn} needs ~{need} FDs as HAProxy counts them (2 per connection, 3 per thread "
+                f"x {threads}, {listeners} listeners, {HAPROXY_OWN_FDS} of its own); "
                 f"the process may open {limit if limit is not None else 'unlimited'}",
                 f"FD limit >= {raise_to} (RLIMIT_NOFILE soft, above), or maxconn <= {fits}" if status else "",
                 f"or keep the limit and set maxconn {fits} in {config.path}" if status else ""))

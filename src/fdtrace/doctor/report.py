@@ -41,6 +41,7 @@ class FromRecording:
 
     listen_moved: dict[str, int] = field(default_factory=dict)
     gone: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what the reader left out or changed, one line each
 
 
 def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
@@ -66,7 +67,8 @@ def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
 
 def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: str = "auto",
                     comms: tuple[str, ...] = ()) -> FromRecording:
-    """Give the doctor what a recording knows: for each running process, its peak open FDs,
+    """Give the doctor what a recording knows (what its reader left out or changed is in the
+    result's ``problems``): for each running process, its peak open FDs,
     EMFILE failures and thread growth (its rows with the same pid and start, else with the same
     name); for each process in ``pids`` that is gone, or of a name in ``comms`` with no running
     process of that name (or, when neither is given, that failed with EMFILE or exceeded Go's
@@ -78,6 +80,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
     from fdtrace.analysis.failures import failures_on
     from fdtrace.analysis.headroom_series import least_headroom_on
     from fdtrace.analysis.needs import fd_needs_on
+    from fdtrace.analysis.summary import named_problems
 
     recording = load(directory, engine=engine)
     live = {pid: doctor.sampler.sample(pid) for pid in pids}
@@ -93,6 +96,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
         samples = runner.query(f"SELECT pid, start_ns, comm, ts_ns, threads FROM samples WHERE {wanted_rows}")
     system = recording.system
     getattr(recording, "close", lambda: None)()
+    found = FromRecording(problems=named_problems(recording))
     refused = ended[(ended["kind"].astype(str) == "accept") & ended["failure"].str.endswith("EMFILE")]
     doctor.accept_failures = [f"{comm} [{pid}]" for (comm, pid), _ in
                               refused.groupby([refused["comm"].astype(str), "pid"]).size().sort_values(
@@ -101,9 +105,9 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
             for r in ended.itertuples() if r.kind in ("process_exit", "oom_kill")}
     go_limits = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): int(r.failure.split()[3])
                  for r in ended.itertuples() if r.kind == "go_thread_limit"}
-    found = FromRecording()
     running = {(s.pid, s.start_ns) for s in live.values() if s is not None}
-    not_running = needs[[(p, s) not in running for p, s in zip(needs["pid"], needs["start_ns"], strict=True)]]
+    not_running = needs[pd.Series([(p, s) not in running for p, s in zip(needs["pid"], needs["start_ns"], strict=True)],
+                                  index=needs.index, dtype=bool)]
     for pid, sample in live.items():
         if sample is None:  # gone: its last process of that pid in the recording
             rows = not_running[not_running["pid"] == pid].sort_values("start_ns")

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fdtrace.procfs.reader import READ_ERRORS, Credentials, ProcFS, skip_reason
 from fdtrace.safe_files import read_regular
@@ -35,6 +36,7 @@ class HaproxyConfig:
     strict_limits: bool | None = None  # None: not set (HAProxy 2.6 default: strict)
     stats_sockets: list[str] = field(default_factory=list)
     listeners: int = 0  # bind lines: each holds one FD
+    nbthread: int | None = None
     problems: list[str] = field(default_factory=list)  # values that could not be read
 
 
@@ -106,6 +108,8 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
                 config.maxconn = _number(words, config, file)
             elif words[0] == "ulimit-n":
                 config.ulimit_n = _number(words, config, file)
+            elif words[0] == "nbthread":
+                config.nbthread = _number(words, config, file)
             elif words[0] == "strict-limits":
                 config.strict_limits = True
             elif words[:2] == ["no", "strict-limits"]:
@@ -362,6 +366,7 @@ class HaproxySampler:
 
     def __init__(self, sockets: list[str], interval_s: float = 1.0, timeout: float = 1.0) -> None:
         self.sockets = list(sockets)
+        self.found: dict[str, int] = {}  # sockets found in configurations (not asked for): path -> haproxy pid
         self.interval_s = interval_s
         self.timeout = min(timeout, interval_s)
         self._rows: list[dict[str, int | str | None]] = []
@@ -393,11 +398,22 @@ class HaproxySampler:
             rows, self._rows = self._rows, []
         return rows
 
+    def add(self, path: str, pid: int) -> None:
+        """Sample a stats socket found in the configuration of haproxy ``pid`` from now on (one
+        that answers no more drops out: a found socket is not watched forever)."""
+        with self._lock:
+            if path not in self.sockets and len(self.sockets) < MAX_SOCKETS:
+                self.sockets.append(path)
+                self.found[path] = pid
+
     def sample_now(self) -> list[dict[str, int | str | None]]:
         """One row per socket, read now."""
         rows: list[dict[str, int | str | None]] = []
-        for path in self.sockets:
-            row: dict[str, int | str | None] = {"socket": path, "error": None}
+        with self._lock:
+            sockets = list(self.sockets)
+        for path in sockets:
+            row: dict[str, int | str | None] = {"socket": path, "error": None,
+                                                "source": "found" if path in self.found else "asked"}
             try:
                 info = show_info(path, timeout=self.timeout)
             except OSError as exc:
@@ -406,10 +422,102 @@ class HaproxySampler:
             for name, column in HAPROXY_INFO_FIELDS:
                 row[column] = info_number(info, name)
             rows.append(row)
+            if row["error"] is not None and path in self.found:
+                with self._lock:  # a socket of a configuration that no longer answers: forgotten
+                    self.sockets.remove(path)
+                    del self.found[path]
         return rows
 
 
-def fds_needed(maxconn: int, listeners: int) -> int:
-    """FDs HAProxy needs at maxconn: about two per proxied connection (client and server side),
-    plus its listeners and a few of its own."""
-    return 2 * maxconn + listeners + 16
+#: Descriptors HAProxy 2.6 counts in its Maxsock besides connections, threads and listeners.
+HAPROXY_OWN_FDS = 20
+
+
+def fds_needed(maxconn: int, listeners: int, nbthread: int = 1) -> int:
+    """FDs HAProxy needs at maxconn, as it counts them for its Maxsock (and refuses to start
+    without, unless ``no strict-limits``): two per proxied connection (client and server side),
+    three per thread (its poller and a wake-up pipe), one per listener (bind lines and stats
+    sockets), and 20 of its own. Measured against haproxy 2.6's own `show info` Maxsock for
+    maxconn 1000 and 4096, 1 to 4 threads, 1 to 3 binds: the same number."""
+    return 2 * maxconn + 3 * nbthread + listeners + HAPROXY_OWN_FDS
+
+
+def threads_of(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int:
+    """The threads HAProxy runs: ``nbthread``, else one per CPU it may run on (its default:
+    the process's ``Cpus_allowed_list``)."""
+    if config.nbthread:
+        return config.nbthread
+    try:
+        allowed = procfs.status(pid, ("Cpus_allowed_list",)).get("Cpus_allowed_list", "")
+    except READ_ERRORS:
+        allowed = ""
+    count = 0
+    for part in allowed.split(","):
+        low, _, high = part.strip().partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            count += int(high or low) - int(low) + 1
+    return count or os.cpu_count() or 1
+
+
+def config_fds(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int | None:
+    """``fds_needed`` of a configuration (None without a maxconn): what that haproxy demands."""
+    if config.maxconn is None:
+        return None
+    return fds_needed(config.maxconn, config.listeners + len(config.stats_sockets), threads_of(config, procfs, pid))
+
+
+#: Stats sockets sampled at most (those asked for and those found in configurations).
+MAX_SOCKETS = 16
+#: HAProxy processes whose configurations are read at most while the watch runs.
+MAX_WATCHED = 256
+
+
+class HaproxyWatch:
+    """Every haproxy process that the samples show: its configuration read once, as that process
+    could read it (``read_process_configs``), what it demands of its FD limit (maxconn, nbthread,
+    listeners, the Maxsock they make: rows of the ``haproxy`` table with ``source``
+    "configuration"), and each stats socket it names that belongs to haproxy's own user, handed
+    to ``sampler`` (``show info``'s exact Maxsock and connections, as with --haproxy-socket)."""
+
+    def __init__(self, procfs: ProcFS, sampler: HaproxySampler | None) -> None:
+        self.procfs = procfs
+        self.sampler = sampler
+        self._seen: dict[tuple[int, int], None] = {}
+
+    def look(self, samples: list[Any]) -> list[dict[str, int | str | None]]:
+        """The configuration rows of the haproxy processes first seen in ``samples``."""
+        rows: list[dict[str, int | str | None]] = []
+        for sample in samples:
+            if not str(sample.comm).startswith("haproxy") or (sample.pid, sample.start_ns) in self._seen:
+                continue
+            if len(self._seen) >= MAX_WATCHED:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[(sample.pid, sample.start_ns)] = None
+            for read in read_process_configs(self.procfs, sample.pid):
+                config = read.config
+                if config is None:
+                    rows.append({"socket": str(read.path), "source": "configuration", "haproxy_pid": sample.pid,
+                                 "error": f"not read: {read.not_read}"})
+                    continue
+                row: dict[str, int | str | None] = {
+                    "socket": str(read.path), "source": "configuration", "haproxy_pid": sample.pid, "error": None,
+                    "maxconn": config.maxconn, "ulimit_n": config.ulimit_n,
+                    "nbthread": threads_of(config, self.procfs, sample.pid),
+                    "listeners": config.listeners + len(config.stats_sockets),
+                    "maxsock": config_fds(config, self.procfs, sample.pid)}
+                rows.append(row)
+                for socket_path in config.stats_sockets:
+                    self._offer(socket_path, sample)
+        return rows
+
+    def _offer(self, socket_path: str, sample: Any) -> None:
+        """A stats socket of a configuration, sampled when it is a socket of haproxy's own user
+        (under its root: a socket anyone else planted at that name is not spoken to)."""
+        if self.sampler is None or not socket_path.startswith("/"):
+            return
+        try:
+            info = os.lstat(socket_path)
+        except OSError:
+            return
+        if stat.S_ISSOCK(info.st_mode) and sample.uid is not None and info.st_uid == sample.uid:
+            self.sampler.add(socket_path, sample.pid)

@@ -40,7 +40,8 @@ class ElfError(ValueError):
 
 @dataclass(frozen=True)
 class Section:
-    """One section header: its name, type, file offset, size, linked section and entry size."""
+    """One section header: its name, type, file offset, size, linked section, entry size and
+    flags."""
 
     name: str
     kind: int
@@ -48,6 +49,7 @@ class Section:
     size: int
     link: int
     entry_size: int
+    flags: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class ElfFile:
         self.wide = ident[4] == 2
         self.order = "<" if ident[5] == 1 else ">"
         o = self.order
+        self.kind = struct.unpack_from(o + "H", ident, 16)[0]  # ET_EXEC 2: not position independent
         if self.wide:
             phoff, shoff = struct.unpack_from(o + "QQ", ident, 0x20)
             phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from(o + "HHHHH", ident, 0x36)
@@ -182,24 +185,80 @@ class ElfFile:
         for i in range(count):
             at = i * entry
             if self.wide:
-                name, kind, _flags, _addr, file_offset, size, link, _info, _align, entry_size = struct.unpack_from(
+                name, kind, flags, _addr, file_offset, size, link, _info, _align, entry_size = struct.unpack_from(
                     self.order + "IIQQQQIIQQ", raw, at)
             else:
-                name, kind, _flags, _addr, file_offset, size, link, _info, _align, entry_size = struct.unpack_from(
+                name, kind, flags, _addr, file_offset, size, link, _info, _align, entry_size = struct.unpack_from(
                     self.order + "IIIIIIIIII", raw, at)
-            headers.append((name, kind, file_offset, size, link, entry_size))
+            headers.append((name, kind, file_offset, size, link, entry_size, flags))
         names_at, names_size = headers[names_index][2], min(headers[names_index][3], 1 << 20)
         names = self._read(names_at, names_size) if names_at + names_size <= self.size else b""
         sections = []
-        for name, kind, file_offset, size, link, entry_size in headers:
+        for name, kind, file_offset, size, link, entry_size, flags in headers:
             end = names.find(b"\0", name)
             text = names[name:end].decode("ascii", "replace") if 0 <= name < len(names) and end >= 0 else ""
-            sections.append(Section(text, kind, file_offset, size, link, entry_size))
+            sections.append(Section(text, kind, file_offset, size, link, entry_size, flags))
         return sections
 
     def section(self, name: str) -> Section | None:
         """The first section of that name."""
         return next((s for s in self.sections if s.name == name), None)
+
+    def section_data(self, name: str, limit: int = MAX_TABLE_BYTES) -> bytes | None:
+        """A section's bytes, uncompressed when it is (SHF_COMPRESSED zlib, or a legacy .z
+        section), at most ``limit`` of them; None when the file has no such section."""
+        import zlib
+
+        section = self.section(name)
+        legacy = section is None and self.section(".z" + name.lstrip(".")) is not None
+        if legacy:
+            section = self.section(".z" + name.lstrip("."))
+        if section is None:
+            return None
+        if section.size > limit:
+            raise ElfError(f"{name} too large")
+        raw = self._read(section.offset, section.size)
+        try:
+            if section.flags & 0x800:  # SHF_COMPRESSED: a header, then zlib
+                header = 24 if self.wide else 12
+                kind, = struct.unpack_from(self.order + "I", raw, 0)
+                if kind != 1:
+                    raise ElfError(f"{name}: compressed with an unknown method {kind}")
+                return zlib.decompressobj().decompress(raw[header:], limit)
+            if legacy and raw.startswith(b"ZLIB"):
+                return zlib.decompressobj().decompress(raw[12:], limit)
+        except zlib.error as exc:
+            raise ElfError(f"{name}: {exc}") from None
+        return raw
+
+    def object_address(self, name: str) -> int | None:
+        """The address of a data symbol (a variable) of .symtab."""
+        table = next((s for s in self.sections if s.kind == _SHT_SYMTAB), None)
+        if table is None or not 0 <= table.link < len(self.sections):
+            return None
+        strings = self.sections[table.link]
+        if table.size > MAX_TABLE_BYTES or strings.size > MAX_TABLE_BYTES:
+            raise ElfError("symbol table too large")
+        names = self._read(strings.offset, strings.size)
+        wanted = name.encode() + b"\0"
+        at = names.find(wanted)
+        offsets = []
+        while at >= 0:
+            if at == 0 or names[at - 1] == 0:
+                offsets.append(at)
+            at = names.find(wanted, at + 1)
+        if not offsets:
+            return None
+        order = self.order
+        dtype = (np.dtype([("name", order + "u4"), ("info", "u1"), ("other", "u1"), ("shndx", order + "u2"),
+                           ("value", order + "u8"), ("size", order + "u8")]) if self.wide else
+                 np.dtype([("name", order + "u4"), ("value", order + "u4"), ("size", order + "u4"),
+                           ("info", "u1"), ("other", "u1"), ("shndx", order + "u2")]))
+        raw = self._read(table.offset, table.size)
+        symbols = np.frombuffer(raw, dtype=dtype, count=len(raw) // dtype.itemsize)
+        hits = np.flatnonzero(np.isin(symbols["name"], offsets) & ((symbols["info"] & 0xF) == 1)
+                              & (symbols["shndx"] != 0))  # STT_OBJECT, defined
+        return int(symbols["value"][hits[0]]) if len(hits) else None
 
     def function_symbols(self) -> FunctionSymbols | None:
         """The defined functions of .symtab, else of .dynsym (a stripped binary keeps only the

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.procfs.containers import placement
+from fdtrace.procfs.go_limits import GoLimitAddress, limit_address, read_limit
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
 from fdtrace.procfs.reader import READ_ERRORS, ProcessAccessDeniedError, ProcFS, skip_reason
 from fdtrace.procfs.thread_limits import cgroup_pids, tasks_total, threads_by_uid
@@ -42,8 +43,10 @@ class ProcessSample:
     #: Tasks and limit of the tightest cgroup pids.max over the process; None when none applies.
     pids_current: int | None = None
     pids_max: int | None = None
-    #: Go's default thread limit when the executable is a Go program (SetMaxThreads can change it).
+    #: A Go program's thread limit, read from its memory (what debug.SetMaxThreads set), or Go's
+    #: default 10000 when it cannot be read (``go_limit_unread`` says why); None for other programs.
     go_max_threads: int | None = None
+    go_limit_unread: str | None = None
     #: Where it runs (``fdtrace.procfs.containers.placement``): cgroup, systemd unit, container, pod.
     cgroup: str | None = None
     unit: str | None = None
@@ -71,6 +74,7 @@ class ProcSampler:
         self.cmdline = cmdline
         self.fd_count_by_size = self._size_is_count()
         self._go: dict[tuple[int, int], bool] = {}  # (pid, start_ns) -> is a Go program
+        self._go_limits: dict[tuple[int, int], GoLimitAddress | str] = {}  # binary (dev, ino) -> where, or why not
         self._cgroups: dict[Path, tuple[int, int] | None] | None = None  # during a round: folder -> pids
         self.skipped: Counter[str] = Counter()
 
@@ -148,12 +152,40 @@ class ProcSampler:
         lines = procfs.cgroups(pid)
         pids = cgroup_pids(procfs, self.cgroupfs, pid, self._cgroups, lines=lines)
         where = placement(lines)
+        go_limit, unread = self._go_limit(pid) if self._is_go(pid, stat.start_ns) else (None, None)
         return ProcessSample(pid, stat.start_ns, stat.comm, open_fds, soft, hard, threads, sockets, cmdline,
                              uid=uid, nproc_soft_limit=nproc if uid != 0 else None,
                              pids_current=pids[0] if pids else None, pids_max=pids[1] if pids else None,
-                             go_max_threads=GO_DEFAULT_MAX_THREADS if self._is_go(pid, stat.start_ns) else None,
+                             go_max_threads=go_limit, go_limit_unread=unread,
                              cgroup=where.cgroup, unit=where.unit, container_id=where.container_id,
                              container_runtime=where.runtime, pod_uid=where.pod_uid)
+
+    def _go_limit(self, pid: int) -> tuple[int, str | None]:
+        """A Go process's thread limit now, from its memory (``fdtrace.procfs.go_limits``), and why
+        not when it cannot be read (then Go's default)."""
+        exe = self.root / str(pid) / "exe"
+        try:
+            info = os.stat(exe)
+        except OSError:
+            return GO_DEFAULT_MAX_THREADS, "its binary is gone"
+        binary = (info.st_dev, info.st_ino)
+        where = self._go_limits.get(binary)
+        if where is None:
+            if len(self._go_limits) > 4096:
+                self._go_limits.clear()
+            where = self._go_limits[binary] = limit_address(str(exe))
+        if isinstance(where, str):
+            return GO_DEFAULT_MAX_THREADS, where
+        bias = 0
+        if where.position_independent:
+            maps = self.procfs.executable_maps(pid)
+            mapped = [m for m in maps if (m[3], m[4]) == binary]
+            if not mapped:
+                return GO_DEFAULT_MAX_THREADS, "its binary's mapping was not found"
+            start, _end, offset = mapped[0][:3]
+            bias = start - offset - where.text_delta
+        found = read_limit(pid, where, bias)
+        return (found, None) if found is not None else (GO_DEFAULT_MAX_THREADS, "its memory could not be read")
 
     def _is_go(self, pid: int, start_ns: int) -> bool:
         key = (pid, start_ns)

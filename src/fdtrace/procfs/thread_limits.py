@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import READ_ERRORS, ProcFS
 
 #: The limits on a process's threads: (name, the sample's limit field, the count that limit is
@@ -21,6 +22,16 @@ THREAD_LIMITS = (
 )
 
 
+#: Go's limit when a program set its own (debug.SetMaxThreads), read from its memory.
+GO_SET_LIMIT = "Go SetMaxThreads"
+
+
+def limit_name(name: str, limit: int) -> str:
+    """A limit's name as shown: Go's is "Go default" at its default of 10000, else the limit the
+    program set itself."""
+    return GO_SET_LIMIT if name == "Go default" and limit != GO_DEFAULT_MAX_THREADS else name
+
+
 def binding_limit(sample: Any) -> tuple[str, int, int] | None:
     """(name, count, limit) of the limit that leaves a sample the fewest threads to spare, over
     the fields the sample has (a ProcessSample has no system figures); None when none applies."""
@@ -28,7 +39,7 @@ def binding_limit(sample: Any) -> tuple[str, int, int] | None:
     for name, limit_field, count_field in THREAD_LIMITS:
         limit, count = getattr(sample, limit_field, None), getattr(sample, count_field, None)
         if limit is not None and count is not None and (found is None or limit - count < found[2] - found[1]):
-            found = (name, count, limit)
+            found = (limit_name(name, limit), count, limit)
     return found
 
 

@@ -3,7 +3,9 @@ recording holding many hosts, recordings copied side by side, or one per host un
 root), with the readable part files of each table and host.
 
 The walk never follows a symbolic link and goes at most :data:`MAX_DEPTH` levels down, so a tree
-that other users can write cannot send it elsewhere or keep it walking.
+that other users can write cannot send it elsewhere or keep it walking. A host whose metadata
+cannot be used is left out and named (the other hosts are read), and a host's recording found
+twice (copied twice: the same host, boot and start) is read once.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, host_dir, part_files
-from fdtrace.recording.reader import read_meta
+from fdtrace.recording.layout import TABLES
+from fdtrace.recording.reader import list_parts, read_meta
 from fdtrace.schema import SCHEMA_VERSION
 
 #: How far below a given directory recordings are looked for.
@@ -35,16 +37,24 @@ class HostRecording:
     def version(self) -> int:
         """The schema version its metadata gives."""
         version = self.meta.get("schema_version", SCHEMA_VERSION)
-        return version if isinstance(version, int) else SCHEMA_VERSION
+        return version if isinstance(version, int) and not isinstance(version, bool) else SCHEMA_VERSION
 
 
 @dataclass
 class Fleet:
-    """Every host recording found, and what could not be used (named, with the reason)."""
+    """Every host recording found, and what could not be used (named, with the reason).
+
+    The part files of each table are listed once, host by host (``list_parts``: a snapshot
+    under each host's lock), and read from that list until ``refresh()``: every query of a
+    recording that is still written sees the same files.
+    """
 
     hosts: list[HostRecording]
     skipped: list[str] = field(default_factory=list)
     damaged: set[Path] = field(default_factory=set)  # parts found unreadable: left out from then on
+    notes: list[str] = field(default_factory=list)
+    doubted: set[Path] = field(default_factory=set)  # parts an engine leaves to fdtrace's reader (see table_files)
+    _listed: dict[str, list[tuple[HostRecording, Path]]] = field(default_factory=dict, repr=False)
 
     @property
     def names(self) -> list[str]:
@@ -58,24 +68,26 @@ class Fleet:
 
     def parts(self, table: str) -> list[tuple[HostRecording, Path]]:
         """The part files of ``table``, host by host, in order: regular files only (anything else
-        is named in ``skipped``), leaving out parts that a merged file also covers."""
-        found = []
-        for recording in self.hosts:
-            for path in part_files(host_dir(recording.root, table, recording.host)):
-                if path in self.damaged:
-                    continue
-                try:
-                    mode = os.lstat(path).st_mode
-                except OSError as exc:
-                    self._skip(f"{path}: {exc.strerror}")
-                    continue
-                if stat.S_ISREG(mode):
-                    found.append((recording, path))
-                else:
-                    self._skip(f"{path}: not a regular file")
-        return found
+        is named in ``skipped``), leaving out parts that a merged file also covers (a merged file
+        that holds fewer rows than they do is named in ``notes`` and left out instead)."""
+        if table not in self._listed:
+            found = []
+            for recording in self.hosts:
+                listing = list_parts(recording.root, table, recording.host)
+                found += [(recording, path) for path in listing.paths]
+                for why in listing.skipped:
+                    self.skip(why)
+                self.notes += [n for n in listing.notes if n not in self.notes]
+            self._listed[table] = found
+        return [(r, p) for r, p in self._listed[table] if p not in self.damaged]
 
-    def _skip(self, why: str) -> None:
+    def refresh(self) -> None:
+        """Forget the part lists: the next ``parts()`` lists the files as they are now (after a
+        recorder merged some of them away)."""
+        self._listed.clear()
+
+    def skip(self, why: str) -> None:
+        """Name something that could not be read (once)."""
         if why not in self.skipped:  # the parts are listed again whenever views are made
             self.skipped.append(why)
 
@@ -106,10 +118,56 @@ def _recordings_under(path: Path, depth: int) -> list[Path]:
     return found
 
 
+def _identity(recording: HostRecording) -> tuple[Any, ...] | None:
+    """What makes two copies the same recording: the host, its boot and the recorder's start
+    (None when the metadata does not say when it started)."""
+    started = recording.meta.get("started")
+    if started is None:
+        return None
+    return recording.host, recording.meta.get("boot_id"), started
+
+
+def _fullest(copies: list[HostRecording]) -> HostRecording:
+    """Of copies of one recording, the one to read: complete, then the latest end, then the most
+    rows; the first found on a tie."""
+    def rows(recording: HostRecording) -> int:
+        counts = recording.meta.get("rows")
+        return sum(v for v in counts.values() if isinstance(v, int)) if isinstance(counts, dict) else 0
+
+    def ended(recording: HostRecording) -> float:
+        value = recording.meta.get("ended")
+        return float(value) if isinstance(value, int | float) else float("-inf")
+
+    return max(enumerate(copies), key=lambda item: (bool(item[1].meta.get("complete")), ended(item[1]),
+                                                     rows(item[1]), -item[0]))[1]
+
+
+def without_copies(hosts: list[HostRecording], notes: list[str]) -> list[HostRecording]:
+    """``hosts`` with each recording once: of the copies of one (same host, boot and start), the
+    fullest is kept and the others are named in ``notes``."""
+    groups: dict[tuple[Any, ...], list[HostRecording]] = {}
+    for recording in hosts:
+        key = _identity(recording)
+        if key is not None:
+            groups.setdefault(key, []).append(recording)
+    dropped = set()
+    for copies in groups.values():
+        if len(copies) < 2:
+            continue
+        kept = _fullest(copies)
+        for copy in copies:
+            if copy is not kept:
+                dropped.add(id(copy))
+                notes.append(f"{copy.root}: host {copy.host} is a second copy of the recording in {kept.root} (the "
+                             "same host, boot and start): read once, from there")
+    return [h for h in hosts if id(h) not in dropped]
+
+
 def find_fleet(paths: str | Path | list[str | Path]) -> Fleet:
     """The fleet of recordings at or under ``paths``. Raises FdtraceError (one line) when a path
-    does not exist or holds no recording; hosts whose metadata cannot be used are left out and
-    named in ``skipped``."""
+    does not exist or holds no recording, or when no host at all can be read; hosts whose
+    metadata cannot be used are left out and named in ``skipped``, second copies of a host's
+    recording in ``notes``."""
     hosts: list[HostRecording] = []
     skipped: list[str] = []
     for given in [Path(p) for p in (paths if isinstance(paths, list) else [paths])]:
@@ -124,17 +182,18 @@ def find_fleet(paths: str | Path | list[str | Path]) -> Fleet:
             raise FdtraceError(f"{given}: not an fdtrace recording, nor a fleet of them (no meta/ folder here "
                                f"or up to {MAX_DEPTH} levels below)")
         for root in roots:
+            if any(h.root == root for h in hosts):
+                continue  # given twice
             try:
                 metas = read_meta(root, skipped)
             except FdtraceError as error:
-                if len(roots) == 1:
-                    raise
                 skipped.append(str(error))
                 continue
             hosts += [HostRecording(root, host, meta) for host, meta in metas.items()]
     if not hosts:
         raise FdtraceError(skipped[0] if skipped else "no recording to read")
-    return Fleet(hosts, skipped)
+    notes: list[str] = []
+    return Fleet(without_copies(hosts, notes), skipped, notes=notes)
 
 
 def fleet_roots(paths: str | Path | list[str | Path]) -> list[Path]:

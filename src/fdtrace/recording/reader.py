@@ -1,18 +1,39 @@
 """Reading recordings back: metadata, part files upgraded to the current tables, and ``load()``
-into pandas."""
+into pandas.
+
+Nothing in a recording is trusted. Metadata is parsed within a size and a nesting bound; a part
+file's footer is checked before its pages are read (how much each column chunk takes once
+decompressed, against what its rows can need); text longer than :data:`MAX_TEXT` is cut;
+impossible values (times before 1970 or after 2116, negative counters, a missing value where
+the table declares one) are left out; a merged part is believed only when it holds at least the
+rows of the parts it claims to cover. Everything left out or changed is named, in ``skipped``
+(files or hosts not read) or ``notes`` (files read in part).
+
+A recording may be written while it is read: the part list of a host is taken under the host's
+lock (``layout.lock_name``, taken shared and briefly, as the writer takes it to merge or delete
+parts), and read again when a merge moved a file meanwhile.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, host_dir, part_files
+from fdtrace.recording.layout import TABLES, host_dir, lock_path, part_names, part_range
 from fdtrace.recording.upgrade import stored_names, upgrade
-from fdtrace.safe_files import is_regular, read_regular
-from fdtrace.schema import META_FIELDS, SCHEMA_VERSION, VERSIONS
+from fdtrace.safe_files import read_regular
+from fdtrace.schema import COUNTERS, META_FIELDS, SCHEMA_VERSION, STATS, VERSIONS
 from fdtrace.schema import TABLES as TABLES_DECLARED
 
 
@@ -36,7 +57,10 @@ class Recording:
         clock_offsets: each host's clock offset from a reference host's (``fdtrace.analysis.load``
             estimates them; ``time`` columns are then corrected by them).
         meta: run metadata by host.
-        skipped: part files that could not be read, with the reason (the rest was loaded).
+        skipped: part files and hosts that could not be read, with the reason (the rest was
+            loaded).
+        notes: part files read in part (values cut, impossible rows left out, a footer summary
+            or a merged file not believed, a second copy of a host read once), with what and why.
     """
 
     events: Any
@@ -55,29 +79,107 @@ class Recording:
     clock_corrected: bool = False
     meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 #: A metadata file is read up to this size.
 MAX_META_BYTES = 4 << 20
+#: JSON nested deeper than this is refused (metadata nests 3 levels, a part summary 3).
+MAX_JSON_DEPTH = 32
+#: Characters a text value is read with at most; longer ones are cut to this.
+MAX_TEXT = 4096
+#: A Parquet footer larger than this is refused (a recording's are a few KiB to a few MiB).
+MAX_FOOTER_BYTES = 64 << 20
+#: Bytes a column chunk may take once decompressed, per row, by declared type: a chunk larger
+#: than its rows times this (plus :data:`CHUNK_SLACK`) is not read. What reading a part costs is
+#: then bounded by its rows, whatever its values.
+ROW_BUDGET = {"string": 1 << 10, "dict_string": 1 << 10, "string_list": 64 << 10, "errors_list": 8 << 10}
+#: Of the columns whose values are longer by nature.
+COLUMN_BUDGET = {"cmdline": 8 << 10}
+#: Of the fixed-width types.
+FIXED_BUDGET = 64
+#: What any column chunk may take beyond its rows' budget.
+CHUNK_SLACK = 1 << 20
+#: Times (``time``, ``ts_ns``) outside [0, this) ns are impossible: before 1970 or after 2116.
+TIME_LIMIT = 1 << 62
+#: Any other integer of magnitude this or more is impossible (no count, size or id gets there).
+INT_LIMIT = 1 << 62
+#: Columns that count: a negative value is impossible.
+NON_NEGATIVE = {"losses": frozenset(STATS) | {f"{name}_total" for name in STATS},
+                "counters": frozenset(COUNTERS)}
+TIME_COLUMNS = ("time", "ts_ns")
+#: Integers that are ids over all 64 bits (a stack's hash), so any value is possible.
+UNBOUNDED = frozenset({"stack_id"})
+#: How long a reader waits for a host's lock (a writer merging parts) before it lists without it.
+LOCK_WAIT_S = 5.0
+#: How many times one host's parts are listed again when a merge moved a file meanwhile.
+RELISTS = 3
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def loads_bounded(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON parsed only when it nests at most ``max_depth`` deep (Python's parser recurses, and a
+    file nested 100,000 deep would exhaust its stack). Raises ValueError."""
+    import numpy as np
+
+    skeleton = np.frombuffer(_JSON_STRING.sub(b"", data), dtype=np.uint8)
+    steps = (skeleton == ord("[")).astype(np.int64) + (skeleton == ord("{")) - (skeleton == ord("]")) - \
+        (skeleton == ord("}"))
+    depth = int(np.cumsum(steps).max()) if len(steps) else 0
+    if depth > max_depth:
+        raise ValueError(f"nested {depth} levels deep, more than the {max_depth} fdtrace reads")
+    try:
+        return json.loads(data)
+    except RecursionError:  # only if max_depth is set beyond what the stack holds
+        raise ValueError("nested too deep") from None
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+    return " ".join(reason.split())[:limit]
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _count(v) for k, v in value.items())
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < INT_LIMIT
+
+
+def _well_formed(name: str, value: Any) -> bool:
+    """Whether a metadata field of the right type holds what its readers expect inside."""
+    if name in ("probes_attached", "probes_skipped", "argv"):
+        return all(isinstance(item, str) for item in value)
+    if name == "rows":
+        return _counts(value)
+    if name == "bytes":
+        return _count(value)
+    if name == "rotated_out":
+        return _count(value.get("files", 0)) and _count(value.get("bytes", 0)) and _counts(value.get("rows", {}))
+    if name in ("started", "ended"):
+        return bool(0 <= value < TIME_LIMIT / 1e9)
+    return True
 
 
 def _meta_problem(path: Path, host: str) -> tuple[dict[str, Any] | None, str]:
     """One metadata file: (its content, "") or (None, why it cannot be used)."""
     try:
-        meta = json.loads(read_regular(path, MAX_META_BYTES))
+        meta = loads_bounded(read_regular(path, MAX_META_BYTES))
     except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return None, f"{path}: unreadable recording metadata ({' '.join(reason.split())[:200]})"
+        return None, f"{path}: unreadable recording metadata ({_one_line(exc)})"
     if not isinstance(meta, dict):
         return None, f"{path}: unreadable recording metadata (not a JSON object)"
     version = meta.get("schema_version")
-    if not isinstance(version, int) or version not in VERSIONS:
+    if isinstance(version, bool) or not isinstance(version, int) or version not in VERSIONS:
         return None, (f"{path}: recording schema version {version!r:.40}, "
                       f"this fdtrace reads versions 1 to {SCHEMA_VERSION}")
     if meta.get("host") != host:
         return None, f"{path}: its host is {meta.get('host')!r:.80}, not {host!r} as its name says"
     wrong = sorted(name for name, types in META_FIELDS.items() if name in meta and (
-        not isinstance(meta[name], types) or (isinstance(meta[name], bool) and bool not in types)))
+        not isinstance(meta[name], types) or (isinstance(meta[name], bool) and bool not in types)
+        or not _well_formed(name, meta[name])))
     for name in wrong:
         del meta[name]
     return meta, f"{path}: ignored fields of the wrong type: {', '.join(wrong)}" if wrong else ""
@@ -110,39 +212,586 @@ def read_meta(root: Path, skipped: list[str] | None = None) -> dict[str, dict[st
     return metas
 
 
-def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: list[str] | None = None,
-               version: int = SCHEMA_VERSION) -> Any:
-    """One host's part files of ``table`` as one ``pyarrow.Table`` of the current declaration of
-    that table (None when there are none), whatever version wrote them: the one upgrade step.
-    Unreadable parts are named in ``skipped``. ``columns``: only these; ``version``: the schema
-    version its metadata gives."""
+# The host's lock
+
+
+@contextmanager
+def host_lock(root: Path, host: str, wait_s: float = LOCK_WAIT_S) -> Iterator[bool]:
+    """Hold the host's lock shared while the body runs, so that no merge or deletion of its
+    parts happens meanwhile; yields whether it is held. Never creates the lock (a recording that
+    never merged has none), never waits longer than ``wait_s`` (a writer holds it for the length
+    of one merge; someone else holding it for ever cannot stop a reader), and goes on without it
+    when it cannot be had: the reader then lists again if a file moved."""
+    try:
+        fd = os.open(lock_path(root, host), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        yield False
+        return
+    try:
+        held = False
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.01)
+                except OSError:
+                    break
+        yield held
+    finally:
+        os.close(fd)
+
+
+# One part file
+
+
+@dataclass
+class Part:
+    """A part file opened for reading (the file itself, so that what is checked is what is
+    read), with what its footer says.
+
+    Attributes:
+        path: where it is.
+        file: the open file.
+        parquet: ``pyarrow.parquet.ParquetFile`` over it.
+        rows: rows, from the footer.
+    """
+
+    path: Path
+    file: BinaryIO
+    parquet: Any
+    rows: int
+
+    @property
+    def schema(self) -> Any:
+        """Its Arrow schema."""
+        return self.parquet.schema_arrow
+
+    def close(self) -> None:
+        """Let go of the file."""
+        self.file.close()
+
+    def __enter__(self) -> Part:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def chunk_sizes(self) -> list[tuple[int, dict[str, int]]]:
+        """Per row group: its rows and what each top-level column takes decompressed."""
+        metadata = self.parquet.metadata
+        found = []
+        for index in range(metadata.num_row_groups):
+            group = metadata.row_group(index)
+            sizes: dict[str, int] = {}
+            for column in range(group.num_columns):
+                chunk = group.column(column)
+                name = chunk.path_in_schema.split(".", 1)[0]
+                sizes[name] = sizes.get(name, 0) + max(int(chunk.total_uncompressed_size), 0)
+            found.append((int(group.num_rows), sizes))
+        return found
+
+    def statistics(self, name: str) -> list[tuple[int, Any, Any, int | None]]:
+        """Per row group, of a top-level scalar column: (rows, min, max, nulls), min and max as
+        stored (integers for integers and times), None where the footer does not say."""
+        metadata = self.parquet.metadata
+        found = []
+        for index in range(metadata.num_row_groups):
+            group = metadata.row_group(index)
+            chunk = next((group.column(c) for c in range(group.num_columns)
+                          if group.column(c).path_in_schema == name), None)
+            stats = chunk.statistics if chunk is not None and chunk.is_stats_set else None
+            low = high = nulls = None
+            if stats is not None:
+                if stats.has_min_max:
+                    low, high = stats.min_raw, stats.max_raw
+                if stats.has_null_count:
+                    nulls = int(stats.null_count)
+            found.append((int(group.num_rows), low, high, nulls))
+        return found
+
+    def key_value(self, key: bytes) -> bytes | None:
+        """One key of the footer's key-value metadata."""
+        return (self.parquet.metadata.metadata or {}).get(key)
+
+
+def open_part(path: Path) -> Part:
+    """A part file opened and its footer read: a regular file (never a link, FIFO or device),
+    Parquet, with a footer of a sane size. Raises OSError (FileNotFoundError when it is gone) or
+    ValueError (pyarrow's errors among them) with the reason."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parts = []
-    for path in part_files(host_dir(root, table, host)):
-        if not is_regular(path):
-            skipped.append(f"{path}: not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    file = os.fdopen(fd, "rb")
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size < 12:
+            raise ValueError(f"not a Parquet file ({info.st_size} bytes)")
+        file.seek(info.st_size - 8)
+        tail = file.read(8)
+        if tail[4:] != b"PAR1":
+            raise ValueError("not a Parquet file (no PAR1 at its end: truncated?)")
+        footer = int.from_bytes(tail[:4], "little")
+        if footer > min(MAX_FOOTER_BYTES, info.st_size - 12):
+            raise ValueError(f"its footer claims {footer:,} bytes, more than the file or fdtrace's bound")
+        file.seek(0)
+        try:
+            parquet = pq.ParquetFile(file)
+            rows = int(parquet.metadata.num_rows)
+            parquet.schema_arrow  # noqa: B018 - parsed now, so that a bad schema is this file's error
+        except pa.ArrowException as exc:
+            raise ValueError(str(exc)) from None
+        if rows < 0:
+            raise ValueError(f"its footer claims {rows} rows")
+        return Part(path, file, parquet, rows)
+    except BaseException:
+        file.close()
+        raise
+
+
+def part_rows(path: Path) -> int:
+    """The rows of a part file, from its footer. Raises OSError or ValueError."""
+    with open_part(path) as part:
+        return part.rows
+
+
+def _budget(table: str, name: str, rows: int) -> int:
+    declared = TABLES_DECLARED[table].field(name).arrow_type
+    per_row = COLUMN_BUDGET.get(name, ROW_BUDGET.get(declared, FIXED_BUDGET))
+    return rows * per_row + CHUNK_SLACK
+
+
+def oversized(part: Part, table: str, columns: list[str]) -> dict[int, dict[str, int]]:
+    """Per row group, the columns (of ``columns``, by their stored names) whose chunk takes more
+    decompressed than its rows can need (:data:`ROW_BUDGET`), with what it takes."""
+    declared = set(TABLES_DECLARED[table].columns)
+    found: dict[int, dict[str, int]] = {}
+    for index, (rows, sizes) in enumerate(part.chunk_sizes()):
+        for name in columns:
+            current = _current_name(table, name)
+            if current in declared and sizes.get(name, 0) > _budget(table, current, rows):
+                found.setdefault(index, {})[name] = sizes[name]
+    return found
+
+
+def _current_name(table: str, stored: str) -> str:
+    from fdtrace.recording.upgrade import RENAMED
+
+    return next((current for (renamed_table, current), (_, old) in RENAMED.items()
+                 if renamed_table == table and old == stored), stored)
+
+
+#: What a text value that was too long to read at all reads as.
+NOT_READ = "(too long to read)"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+def _stand_in(kind: Any, rows: int) -> Any:
+    """What the rows of a column chunk that was not read hold: NOT_READ for text, empty lists,
+    nulls for anything else."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return pa.array([NOT_READ] * rows, pa.string()).cast(kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.array([[]] * rows, kind)
+    return pa.nulls(rows, kind)
+
+
+def _read_columns(part: Part, table: str, wanted: list[str], notes: list[str]) -> Any:
+    """The stored columns ``wanted`` of a part; a column chunk over its budget is not read (its
+    rows hold NOT_READ there, or no value), and named."""
+    import pyarrow as pa
+
+    refused = oversized(part, table, wanted)
+    if not refused:
+        return part.parquet.read(columns=wanted)
+    schema = part.schema
+    groups = []
+    for index in range(part.parquet.metadata.num_row_groups):
+        left_out = refused.get(index, {})
+        data = part.parquet.read_row_group(index, columns=[c for c in wanted if c not in left_out])
+        for name in left_out:
+            data = data.append_column(schema.field(name), _stand_in(schema.field(name).type, data.num_rows))
+        groups.append(data.select(wanted))
+    for name in sorted({n for group in refused.values() for n in group}):
+        taken = sum(group[name] for group in refused.values() if name in group)
+        rows = sum(part.parquet.metadata.row_group(i).num_rows for i, group in refused.items() if name in group)
+        notes.append(f"{part.path}: {name} of {_plural(rows, 'row')} not read ({taken:,} bytes decompressed, more "
+                     f"than fdtrace reads for {_plural(rows, 'row')}): read as {NOT_READ!r}")
+    return pa.concat_tables(groups)
+
+
+def _cut(array: Any) -> tuple[Any, int]:
+    """``array`` with every text value (inside lists and structs too) of more than MAX_TEXT
+    characters cut to MAX_TEXT; and how many were."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        long = pc.fill_null(pc.greater(pc.utf8_length(array), MAX_TEXT), False)
+        count = int(pc.sum(long).as_py() or 0)
+        if count:
+            array = pc.if_else(long, pc.utf8_slice_codeunits(array, 0, MAX_TEXT), array)
+        return array, count
+    if pa.types.is_dictionary(kind):
+        values, cut_values = _cut(array.dictionary)
+        if not cut_values:
+            return array, 0
+        long = pc.fill_null(pc.greater(pc.utf8_length(array.dictionary), MAX_TEXT), False)
+        count = int(pc.sum(pc.is_in(array.indices, value_set=pc.indices_nonzero(long).cast(array.indices.type)))
+                    .as_py() or 0)
+        plain = pc.take(values, array.indices)
+        return plain.dictionary_encode().cast(kind), count
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        values, count = _cut(array.values)
+        if not count:
+            return array, 0
+        rebuilt = type(array).from_arrays(array.offsets, values, mask=array.is_null())
+        return rebuilt, count
+    if pa.types.is_struct(kind):
+        children, count = [], 0
+        for index in range(kind.num_fields):
+            child, cut_child = _cut(array.field(index))
+            children.append(child)
+            count += cut_child
+        if not count:
+            return array, 0
+        return pa.StructArray.from_arrays(children, fields=list(kind), mask=array.is_null()), count
+    return array, 0
+
+
+def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
+    """A part's rows (already upgraded) without what cannot be true: text cut to MAX_TEXT; a row
+    without a value its table requires, or with a time before 1970 or after 2116, left out;
+    a negative count or an integer beyond any count read as missing. What changed is named."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    declared = TABLES_DECLARED[table]
+    cut: dict[str, int] = {}
+    columns = []
+    for name in data.column_names:
+        column = data[name]
+        chunks = []
+        for chunk in column.chunks:
+            chunk, count = _cut(chunk)
+            chunks.append(chunk)
+            if count:
+                cut[name] = cut.get(name, 0) + count
+        columns.append(pa.chunked_array(chunks, type=chunks[0].type if chunks else column.type))
+    if cut:
+        data = pa.Table.from_arrays(columns, schema=data.schema)
+        notes.append(f"{path}: {_plural(sum(cut.values()), 'value')} longer than {MAX_TEXT} characters cut to them ("
+                     + ", ".join(f"{name} {n:,}" for name, n in sorted(cut.items())) + ")")
+    keep = None
+    dropped: dict[str, int] = {}
+    impossible: dict[str, int] = {}
+    for spec in declared.fields:
+        if spec.name not in data.column_names:
+            continue
+        column = data[spec.name]
+        bad = None
+        if spec.arrow_type in ("int64", "int32", "int16", "timestamp_utc"):
+            numbers = column.cast(pa.int64()) if spec.arrow_type == "timestamp_utc" else column
+            if spec.name in TIME_COLUMNS:
+                bad = pc.or_(pc.less(numbers, 0), pc.greater_equal(numbers, TIME_LIMIT))
+            elif spec.name in NON_NEGATIVE.get(table, ()):
+                bad = pc.or_(pc.less(numbers, 0), pc.greater_equal(numbers, INT_LIMIT))
+            elif spec.arrow_type == "int64" and spec.name not in UNBOUNDED:
+                bad = pc.or_(pc.less_equal(numbers, -INT_LIMIT), pc.greater_equal(numbers, INT_LIMIT))
+            bad = pc.fill_null(bad, False) if bad is not None else None
+        missing = pc.is_null(column) if not spec.nullable else None
+        if bad is not None and pc.any(bad).as_py():
+            if spec.nullable:
+                impossible[spec.name] = int(pc.sum(bad).as_py())
+                data = data.set_column(data.column_names.index(spec.name), spec.name,
+                                       pc.if_else(bad, pa.scalar(None, column.type), column))
+            else:
+                missing = bad if missing is None else pc.or_(missing, bad)
+        if missing is not None and pc.any(missing).as_py():
+            dropped[spec.name] = int(pc.sum(missing).as_py())
+            keep = pc.invert(missing) if keep is None else pc.and_(keep, pc.invert(missing))
+    if keep is not None:
+        before = data.num_rows
+        data = data.filter(keep)
+        reasons = ", ".join(f"{name} {'missing or impossible' if name in TIME_COLUMNS else 'missing'} ({n:,})"
+                            for name, n in sorted(dropped.items()))
+        when = "; times must be from 1970 to 2116" if any(name in TIME_COLUMNS for name in dropped) else ""
+        notes.append(f"{path}: {before - data.num_rows:,} of {_plural(before, 'row')} left out ({reasons}{when})")
+    if impossible:
+        notes.append(f"{path}: {_plural(sum(impossible.values()), 'impossible value')} read as missing ("
+                     + ", ".join(f"{name} {n:,}" for name, n in sorted(impossible.items()))
+                     + "; counts cannot be negative, nor any number 2^62 or more)")
+    return data
+
+
+def read_part(part: Part, table: str, version: int, columns: list[str] | None, notes: list[str]) -> Any:
+    """The rows of one opened part, in the current declaration of ``table`` (the one upgrade
+    step), bounded and checked (see the module's doc); what was left out or cut is named in
+    ``notes``. Raises OSError or ValueError (pyarrow's errors among them) when it cannot be read."""
+    import pyarrow as pa
+
+    present = set(part.schema.names)
+    names = list(columns) if columns is not None else list(TABLES_DECLARED[table].columns)
+    wanted = [c for c in stored_names(table, names, version) if c in present]
+    try:
+        data = _read_columns(part, table, list(dict.fromkeys(wanted)), notes)
+        data = data.replace_schema_metadata(None)  # a planted 'pandas' key is never parsed
+        data = upgrade(table, data, version, columns)
+        return _sane(table, data, part.path, notes)
+    except pa.ArrowException as exc:
+        raise ValueError(str(exc)) from None
+
+
+#: Stored types that read as each declared type exactly (a cast that cannot fail or lose).
+_NATIVE = {
+    "int64": ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "null"),
+    "int32": ("int8", "int16", "int32", "uint8", "uint16", "null"),
+    "int16": ("int8", "int16", "uint8", "null"),
+    "bool": ("bool", "null"),
+    "string": ("string", "large_string", "null"),
+    "dict_string": ("string", "large_string", "null"),
+}
+
+
+def _native(declared: str, stored: Any) -> bool:
+    import pyarrow as pa
+
+    if declared == "timestamp_utc":
+        return bool(pa.types.is_timestamp(stored) and stored.tz in (None, "UTC", "+00:00"))
+    if declared in ("string", "dict_string") and pa.types.is_dictionary(stored):
+        return pa.types.is_integer(stored.index_type) and str(stored.value_type) in ("string", "large_string")
+    if declared in ("string_list", "errors_list"):
+        return True  # not in the engines' views
+    return str(stored) in _NATIVE.get(declared, ())
+
+
+def doubts(part: Part, table: str, version: int) -> str:
+    """Why a part cannot be read by an engine straight from the file, as it is ("" when it can):
+    a column of another type than its declaration's, a chunk over its budget, or statistics
+    that do not show every value to be possible (a missing value where one is required, a time
+    or a count out of range, or no statistics to tell). Such a part is read by ``read_part``,
+    which checks every value."""
+    from fdtrace.recording.upgrade import RENAMED
+
+    declared = TABLES_DECLARED[table]
+    stored = {name: part.schema.field(name).type for name in part.schema.names}
+    for spec in declared.fields:
+        if spec.name == "host":
+            continue
+        last, old = RENAMED.get((table, spec.name), (0, ""))
+        name = old if spec.name not in stored and version <= last and old in stored else spec.name
+        if name not in stored:
+            if not spec.nullable:
+                return f"it lacks {spec.name}"
+            continue
+        if not _native(spec.arrow_type, stored[name]):
+            return f"its {name} is {stored[name]}, not {spec.arrow_type}"
+        if spec.arrow_type in ("string_list", "errors_list") or str(stored[name]) == "null":
+            continue
+        checked_range = spec.arrow_type in ("int64", "timestamp_utc") and spec.name not in UNBOUNDED
+        if spec.nullable and not checked_range:
+            continue
+        for rows, low, high, nulls in part.statistics(name):
+            if not rows:
+                continue
+            if not spec.nullable and nulls != 0:
+                return f"its {name} may lack values"
+            if not checked_range or nulls == rows:
+                continue
+            if low is None or high is None:
+                return f"its {name} has no statistics"
+            floor = 0 if spec.name in TIME_COLUMNS or spec.name in NON_NEGATIVE.get(table, ()) else 1 - INT_LIMIT
+            ceiling = TIME_LIMIT if spec.name in TIME_COLUMNS else INT_LIMIT
+            if not floor <= int(low) <= int(high) < ceiling:
+                return f"its {name} holds impossible values"
+    big = oversized(part, table, [n for n in stored if n in declared.columns or _current_name(table, n) != n])
+    if big:
+        return "a column chunk larger than its rows can need"
+    return ""
+
+
+# The part list of a host
+
+
+@dataclass
+class Listing:
+    """One host's part files of one table, as one snapshot: what to read, and what was left out."""
+
+    paths: list[Path]
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _regular_names(folder: Path, skipped: list[str]) -> list[str]:
+    """The names of part files in a folder that are regular files (the others are named)."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        skipped.append(f"{folder}: cannot be listed ({_one_line(exc)})")
+        return []
+    names = []
+    for entry in entries:
+        if part_range(Path(entry.name)) is None:
             continue
         try:
-            present = set(pq.read_schema(path).names)
-            wanted = None if columns is None else [c for c in stored_names(table, columns, version) if c in present]
-            parts.append(upgrade(table, pq.read_table(path, columns=wanted), version, columns))
-        except (OSError, pa.ArrowException, ValueError) as exc:
-            skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
-    return pa.concat_tables(parts, promote_options="default") if parts else None
+            regular = entry.is_file(follow_symlinks=False)
+        except OSError:
+            regular = False
+        if regular:
+            names.append(entry.name)
+        else:
+            skipped.append(f"{folder / entry.name}: not a regular file")
+    return names
+
+
+def _believed(folder: Path, names: list[str], skipped: list[str], notes: list[str]) -> list[str]:
+    """``part_names`` of ``names``, where a merged file that covers parts still there is read
+    only when it holds at least their rows (the parts read instead of one that does not, or of
+    one whose footer cannot be read). Raises FileNotFoundError when a file went meanwhile."""
+    rows: dict[str, int | None] = {}
+
+    def rows_of(name: str) -> int | None:
+        if name not in rows:
+            try:
+                rows[name] = part_rows(folder / name)
+            except FileNotFoundError:
+                raise
+            except (OSError, ValueError):
+                rows[name] = None
+        return rows[name]
+
+    rejected: set[str] = set()
+    while True:
+        doubted = None
+        for name, covered in _covering(n for n in names if n not in rejected).items():
+            first, last = part_range(Path(name)) or (0, 0)
+            own = rows_of(name)
+            instead = part_names(covered)  # what would be read in its place
+            theirs = sum(rows_of(n) or 0 for n in instead)
+            if own is None:
+                doubted = name
+                skipped.append(f"{folder / name}: unreadable footer; the {len(instead)} parts it would cover "
+                               "are read instead")
+            elif own < theirs:
+                doubted = name
+                notes.append(f"{folder / name}: ignored: its name claims flushes {first} to {last}, but it holds "
+                             f"{own:,} rows, fewer than the {theirs:,} of the {len(instead)} parts it would cover "
+                             "(those are read instead)")
+            if doubted:
+                break
+        if doubted is None:
+            return part_names(n for n in names if n not in rejected)
+        rejected.add(doubted)
+
+
+def _covering(names: Iterator[str] | list[str]) -> dict[str, list[str]]:
+    """Of part names, those ``part_names`` keeps that cover others it leaves out, with those.
+    In order of their first flush, a name left out lies within the kept one that reaches
+    furthest so far (it starts no later and ends no earlier), so one pass finds them."""
+    ranges = sorted((covered[0], -covered[1], name) for name in names
+                    if (covered := part_range(Path(name))) is not None)
+    found: dict[str, list[str]] = {}
+    reach, holder = 0, ""
+    for _first, negative_last, name in ranges:
+        if -negative_last > reach:
+            reach, holder = -negative_last, name
+        elif holder:
+            found.setdefault(holder, []).append(name)
+    return found
+
+
+def list_parts(root: Path, table: str, host: str) -> Listing:
+    """One host's part files of ``table`` to read, in order, taken as one snapshot under the
+    host's lock (held shared for the listing only): regular files only, a merged file instead of
+    the parts it covers when it holds their rows (see ``_believed``)."""
+    folder = host_dir(root, table, host)
+    for _ in range(RELISTS + 1):
+        listing = Listing([])
+        with host_lock(root, host):
+            names = _regular_names(folder, listing.skipped)
+        try:
+            kept = _believed(folder, names, listing.skipped, listing.notes)
+        except FileNotFoundError:  # a merge moved a file after the listing: take it again
+            continue
+        listing.paths = [folder / name for name in kept]
+        return listing
+    with host_lock(root, host):  # the writer keeps merging: list and check under its lock
+        listing = Listing([])
+        names = _regular_names(folder, listing.skipped)
+        try:
+            listing.paths = [folder / n for n in _believed(folder, names, listing.skipped, listing.notes)]
+        except FileNotFoundError as exc:
+            listing.skipped.append(f"{folder}: its parts kept changing while read ({_one_line(exc)})")
+    return listing
+
+
+def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: list[str] | None = None,
+               version: int = SCHEMA_VERSION, notes: list[str] | None = None) -> Any:
+    """One host's part files of ``table`` as one ``pyarrow.Table`` of the current declaration of
+    that table (None when there are none), whatever version wrote them: the one upgrade step.
+    Unreadable parts are named in ``skipped``, parts read in part in ``notes`` (in ``skipped``
+    when None). ``columns``: only these; ``version``: the schema version its metadata gives.
+    A part that a merge moved after the listing makes the host's parts be listed again."""
+    import pyarrow as pa
+
+    notes = skipped if notes is None else notes
+    for attempt in range(RELISTS + 1):
+        last = attempt == RELISTS
+        with host_lock(root, host) if last else _nothing():
+            listing = list_parts(root, table, host)
+            parts, said, moved = [], list(listing.notes), False
+            problems = list(listing.skipped)
+            for path in listing.paths:
+                try:
+                    with open_part(path) as part:
+                        parts.append(read_part(part, table, version, columns, said))
+                except FileNotFoundError:
+                    if not last:
+                        moved = True
+                        break
+                    problems.append(f"{path}: gone while it was read")
+                except (OSError, ValueError, pa.ArrowException) as exc:
+                    problems.append(f"{path}: {_one_line(exc)}")
+        if moved:
+            continue
+        skipped.extend(p for p in problems if p not in skipped)
+        notes.extend(n for n in said if n not in notes)
+        return pa.concat_tables(parts, promote_options="default") if parts else None
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
 
 
 def read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str],
-               columns: list[str] | None = None) -> Any:
+               columns: list[str] | None = None, notes: list[str] | None = None) -> Any:
     """One table of some hosts of a recording as a DataFrame (``host`` categorical, in time
-    order), upgraded to the current declaration; unreadable parts are named in ``skipped``."""
+    order), upgraded to the current declaration; unreadable parts are named in ``skipped``,
+    parts read in part in ``notes``."""
     import pandas as pd
     import pyarrow as pa
 
     frames = []
     for host, version in sorted(hosts.items()):
-        data = read_parts(root, table, host, skipped, columns, version)
+        data = read_parts(root, table, host, skipped, columns, version, notes)
         if data is None:
             continue
         # 64-bit stack ids do not survive float64 (pandas' type for an int column with nulls)
@@ -176,28 +825,37 @@ def read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str]
 
 def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
          phases: list[str | Path] | None = None) -> Recording:
-    """Load one recording directory, or several (several hosts), into DataFrames.
+    """Load one recording directory, or several, or a fleet (any directory holding recordings up
+    to 4 levels down), into DataFrames.
 
-    Part files that cannot be read (truncated, corrupt) are skipped and named in ``skipped``;
-    a directory that is not a recording, or one of another schema version, raises FdtraceError.
-    ``columns`` reads only some columns of some tables (``{"events": ["time", "pid", ...]}``),
-    for recordings too large to hold whole. ``phases`` adds phase files to the phases table:
-    what `fdtrace run --phases-out` wrote, or PyTorch profiler (Kineto) traces, which are put on
-    the recording's clock (see ``fdtrace.integrations.phases.kineto``).
+    Part files that cannot be read (truncated, corrupt) are skipped and named in ``skipped``,
+    and so is a host whose metadata cannot be used when other hosts can be read; a second copy
+    of a host's recording is read once (named in ``notes``). A directory that is not a
+    recording, or one of another schema version, raises FdtraceError. ``columns`` reads only
+    some columns of some tables (``{"events": ["time", "pid", ...]}``), for recordings too large
+    to hold whole. ``phases`` adds phase files to the phases table: what `fdtrace run
+    --phases-out` wrote, or PyTorch profiler (Kineto) traces, which are put on the recording's
+    clock (see ``fdtrace.integrations.phases.kineto``).
     """
+    from fdtrace.recording.fleet import find_fleet
+
+    fleet = find_fleet(paths)
+    return load_fleet(fleet, columns, phases)
+
+
+def load_fleet(fleet: Any, columns: dict[str, list[str]] | None = None,
+               phases: list[str | Path] | None = None) -> Recording:
+    """``load()`` of a fleet already found (``fdtrace.recording.fleet.find_fleet``)."""
     import pandas as pd
 
-    roots = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
-    meta: dict[str, dict[str, Any]] = {}
-    skipped: list[str] = []
+    skipped: list[str] = list(fleet.skipped)
+    notes: list[str] = list(fleet.notes)
     tables: dict[str, list[Any]] = {t: [] for t in TABLES}
+    roots = list(dict.fromkeys(h.root for h in fleet.hosts))
     for root in roots:
-        hosts = read_meta(root, skipped)
-        meta.update(hosts)
+        versions = {h.host: h.version for h in fleet.hosts if h.root == root}
         for table in TABLES:
-            wanted = (columns or {}).get(table)
-            versions = {host: meta.get("schema_version", SCHEMA_VERSION) for host, meta in hosts.items()}
-            tables[table].append(read_table(root, table, versions, skipped, wanted))
+            tables[table].append(read_table(root, table, versions, skipped, (columns or {}).get(table), notes))
     frames = {}
     for table, parts in tables.items():
         frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
@@ -206,7 +864,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
         if len(parts) > 1 and "time" in frame.columns:  # several recordings: one wall-clock timeline
             frame = frame.sort_values("time", kind="stable", ignore_index=True)
         frames[table] = frame
-    recording = Recording(meta=meta, skipped=skipped, **frames)
+    recording = Recording(meta=fleet.meta, skipped=skipped, notes=notes, **frames)
     if phases:
         from fdtrace.integrations.phases.files import with_phase_files
 

@@ -144,16 +144,136 @@ def without_summary(schema: Any) -> Any:
     return schema.with_metadata(kept)
 
 
+#: A summary larger than this is not read (a part's is a few KiB; a fleet's merged ones a few MiB).
+MAX_SUMMARY_BYTES = 16 << 20
+#: The type of each column of a summary's lists (None allowed where a value may be missing).
+_TYPES: dict[str, type] = {"kind": str, "n": int, "first": int, "last": int, "pid": int, "comm": str, "errno": str,
+                           "syscall": str,
+          "signal": str, "anon_rss_kb": int, "at": int, "peer_addr": str, "peer_port": int}
+#: The columns of each list that always have a value.
+_REQUIRED = {"kinds": set(KIND_COLUMNS), "failed": {"pid", "kind", "errno", "n", "first"},
+             "connects": {"pid", "errno", "n", "first", "last"}}
+_LISTS = (("kinds", KIND_COLUMNS), ("failed", FAILED_COLUMNS), ("connects", CONNECT_COLUMNS))
+
+
+def _row_problem(name: str, columns: list[str], row: Any) -> str:
+    if not isinstance(row, list) or len(row) != len(columns):
+        return f"a row of {name} is not a list of {len(columns)} values"
+    for column, value in zip(columns, row, strict=True):
+        if value is None and column not in _REQUIRED[name]:
+            continue
+        wanted = _TYPES[column]
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            return f"the {column} of a row of {name} is {type(value).__name__}, not {wanted.__name__}"
+        if column == "n" and isinstance(value, int) and value < 1:
+            return f"a row of {name} counts {value} events"
+    values = dict(zip(columns, row, strict=True))
+    if "last" in values and values["last"] < values["first"]:
+        return f"a row of {name} has its last time before its first"
+    return ""
+
+
+def summary_problem(summary: Any) -> str:
+    """Why ``summary`` is not a summary this fdtrace reads ("" when it is one): its shape, the
+    number and type of every value."""
+    if not isinstance(summary, dict) or summary.get("version") != VERSION:
+        return "not a version 1 summary"
+    for name, columns in _LISTS:
+        rows = summary.get(name)
+        if not isinstance(rows, list):
+            return f"it has no list of {name}"
+        for row in rows:
+            problem = _row_problem(name, columns, row)
+            if problem:
+                return problem
+    kinds = [row[0] for row in summary["kinds"]]
+    if len(set(kinds)) != len(kinds):
+        return "it counts a kind twice"
+    return ""
+
+
+def disagreement(summary: dict[str, Any], rows: int, times: tuple[int, int] | None) -> str:
+    """Where a well-formed summary disagrees with what its part's footer says ("" when it does
+    not): the rows it counts, the times against the part's own lowest and highest time
+    (``times``, when the footer has them), and the failures it lists against the kinds it counts
+    (every fd_error event is an EMFILE or ENFILE; every OOM kill and Go thread limit is listed)."""
+    kinds = {row[0]: row[1] for row in summary["kinds"]}
+    counted = sum(kinds.values())
+    if counted != rows:
+        return f"it counts {counted:,} events, its part holds {rows:,}"
+    if times is not None:
+        low, high = times
+        stamps = [t for row in summary["kinds"] for t in row[2:4]]
+        stamps += [t for row in summary["failed"] for t in (row[7], row[9]) if t is not None]
+        stamps += [t for row in summary["connects"] for t in row[6:8]]
+        outside = [t for t in stamps if not low <= t <= high]
+        if outside:
+            return f"it names a time ({outside[0]}) outside its part's ({low} to {high})"
+    listed: dict[str, int] = {}
+    for row in summary["failed"]:
+        kind = row[2]
+        if kind not in kinds:
+            return f"it lists a failure of kind {str(kind)[:40]!r}, which it does not count"
+        listed[kind] = listed.get(kind, 0) + row[8]
+        if row[3] not in FD_EXHAUSTION_ERRNOS and kind not in ("oom_kill", "go_thread_limit", "process_exit"):
+            return f"it lists a {str(kind)[:40]} failing with {str(row[3])[:40]!r} as a failure"
+    for kind in ("fd_error", "oom_kill", "go_thread_limit"):
+        if listed.get(kind, 0) != kinds.get(kind, 0):
+            return (f"it counts {kinds.get(kind, 0):,} {kind} event{'s' if kinds.get(kind, 0) != 1 else ''} but lists "
+                    f"{listed.get(kind, 0):,} among the failures")
+    for kind, n in listed.items():
+        if n > kinds[kind]:
+            return f"it lists {n:,} failures of {kinds[kind]:,} {kind} events"
+    connects = sum(row[5] for row in summary["connects"])
+    if connects > kinds.get("connect", 0):
+        return f"it lists {connects:,} connect() calls of {kinds.get('connect', 0):,}"
+    return ""
+
+
+def summary_of(part: Any) -> tuple[dict[str, Any] | None, str]:
+    """The summary in an opened part's footer (``fdtrace.recording.reader.Part``) and, when it
+    has one that cannot be believed, why: (None, "") when it has none, (None, why) when it is
+    not one this fdtrace reads or disagrees with the part's own footer (its rows, its times)."""
+    from fdtrace.recording.reader import TIME_LIMIT, loads_bounded
+
+    raw = part.key_value(SUMMARY_KEY)
+    if raw is None:
+        return None, ""
+    if len(raw) > MAX_SUMMARY_BYTES:
+        return None, f"{len(raw):,} bytes, more than fdtrace reads"
+    try:
+        summary = loads_bounded(raw)
+    except ValueError as exc:
+        return None, f"unreadable: {' '.join(str(exc).split())[:120]}"
+    problem = summary_problem(summary)
+    if problem:
+        return None, problem
+    stats = part.statistics("time")
+    times = None
+    if stats and all(low is not None for _, low, _, _ in stats):
+        times = (min(int(low) for _, low, _, _ in stats), max(int(high) for _, _, high, _ in stats))
+        if not 0 <= times[0] <= times[1] < TIME_LIMIT:  # the reader leaves such rows out: its counts would not be
+            return None, "its part holds impossible times"
+    problem = disagreement(summary, part.rows, times)
+    return (None, problem) if problem else (summary, "")
+
+
 def read_summary(path: Path | BinaryIO) -> dict[str, Any] | None:
-    """The summary in a part file's footer (None: it has none, or not one this fdtrace reads);
-    ``path`` may be an open file."""
+    """The summary in a part file's footer (None: it has none, or not one this fdtrace reads,
+    or one that disagrees with its part's footer); ``path`` may be an open file."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from fdtrace.recording.reader import Part
+
     try:
-        metadata = pq.read_metadata(path).metadata or {}
-        summary = json.loads(metadata[SUMMARY_KEY]) if SUMMARY_KEY in metadata else None
-    except (OSError, ValueError, KeyError):
+        if isinstance(path, Path):
+            from fdtrace.recording.reader import open_part
+
+            with open_part(path) as part:
+                return summary_of(part)[0]
+        parquet = pq.ParquetFile(path)
+        part = Part(Path("?"), path, parquet, int(parquet.metadata.num_rows))
+        return summary_of(part)[0]
+    except (OSError, ValueError, KeyError, pa.ArrowException):
         return None
-    if not isinstance(summary, dict) or summary.get("version") != VERSION:
-        return None
-    return summary

@@ -28,7 +28,10 @@ VERSIONS: dict[int, str] = {
        "cgroup, unit, container_id, container_runtime and pod_uid",
     6: "the events' cgroup, unit, container_id, container_runtime and pod_uid (each process's, as in samples)",
     7: "the limit_change event kind (setrlimit/prlimit64 of RLIMIT_NOFILE and RLIMIT_NPROC: the syscalls "
-       "setrlimit and prlimit64, the events' limit_target, limit_resource, limit_soft and limit_hard)",
+       "setrlimit and prlimit64, the events' limit_target, limit_resource, limit_soft and limit_hard); the samples' "
+       "go_max_threads is a Go program's own limit read from its memory, go_limit_unread why not; every haproxy's "
+       "configuration and the stats sockets it names are read without --haproxy-socket (the haproxy table's source, "
+       "nbthread, listeners)",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
@@ -90,7 +93,9 @@ SAMPLES = Table("samples", (
     Field("user_threads", "int64", True, "threads of every process of uid (what RLIMIT_NPROC counts)"),
     Field("pids_current", "int64", True, "tasks in the tightest cgroup pids limit over the process"),
     Field("pids_max", "int64", True, "that cgroup's pids.max"),
-    Field("go_max_threads", "int64", True, "Go's default thread limit, for Go programs"),
+    Field("go_max_threads", "int64", True, "a Go program's thread limit, read from its memory (runtime.sched."
+          "maxmcount: what debug.SetMaxThreads set), or Go's default 10000 where that cannot be read"),
+    Field("go_limit_unread", "dict_string", True, "why a Go program's limit could not be read (its default is shown)"),
     Field("cgroup", "dict_string", True, "its cgroup: v2's path, else v1's systemd (or pids) hierarchy's"),
     Field("unit", "dict_string", True, "its systemd unit (the innermost .service or .scope of the path)"),
     Field("container_id", "dict_string", True, "its container's id (docker, containerd, cri-o, podman)"),
@@ -153,11 +158,16 @@ HAPROXY_INFO_FIELDS: tuple[tuple[str, str], ...] = (
 
 HAPROXY = Table("haproxy", (
     _TS,
-    Field("socket", "string", False, "the stats socket's path"),
-    Field("error", "string", True, "why the socket did not answer (then no figures)"),
+    Field("socket", "string", False, "the stats socket's path (source configuration: the configuration's)"),
+    Field("error", "string", True, "why the socket did not answer, or the configuration was not read (no figures)"),
     *(Field(column, "int64", True, f"show info: {name}") for name, column in HAPROXY_INFO_FIELDS),
+    Field("source", "dict_string", True, "asked (--haproxy-socket), found (a stats socket its configuration names), "
+          "or configuration (its maxconn, ulimit-n, nbthread and listeners, and the Maxsock they make)"),
+    Field("nbthread", "int64", True, "source configuration: nbthread"),
+    Field("listeners", "int64", True, "source configuration: its bind lines"),
     _TIME,
-), "HAProxy's `show info` through --haproxy-socket, every interval")
+), "HAProxy: `show info` of its stats sockets (--haproxy-socket, or named in its configuration), and what its "
+   "configuration demands")
 
 CONNECTIONS = Table("connections", (
     _TS,

@@ -144,6 +144,8 @@ class PrometheusSink:
         maxconn = GaugeMetricFamily("fdtrace_haproxy_maxconn", "HAProxy's connection limit (show info Maxconn).",
                                     labels=["socket"])
         for row in snap.haproxy:
+            if row.get("source") == "configuration":  # what its configuration demands, not a socket's answer
+                continue
             if row.get("curr_conns") is not None:
                 conns.add_metric([str(row["socket"])], float(row["curr_conns"] or 0))
             if row.get("maxconn") is not None:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fdtrace.integrations.haproxy import HaproxySampler
+from fdtrace.integrations.haproxy import HaproxySampler, HaproxyWatch
 from fdtrace.integrations.phases.live import LivePhases
 from fdtrace.kernel.clock import ClockQualityReader, sample_offsets
 from fdtrace.kernel.counters import CounterStore
@@ -72,8 +72,10 @@ class LiveSource:
         self.options = options or LiveOptions()
         self.kernel = KernelSession(self.options.trace, keep_exited=self.options.keep_exited)
         self.sampler = sampler or ProcSampler(cmdline=self.options.cmdline)
+        # Stats sockets asked for, and those the configurations of the haproxys sampled name.
         self.haproxy = (HaproxySampler(list(self.options.haproxy_sockets), interval_s=self.options.interval_s)
-                        if self.options.haproxy_sockets else None)
+                        if self.options.haproxy_sockets or self.options.sample else None)
+        self._haproxy_watch = HaproxyWatch(ProcFS(), self.haproxy) if self.options.sample else None
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
         self._procfs = ProcFS()
         self._pids_with_events: set[int] = set()
@@ -166,6 +168,8 @@ class LiveSource:
                         self.sampler.skip(error)
         self._pids_with_events.clear()
         haproxy = self.haproxy.sample() if self.haproxy is not None else []
+        if self._haproxy_watch is not None:
+            haproxy = self._haproxy_watch.look(samples) + haproxy
         sample_round = SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
                                    system, haproxy, offsets)
         update.counters = self.kernel.read_counters()

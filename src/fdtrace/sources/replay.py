@@ -22,7 +22,7 @@ from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Updat
 from fdtrace.policy import incident_mask
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.threads import ThreadState
-from fdtrace.recording import read_meta, read_parts
+from fdtrace.recording import read_parts
 from fdtrace.schema import STATS, TABLES, arrow_schema
 
 
@@ -67,20 +67,23 @@ class EventPlayer:
 
     def __init__(self, paths: str | Path | list[str | Path] | list[Path], speed: float = 1.0,
                  clock: Callable[[], int] = time.monotonic_ns, skipped: list[str] | None = None,
-                 hosts: list[tuple[Path, str, int]] | None = None) -> None:
+                 hosts: list[tuple[Path, str, int]] | None = None, notes: list[str] | None = None) -> None:
         roots = _roots(paths)
         self.skipped: list[str] = skipped if skipped is not None else []
+        self.notes: list[str] = notes if notes is not None else []
         events, losses = [], []
-        for root, host, version in hosts if hosts is not None else recorded_hosts(roots, self.skipped):
-            part = read_parts(root, "events", host, self.skipped, version=version)
+        for root, host, version in hosts if hosts is not None else recorded_hosts(roots, self.skipped, self.notes):
+            part = read_parts(root, "events", host, self.skipped, version=version, notes=self.notes)
             if part is not None:
                 events.append(_with_host(part, host))
-            loss = read_parts(root, "losses", host, self.skipped, version=version)
+            loss = read_parts(root, "losses", host, self.skipped, version=version, notes=self.notes)
             if loss is not None:
-                losses.append(loss)
+                losses.append(loss.append_column("host", pa.array([host] * loss.num_rows, pa.string())))
         if not events:
             raise FdtraceError(f"{', '.join(map(str, roots))}: the recording holds no events to replay")
-        table = pa.concat_tables(events)
+        table = _in_span(pa.concat_tables(events), losses, self.notes)
+        if not table.num_rows:
+            raise FdtraceError(f"{', '.join(map(str, roots))}: the recording holds no events to replay")
         self.events = table.take(pc.sort_indices(table, [("time", "ascending")]))
         self._times = self.events["time"].cast(pa.int64()).to_numpy()
         self._loss_times, self._loss_totals = self._loss_index(losses)
@@ -226,10 +229,44 @@ class EventPlayer:
         return {name: int(totals[index]) if index >= 0 else 0 for name, totals in self._loss_totals.items()}
 
 
-def recorded_hosts(roots: list[Path], skipped: list[str]) -> list[tuple[Path, str, int]]:
-    """(recording, host, schema version) of every readable host, its metadata read once."""
-    return [(root, host, meta["schema_version"]) for root in roots
-            for host, meta in read_meta(root, skipped).items()]
+def _in_span(events: pa.Table, losses: list[pa.Table], notes: list[str]) -> pa.Table:
+    """The events within the recording's span (``fdtrace.analysis.span``: from the recorder's
+    rounds); those far outside it are left out of the replay, and named in ``notes``."""
+    import pandas as pd
+
+    from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
+    from fdtrace.analysis.span import span_on
+
+    frames = {"events": pd.DataFrame({"host": events["host"].cast(pa.string()).to_pandas(),
+                                      "time": events["time"].to_pandas(),
+                                      "kind": events["kind"].cast(pa.string()).to_pandas()})}
+    if losses:
+        rounds = pa.concat_tables([t.select(["host", "time"]) for t in losses])
+        frames["losses"] = rounds.to_pandas()
+    engine = DuckDBEngine.over_frames(frames)
+    try:
+        span = span_on(engine)
+    finally:
+        engine.close()
+    if not span.outside or span.first_ns is None or span.last_ns is None:
+        return events
+    notes.append(span.describe().replace("left off the timelines", "not replayed"))
+    stamps = events["time"].cast(pa.int64())
+    return events.filter(pc.and_(pc.greater_equal(stamps, span.first_ns), pc.less_equal(stamps, span.last_ns)))
+
+
+def recorded_hosts(roots: list[Path], skipped: list[str],
+                   notes: list[str] | None = None) -> list[tuple[Path, str, int]]:
+    """(recording, host, schema version) of every readable host, its metadata read once; a host
+    whose metadata cannot be used is named in ``skipped`` (the others are replayed), a second
+    copy of a host's recording in ``notes``."""
+    from fdtrace.recording.fleet import find_fleet
+
+    fleet = find_fleet(list[str | Path](roots))
+    skipped += [s for s in fleet.skipped if s not in skipped]
+    if notes is not None:
+        notes += fleet.notes
+    return [(h.root, h.host, h.version) for h in fleet.hosts]
 
 
 def _roots(paths: str | Path | list[str | Path] | list[Path]) -> list[Path]:
@@ -250,13 +287,15 @@ class ReplaySource:
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         roots = _roots(paths)
         self.skipped: list[str] = []
-        hosts = recorded_hosts(roots, self.skipped)
-        self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts)
+        self.notes: list[str] = []
+        hosts = recorded_hosts(roots, self.skipped, self.notes)
+        self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts,
+                                  notes=self.notes)
         tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock",
                                                                    "fd_sites", "thread_census", "stacks")}
         for root, host, version in hosts:
             for name, bucket in tables.items():
-                part = read_parts(root, name, host, self.skipped, version=version)
+                part = read_parts(root, name, host, self.skipped, version=version, notes=self.notes)
                 if part is not None:
                     bucket.append(part)
         self._host = ",".join(dict.fromkeys(host for _, host, _ in hosts))

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from fdtrace.display import shown
 from fdtrace.integrations.phases.live import PhaseNow
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN, need_of, with_margin
 from fdtrace.procfs.threads import describe_state
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
 
@@ -255,9 +255,9 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
         share = count / limit if limit else None
         text.append(f"thread limit: {kind}, {count} of {limit} ", style="")
         text.append(f"({share:.0%})" if share is not None else "", style=usage_style(share))
-        if kind == "Go default":
-            text.append("  (a lower limit set by debug.SetMaxThreads is not visible until the runtime says it was "
-                        "exceeded)", style="dim")
+        if kind == "Go default" and view.go_limit_unread:
+            text.append(f"  (its own limit could not be read: {shown(view.go_limit_unread)}; a lower one set by "
+                        "debug.SetMaxThreads shows when the runtime says it was exceeded)", style="dim")
         text.append("\n")
     if view.go_thread_limit is not None:
         text.append(f"the Go runtime said: program exceeds {view.go_thread_limit}-thread limit (it exits 2)\n",
@@ -293,6 +293,26 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
             where = "(from before tracing)" if key is None else site_names.get(key, "(stack not read yet)")
             trend = "" if growth is None else f"  {growth:+.0f}/min"
             text.append(f"  {count:>7}{trend:<10}  {shown(where)}\n")
+    change = fd_recommendation(view)
+    if change is not None:
+        text.append("\nwhat to change: ", style="bold")
+        text.append(shown(change) + "  (d: doctor's checks of this process)\n", style="bold red")
     if view.alerts:
         text.append("\nalerts: " + shown(", ".join(view.alerts)) + "\n", style="bold red")
     return text
+
+
+def fd_recommendation(view: ProcessView) -> str | None:
+    """The RLIMIT_NOFILE to set for a process that failed with EMFILE or nears its limit: the one
+    needs model (``policy.need_of``) doctor, info and the report apply, on what the view saw."""
+    soft = view.fd_soft_limit
+    peak = max((fds for _, fds in view.history), default=view.open_fds)
+    need, basis = need_of(soft, peak, view.emfile, view.emfile_worst_second, view.maxsock,
+                          maxsock_from=view.maxsock_from)
+    near = soft is not None and need >= soft * USAGE_WARN
+    if not view.emfile and not near:
+        return None
+    hard = "unlimited" if view.fd_hard_limit is None else max(with_margin(need), view.fd_hard_limit)
+    return (f"RLIMIT_NOFILE soft limit {with_margin(need)} (needed {need}: {basis}; now "
+            f"{soft if soft is not None else 'unlimited'}): LimitNOFILE= in its systemd unit, or prlimit --pid "
+            f"{view.pid} --nofile={with_margin(need)}:{hard} now")

@@ -27,6 +27,7 @@ OOM kill on top; processes that ended below the live ones)
 
 [b]Keys[/b]
   enter  details of the selected process     /  filter by name, pid, unit or container (escape clears)
+  d      (in the details) doctor's checks of the process: its limits and what to change
   e      non-zero exits in the log too
   s      next sort order     r  reverse it    p  freeze the view (collection goes on)
   f      follow the selected process          g G  first/last row (home, end)
@@ -37,10 +38,49 @@ OOM kill on top; processes that ended below the live ones)
 """
 
 
+class DoctorScreen(Screen[None]):
+    """Doctor's checks of one running process: its limits, where they are set, and what to change
+    (the same table `fdtrace doctor --pid PID` prints), read on a worker thread."""
+
+    BINDINGS = [Binding("escape,q,d", "app.pop_screen", "Back")]
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(f"doctor: checking pid {self.pid} ...", id="doctor")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.run_worker(self._check, thread=True)
+
+    def _check(self) -> None:
+        from rich.text import Text
+
+        from fdtrace.display import shown_lines
+        from fdtrace.doctor.checks import Doctor
+        from fdtrace.doctor.report import as_table
+
+        checks = Doctor().process_checks(self.pid)
+        text = as_table(checks) if checks else f"pid {self.pid} is gone: run fdtrace doctor --from a recording of it"
+        self.app.call_from_thread(self.query_one("#doctor", Static).update, Text(shown_lines(text)))
+
+
 class ProcessScreen(Screen[None]):
     """One process: FDs against its limit over time, rates, errors by syscall, threads, limits."""
 
-    BINDINGS = [Binding("escape,q", "app.pop_screen", "Back")]
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "Back"), Binding("d", "doctor", "Doctor")]
+
+    def action_doctor(self) -> None:
+        """d: doctor's checks of this process (live only: a replay's process is not running)."""
+        app: FdtraceApp = self.app  # type: ignore[assignment]
+        if not app.live:
+            self.notify(f"doctor's checks read a running process: fdtrace doctor --pid {self.pid} --from DIR "
+                        "checks one from a recording", markup=False)
+            return
+        app.push_screen(DoctorScreen(self.pid))
 
     def __init__(self, pid: int) -> None:
         super().__init__()

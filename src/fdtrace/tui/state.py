@@ -30,6 +30,10 @@ MAX_SITES = 10_000  # call-site names kept for the detail screen (--stacks)
 RATE_KINDS = ("socket", "accept", "connect", "close", "thread_start")
 
 
+#: HAProxy processes whose demands are kept (their views may come later).
+MAX_DEMANDED = 1024
+
+
 @dataclass
 class ProcessView:
     """One process as the view shows it."""
@@ -47,7 +51,13 @@ class ProcessView:
     totals: Counter[str] = field(default_factory=Counter)
     rates: dict[str, float] = field(default_factory=dict)
     fd_exhaustion_errors: int = 0  # EMFILE + ENFILE from any syscall
+    emfile: int = 0  # EMFILE of any call (the needs model's count)
+    emfile_worst_second: int = 0  # EMFILE in its worst UTC second so far
+    _emfile_second: tuple[int, int] = (-1, 0)  # (the second being counted, its count)
+    maxsock: int | None = None  # what HAProxy sized itself for (show info), or its configuration demands
+    maxsock_from: str | None = None  # "configuration" when only the configuration said
     go_thread_limit: int | None = None  # the N of Go's "program exceeds N-thread limit", when it said so
+    go_limit_unread: str | None = None  # why its Go limit could not be read from its memory
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
     history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     thread_history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -228,6 +238,7 @@ class IncidentState:
         self.logged = 0  # log lines ever written; the view shows those past what it has shown
         self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
         self.haproxy: dict[str, HaproxyView] = {}
+        self._demanded: dict[int, tuple[int, str | None]] = {}  # haproxy pid -> (Maxsock, from)
         self.phases: dict[int, PhaseNow] = {}  # training processes under `fdtrace run`, by pid
         self.site_names: dict[int, str] = {}  # --stacks: stack id -> the call site it names
 
@@ -249,6 +260,8 @@ class IncidentState:
             view.start_ns = start_ns
         if comm:
             view.comm = comm
+        if view.maxsock is None and pid in self._demanded:
+            view.maxsock, view.maxsock_from = self._demanded[pid]
         return view
 
     def apply_events(self, events: pa.Table) -> None:
@@ -279,6 +292,8 @@ class IncidentState:
             times = errors["time"].cast(pa.int64()).to_pylist()
             for key, when in zip(keys, times, strict=True):
                 self._window_error_first.setdefault(key, when)
+                if key[2] == "EMFILE":  # per UTC second, as the needs model counts them
+                    self._count_emfile_second(self.processes[key[0]], when)
             for (pid, syscall, errno), count in Counter(keys).items():
                 view = self.processes[pid]
                 view.errors[(syscall, errno)] += count
@@ -291,6 +306,15 @@ class IncidentState:
         if pc.any(rare).as_py():
             for row in plain_rows(events.filter(rare)):
                 self._lifecycle(row)
+
+    @staticmethod
+    def _count_emfile_second(view: ProcessView, when_ns: int) -> None:
+        view.emfile += 1
+        second, count = view._emfile_second
+        now = when_ns // 1_000_000_000
+        count = count + 1 if now == second else 1
+        view._emfile_second = (now, count)
+        view.emfile_worst_second = max(view.emfile_worst_second, count)
 
     def _destinations(self, events: pa.Table) -> None:
         """Count each process's connect() calls by destination (at most MAX_DESTINATIONS each)."""
@@ -351,6 +375,7 @@ class IncidentState:
             view.sockets = sample.sockets
             view.threads = sample.threads
             view.thread_limit = binding_limit(sample)
+            view.go_limit_unread = getattr(sample, "go_limit_unread", None)
             view.placement = (sample.cgroup, sample.unit, sample.container_id, sample.container_runtime,
                               sample.pod_uid)
             view.history.append((time_ns, sample.open_fds))
@@ -389,10 +414,29 @@ class IncidentState:
         while len(self.site_names) > MAX_SITES:
             self.site_names.pop(next(iter(self.site_names)))
 
+    def _demands(self, row: dict[str, Any]) -> None:
+        """What an haproxy sized itself for (show info's Maxsock), or failing that what its
+        configuration demands: the needs model's "what the program demands of itself"."""
+        pid, maxsock = row.get("haproxy_pid"), row.get("maxsock")
+        if pid is None or maxsock is None:
+            return
+        from_config = row.get("source") == "configuration"
+        known = self._demanded.get(int(pid))
+        if from_config and known is not None and known[1] is None:
+            return  # show info's own figure is better
+        self._demanded[int(pid)] = (int(maxsock), "configuration" if from_config else None)
+        while len(self._demanded) > MAX_DEMANDED:
+            self._demanded.pop(next(iter(self._demanded)))
+        if int(pid) in self.processes:
+            self.processes[int(pid)].maxsock, self.processes[int(pid)].maxsock_from = self._demanded[int(pid)]
+
     def apply_haproxy(self, rows: list[dict[str, Any]], time_ns: int) -> None:
         """Fold in `show info` samples: alert when CurrConns stays above 90 % of maxconn for 30 s,
         and say once when a socket does not answer."""
         for row in rows:
+            self._demands(row)
+            if row.get("source") == "configuration":  # what it demands, not its state
+                continue
             view = self.haproxy.setdefault(row["socket"], HaproxyView(row["socket"]))
             if row.get("error"):  # keep the last answer: a socket times out when HAProxy is out of FDs
                 if view.error is None:

@@ -13,6 +13,8 @@ an engine types time. Results come back as pandas DataFrames.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -69,20 +71,62 @@ def select_list(table: str, present: set[str], time_expr: str, host_expr: str,
     return ", ".join(items)
 
 
-def readable_parts(fleet: Any, table: str) -> tuple[list[str], set[str]]:
-    """The part files of ``table`` whose footer can be read, and the columns any of them has;
-    the others are named in ``fleet.skipped`` (a truncated or foreign file)."""
-    import pyarrow.parquet as pq
+@dataclass
+class TableFiles:
+    """What an engine reads of one table of a fleet: the part files it reads itself
+    (``direct``, with the columns any of them has), and the rows of those that fdtrace's reader
+    read instead (``read``: a ``pyarrow.Table`` of the view's columns with ``host`` and ``time``
+    as integer ns, or None), because the engine could not take them as they are."""
 
-    files, present = [], set()
-    for _, path in fleet.parts(table):
+    direct: list[str] = field(default_factory=list)
+    present: set[str] = field(default_factory=set)
+    read: Any = None
+
+
+class PartGoneError(Exception):
+    """A part file of the fleet's list went (a recorder merged it): list the parts again."""
+
+
+def table_files(fleet: Any, table: str, demoted: set[Path] | frozenset[Path] = frozenset()) -> TableFiles:
+    """The part files of ``table`` (``fleet.parts``) an engine reads, and the rows of the others:
+    a part whose footer shows it to be sound (``reader.doubts``) is read by the engine from the
+    file; any other (or one in ``demoted``: the engine could not read it) is read by fdtrace's
+    reader, which checks every value, and what it leaves out is named in the fleet's ``notes``;
+    one that cannot be read at all is named in its ``skipped``. The parts read by fdtrace are
+    in ``fleet.doubted``. Raises PartGoneError when a listed file went meanwhile."""
+    import pyarrow as pa
+
+    from fdtrace.recording.reader import doubts, open_part, read_part
+
+    found = TableFiles()
+    read = []
+    wanted = [f.name for f in view_fields(table)]
+    for recording, path in fleet.parts(table):
         try:
-            present |= set(pq.read_schema(path).names)
-        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            fleet.skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
+            with open_part(path) as part:
+                if path not in demoted and not doubts(part, table, recording.version):
+                    found.direct.append(str(path))
+                    found.present |= set(part.schema.names)
+                    fleet.doubted.discard(path)
+                    continue
+                notes: list[str] = []
+                data = read_part(part, table, recording.version, wanted, notes)
+        except FileNotFoundError:
+            raise PartGoneError(str(path)) from None
+        except (OSError, ValueError, pa.ArrowException) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            fleet.damaged.add(path)
+            fleet.skip(f"{path}: {' '.join(str(exc).split())[:200]}")
             continue
-        files.append(str(path))
-    return files, present
+        fleet.doubted.add(path)
+        fleet.notes += [n for n in notes if n not in fleet.notes]
+        columns = {"host": pa.array([recording.host] * data.num_rows, pa.string())}
+        for name in data.column_names:
+            column = data[name]
+            columns[name] = column.cast(pa.int64()) if pa.types.is_timestamp(column.type) else column
+        read.append(pa.table(columns))
+    if read:
+        found.read = pa.concat_tables(read, promote_options="default")
+    return found
 
 
 class Engine(ABC):

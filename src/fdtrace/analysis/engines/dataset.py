@@ -16,11 +16,12 @@ from fdtrace.errors import FdtraceError
 from fdtrace.recording import Recording
 from fdtrace.recording.fleet import Fleet, find_fleet
 from fdtrace.recording.layout import TABLES
-from fdtrace.recording.reader import read_table
+from fdtrace.recording.reader import load_fleet, open_part, part_rows, read_table
 
-#: ``auto`` loads into pandas below this many bytes of events and samples (about 5 M events, 1 GiB
-#: in pandas), and uses DuckDB above.
-AUTO_PANDAS_BYTES = 64 << 20
+#: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly;
+#: about 1 GiB in pandas), and uses DuckDB above. Bytes on disk would not tell: a merged file of a
+#: long ``--rotate`` recording compresses 10 to 50 times.
+AUTO_PANDAS_ROWS = 5_000_000
 
 #: Tables small enough to read into pandas whole, whatever the fleet's size (one row per round
 #: and host, or bounded per host).
@@ -37,6 +38,8 @@ class EngineRecording:
         fleet: the host recordings found.
         meta: run metadata by host.
         skipped: files and hosts that could not be read, with the reason.
+        notes: files read in part, or read by fdtrace's reader instead of the engine's (values cut,
+            rows left out, footer summaries not believed, second copies of a host), with the reason.
         clock_offsets: each host's clock offset from the reference host's, from the connections
             between them (``fdtrace.analysis.clock.host_offsets``); None for one host.
         clock_corrected: whether the views' times are on the reference clock.
@@ -46,6 +49,7 @@ class EngineRecording:
     fleet: Fleet
     meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     clock_offsets: pd.DataFrame | None = None
     clock_corrected: bool = False
     _small: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
@@ -64,10 +68,12 @@ class EngineRecording:
         if name not in self._small:
             frames: list[pd.DataFrame] = []
             problems: list[str] = []
+            notes: list[str] = []
             for root in sorted({h.root for h in self.fleet.hosts}):
                 hosts = {h.host: h.version for h in self.fleet.hosts if h.root == root}
-                frames.append(read_table(root, name, hosts, problems))
+                frames.append(read_table(root, name, hosts, problems, notes=notes))
             self.skipped += [p for p in problems if p not in self.skipped]  # the views may have named them
+            self.notes += [n for n in notes if n not in self.notes]
             frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             frame["host"] = frame["host"].astype(str).astype("category")
             if self.clock_corrected:  # on the views' clock
@@ -91,7 +97,19 @@ class EngineRecording:
             shifts = {str(r.host): int(r.offset_ns) for r in self.clock_offsets.itertuples()}
         complete = True
         for recording, path in self.fleet.parts("events"):
-            summary = module.read_summary(path)
+            if path in self.fleet.doubted:  # fdtrace's reader may leave rows out that its summary counts
+                complete = False
+                break
+            try:
+                with open_part(path) as part:
+                    summary, why = module.summary_of(part)
+            except (OSError, ValueError):  # gone (a recorder merged it) or unreadable: the events tell
+                complete = False
+                break
+            if why:
+                note = f"{path}: its footer summary is not used ({why}): its events are read instead"
+                if note not in self.notes:
+                    self.notes.append(note)
             if summary is None:
                 complete = False
                 break
@@ -121,13 +139,15 @@ class EngineRecording:
         self.engine.close()
 
 
-def _size(fleet: Fleet) -> int:
+def _rows(fleet: Fleet) -> int:
+    """Rows of events and samples, from the part files' footers (a file that cannot tell counts 0:
+    the readers name it)."""
     total = 0
     for table in ("events", "samples"):
         for _, path in fleet.parts(table):
             try:
-                total += path.stat().st_size
-            except OSError:
+                total += part_rows(path)
+            except (OSError, ValueError):
                 continue
     return total
 
@@ -136,7 +156,7 @@ def _chosen(fleet: Fleet, engine: str) -> str:
     if engine not in (*ENGINES, "auto"):
         raise FdtraceError(f"unknown engine {engine!r}: one of auto, {', '.join(ENGINES)}")
     if engine == "auto":
-        return "pandas" if _size(fleet) < AUTO_PANDAS_BYTES else "duckdb"
+        return "pandas" if _rows(fleet) < AUTO_PANDAS_ROWS else "duckdb"
     return engine
 
 
@@ -148,12 +168,11 @@ def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") ->
 def load_with_engine(paths: str | Path | list[str | Path], engine: str = "pandas", spark_master: str | None = None,
                      memory_limit: str | None = None, clock_correction: bool = True) -> Recording | EngineRecording:
     """``fdtrace.analysis.load``: see there."""
-    from fdtrace.recording import load
-
     fleet = find_fleet(paths)
     engine = _chosen(fleet, engine)
     if engine == "pandas":
-        return load(list(dict.fromkeys(h.root for h in fleet.hosts)))
+        fleet.refresh()  # listed again when read: the listing for the choice may be old by now
+        return load_fleet(fleet)
     from fdtrace.analysis.clock import corrections, host_offsets
 
     def views(shifts: dict[str, int] | None) -> Engine:
@@ -174,7 +193,7 @@ def load_with_engine(paths: str | Path | list[str | Path], engine: str = "pandas
         seen = len(fleet.skipped)
         runner = views(shifts)
         del fleet.skipped[seen:]  # named once already
-    return EngineRecording(runner, fleet, fleet.meta, fleet.skipped, clock_offsets=offsets,
+    return EngineRecording(runner, fleet, fleet.meta, fleet.skipped, fleet.notes, clock_offsets=offsets,
                            clock_corrected=bool(shifts))
 
 

@@ -10,13 +10,15 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import Engine, quote, readable_parts, select_list, view_fields
+from fdtrace.analysis.engines import Engine, PartGoneError, TableFiles, quote, select_list, table_files, view_fields
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import Fleet
 from fdtrace.schema import TABLES
 
 #: Where DuckDB's regular expression finds a part file's host in its path.
 HOST_OF_PATH = r"host=([^/]+)/[^/]+$"
+#: How many times the views are made again after a file went or could not be read, at most.
+RETRIES = 8
 
 
 def _connect(memory_limit: str | None, threads: int | None) -> tuple[Any, Path]:
@@ -52,6 +54,8 @@ class DuckDBEngine(Engine):
         self._columns = columns
         self._fleet: Fleet | None = None
         self._offsets: dict[str, int] | None = None
+        self._files: dict[str, TableFiles] = {}  # per table, from the fleet's current part lists
+        self._demoted: set[Path] = set()  # files DuckDB failed on: fdtrace's reader reads them
 
     @classmethod
     def over_frames(cls, frames: dict[str, pd.DataFrame], memory_limit: str | None = None) -> DuckDBEngine:
@@ -89,53 +93,99 @@ class DuckDBEngine(Engine):
     @classmethod
     def over_fleet(cls, fleet: Fleet, memory_limit: str | None = None, threads: int | None = None,
                    offsets: dict[str, int] | None = None) -> DuckDBEngine:
-        """Views over every readable part file of the fleet. Files whose footer cannot be read
-        (truncated, not Parquet) are left out and named in ``fleet.skipped``."""
+        """Views over every readable part file of the fleet: those whose footer shows them sound
+        are read by DuckDB from the files, the others by fdtrace's reader (``table_files``);
+        files that cannot be read at all are left out and named in ``fleet.skipped``."""
         connection, spill = _connect(memory_limit, threads)
         engine = cls(connection, spill, {})
         engine._fleet, engine._offsets = fleet, offsets
-        engine._views()
+        try:
+            engine._views()
+        except BaseException:
+            engine.close()
+            raise
         return engine
 
     def _views(self) -> None:
-        """(Re)create the views over the fleet's readable parts."""
+        """(Re)create the views over the fleet's parts; when a file went (a recorder merged it),
+        the parts are listed again; when DuckDB cannot take a file, fdtrace's reader reads it."""
+        import duckdb
+
+        gone = 0
+        while gone < RETRIES:
+            try:
+                self._create_views()
+                return
+            except PartGoneError:
+                gone += 1
+                self._refreshed()
+            except duckdb.Error as exc:
+                recovered = self._recover(exc, probe="DESCRIBE SELECT * FROM read_parquet({file})")
+                if not recovered:
+                    raise FdtraceError(f"a recording could not be read: {' '.join(str(exc).split())[:300]}") \
+                        from None
+                gone += recovered == "gone"
+        raise FdtraceError("a recording could not be read: its part files kept changing while it was read")
+
+    def _create_views(self) -> None:
         fleet, offsets, connection = self._fleet, self._offsets, self._connection
         assert fleet is not None
         columns = {}
         for table in TABLES:
-            files, present = readable_parts(fleet, table)
-            if files:
-                listing = select_list(table, present, 'epoch_ns("time")',
+            if table not in self._files:
+                self._files[table] = table_files(fleet, table, self._demoted)
+            files = self._files[table]
+            sources = []
+            if files.direct:
+                listing = select_list(table, files.present, 'epoch_ns("time")',
                                       f"regexp_extract(filename, {quote(HOST_OF_PATH)}, 1)", offsets)
-                source = (f"read_parquet([{', '.join(quote(f) for f in files)}], union_by_name=true, "
-                          "filename=true, hive_partitioning=false)")
-            else:
-                listing = select_list(table, set(), "NULL", "NULL")
-                source = "(SELECT 1) AS nothing WHERE false"
-            connection.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {listing} FROM {source}")
+                sources.append(f"SELECT {listing} FROM read_parquet([{', '.join(quote(f) for f in files.direct)}], "
+                               "union_by_name=true, filename=true, hive_partitioning=false)")
+            if files.read is not None:
+                connection.register(f"_read_{table}", files.read)
+                listing = select_list(table, set(files.read.column_names), '"time"', '"host"', offsets)
+                sources.append(f"SELECT {listing} FROM _read_{table}")
+            if not sources:
+                sources.append(f"SELECT {select_list(table, set(), 'NULL', 'NULL')} FROM (SELECT 1) AS nothing "
+                               "WHERE false")
+            connection.execute(f"CREATE OR REPLACE VIEW {table} AS {' UNION ALL '.join(sources)}")
             columns[table] = frozenset({f.name for f in view_fields(table)} | {"host", "time_ns"})  # absent: NULL
         self._columns = columns
 
-    def _leave_out_damaged(self) -> bool:
-        """After a read failed: find the part files whose data (not only their footer) cannot be
-        read, name them in the fleet's ``skipped``, and build the views without them. Whether
-        there were any."""
-        import pyarrow.parquet as pq
+    def _refreshed(self) -> None:
+        """List the fleet's parts again (a recorder merged some away)."""
+        assert self._fleet is not None
+        self._fleet.refresh()
+        self._files.clear()
 
-        if self._fleet is None:
-            return False
-        found = False
-        for table in TABLES:
-            for _, path in self._fleet.parts(table):
+    def _recover(self, exc: Exception, probe: str) -> str:
+        """After DuckDB failed on the files: whether the views can be made again without what
+        failed. A listed file that went means the parts are listed again; a file DuckDB cannot
+        read (named in its error, or found by running ``probe`` over each file alone) is read by
+        fdtrace's reader instead, which names it when it cannot read it either. Returns "gone",
+        "demoted" or "" (nothing to recover: the error is not a file's)."""
+        import duckdb
+
+        direct = [Path(f) for files in self._files.values() for f in files.direct]
+        if any(not path.exists() for path in direct):
+            self._refreshed()
+            return "gone"
+        message = str(exc)
+        named = [path for path in direct if str(path) in message]
+        if not named:
+            for path in direct:
                 try:
-                    pq.ParquetFile(path).read()
-                except (OSError, ValueError) as exc:  # ArrowInvalid and ArrowIOError among them
-                    self._fleet.damaged.add(path)
-                    self._fleet.skipped.append(f"{path}: {' '.join(str(exc).split())[:200]}")
-                    found = True
-        if found:
-            self._views()
-        return found
+                    for _ in self._connection.sql(probe.format(file=quote(str(path)))).to_arrow_reader():
+                        pass
+                except duckdb.Error:
+                    named.append(path)
+        if not named:
+            return ""
+        self._demoted |= set(named)
+        for table, files in list(self._files.items()):
+            if any(str(path) in files.direct for path in named):
+                del self._files[table]
+        return "demoted"
 
     def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
         import duckdb
@@ -143,16 +193,22 @@ class DuckDBEngine(Engine):
         for name, frame in (inputs or {}).items():
             self._connection.register(name, frame)
         try:
-            try:
-                return self._connection.execute(sql).df()
-            except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException):
-                raise  # a wrong query, not a wrong file
-            except duckdb.Error:
-                # A part whose footer reads but whose pages do not (damaged on disk or in a copy):
-                # left out, named, and the query run again over the rest.
-                if not self._leave_out_damaged():
-                    raise
-                return self._connection.execute(sql).df()
+            gone = 0
+            while True:
+                try:
+                    return self._connection.execute(sql).df()
+                except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException):
+                    raise  # a wrong query, not a wrong file
+                except duckdb.Error as exc:
+                    # A part whose footer reads but whose pages do not (damaged on disk or in a
+                    # copy), or one a recorder merged away since the views were made: the views
+                    # are made again without it, and the query run again.
+                    recovered = self._recover(exc, probe="SELECT * FROM read_parquet({file})") \
+                        if self._fleet is not None else ""
+                    gone += recovered == "gone"
+                    if not recovered or gone > RETRIES:
+                        raise
+                    self._views()
         except duckdb.Error as exc:
             raise FdtraceError(f"a recording could not be read: {' '.join(str(exc).split())[:300]}") from None
         finally:

@@ -11,12 +11,14 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import Engine, quote, readable_parts, select_list, view_fields
+from fdtrace.analysis.engines import Engine, PartGoneError, quote, select_list, table_files, view_fields
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import Fleet
 from fdtrace.recording.layout import TABLES
 
 HOST_OF_PATH = r"host=([^/]+)/[^/]+$"
+#: How many times the parts are listed again when a file went meanwhile, at most.
+RETRIES = 8
 
 
 def to_spark_sql(sql: str) -> str:
@@ -71,17 +73,31 @@ class SparkEngine(Engine):
         session = spark_session(master)
         columns = {}
         for table in TABLES:
-            files, present = readable_parts(fleet, table)
-            if files:
+            for _ in range(RETRIES):
+                try:
+                    files = table_files(fleet, table)
+                    break
+                except PartGoneError:  # a recorder merged a file away: list the parts again
+                    fleet.refresh()
+            else:
+                raise FdtraceError("a recording could not be read: its part files kept changing while it was read")
+            sources = []
+            if files.direct:
                 source = f"_files_{table}"
-                read = session.read.option("mergeSchema", "true").parquet(*files)
+                read = session.read.option("mergeSchema", "true").parquet(*files.direct)
                 read.withColumn("_file", read["_metadata.file_path"]).createOrReplaceTempView(source)
                 host = f"regexp_extract(_file, {quote(HOST_OF_PATH)}, 1)"
-                listing = select_list(table, present, '"time"', host, offsets)
-                sql = f"SELECT {listing} FROM {source}"
-            else:
-                sql = f"SELECT {select_list(table, set(), 'NULL', 'NULL')} FROM (SELECT 1) AS nothing WHERE false"
-            session.sql(to_spark_sql(sql)).createOrReplaceTempView(table)
+                listing = select_list(table, files.present, '"time"', host, offsets)
+                sources.append(f"SELECT {listing} FROM {source}")
+            if files.read is not None:
+                source = f"_read_{table}"
+                session.createDataFrame(files.read.to_pandas()).createOrReplaceTempView(source)
+                listing = select_list(table, set(files.read.column_names), '"time"', '"host"', offsets)
+                sources.append(f"SELECT {listing} FROM {source}")
+            if not sources:
+                sources.append(f"SELECT {select_list(table, set(), 'NULL', 'NULL')} FROM (SELECT 1) AS nothing "
+                               "WHERE false")
+            session.sql(to_spark_sql(" UNION ALL ".join(sources))).createOrReplaceTempView(table)
             columns[table] = frozenset({f.name for f in view_fields(table)} | {"host", "time_ns"})  # absent: NULL
         return cls(session, columns)
 

@@ -1,0 +1,142 @@
+"""One right number: the HAProxy incident (haproxy 2.6, maxconn 4096, nbthread 2, 256 descriptors,
+a storm of clients) recorded without any flag. What to set RLIMIT_NOFILE to is the same number in
+live doctor, doctor --from, info, the report and the live view's process detail (replaying the
+recording), and it is never below what haproxy demands of itself: its Maxsock, 8220."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fdtrace.policy import with_margin
+from tests.bpf.test_haproxy import free_port
+from tests.conftest import needs_root
+from tests.helpers import replay_to_end, started
+
+pytestmark = [needs_root(), pytest.mark.bpf]
+
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+MAXSOCK = 2 * 4096 + 3 * 2 + 2 + 20  # as haproxy 2.6 counts it: connections, 2 threads, a bind and a stats socket
+CLIENTS = 300
+
+
+def echo(server: socket.socket, stop: threading.Event) -> None:
+    server.settimeout(0.2)
+    held = []
+    while not stop.is_set():
+        try:
+            connection, _ = server.accept()
+        except OSError:
+            continue
+        held.append(connection)
+    for connection in held:
+        connection.close()
+
+
+@pytest.fixture(scope="module")
+def incident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("one-number")
+    backend = socket.socket()
+    backend.bind(("127.0.0.1", 0))
+    backend.listen(1024)
+    stop = threading.Event()
+    server = threading.Thread(target=echo, args=(backend, stop), daemon=True)
+    server.start()
+    port, stats = free_port(), folder / "stats.sock"
+    config = folder / "haproxy.cfg"
+    config.write_text(
+        f"global\n    maxconn 4096\n    nbthread 2\n    ulimit-n 256\n    no strict-limits\n"
+        f"    stats socket {stats} mode 600\n"
+        "defaults\n    mode tcp\n    timeout connect 2s\n    timeout client 20s\n    timeout server 20s\n"
+        f"frontend fe\n    bind 127.0.0.1:{port}\n    default_backend be\n"
+        f"backend be\n    server s1 127.0.0.1:{backend.getsockname()[1]}\n")
+    haproxy = subprocess.Popen(["prlimit", "--nofile=256:256", "haproxy", "-db", "-f", str(config)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not stats.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out = folder / "rec"
+    recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "0.5"], "recording to")  # no flag
+    clients = []
+    try:
+        for _ in range(CLIENTS):  # more than 256 descriptors hold: accept4 fails with EMFILE
+            client = socket.socket()
+            client.settimeout(2)
+            try:
+                client.connect(("127.0.0.1", port))
+                client.sendall(b"x")
+            except OSError:
+                client.close()
+                continue
+            clients.append(client)
+        deadline = time.monotonic() + 30  # until the recorder has the failures and a round after them
+        while time.monotonic() < deadline and not list(out.glob("haproxy/host=*/part-*.parquet")):
+            time.sleep(0.1)
+        live = subprocess.run([FDTRACE, "doctor", "--pid", str(haproxy.pid), "--json"], capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        for client in clients:
+            client.close()
+        recorder.send_signal(signal.SIGINT)
+        recorder.communicate(timeout=60)
+    try:
+        yield {"out": out, "pid": haproxy.pid, "live": live}
+    finally:
+        haproxy.terminate()
+        haproxy.wait(timeout=10)
+        stop.set()
+        backend.close()
+
+
+def recommended(checks: list[dict[str, Any]], pid: int) -> str:
+    [soft] = [c for c in checks if c["scope"].startswith(f"pid {pid}") and c["name"] == "RLIMIT_NOFILE soft"]
+    return str(soft["recommended"])
+
+
+def test_the_same_number_everywhere_and_never_below_haproxy_s_own_demand(incident: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    out, pid = incident["out"], incident["pid"]
+    number = with_margin(MAXSOCK)
+    live = json.loads(incident["live"].stdout)
+    assert recommended(live["checks"], pid) == f">= {number}"
+    recorded = subprocess.run([FDTRACE, "doctor", "--pid", str(pid), "--from", str(out), "--json"],
+                              capture_output=True, text=True, timeout=120)
+    assert recommended(json.loads(recorded.stdout)["checks"], pid) == f">= {number}"
+    info = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120).stdout
+    [said] = [line for line in info.splitlines() if f"RLIMIT_NOFILE of haproxy [{pid}]" in line]
+    assert f"set it to {number} " in said and f"HAProxy's Maxsock {MAXSOCK}" in said, said
+    report = tmp_path / "report.html"
+    assert subprocess.run([FDTRACE, "report", str(out), "-o", str(report)], capture_output=True,
+                          timeout=300).returncode == 0
+    assert f"RLIMIT_NOFILE of haproxy [{pid}]" in report.read_text() and f"set it to {number} " in report.read_text()
+    from textual.widgets import Static
+
+    from fdtrace.sources.replay import ReplaySource
+    from fdtrace.tui.app import make_app
+    from fdtrace.tui.screens import ProcessScreen
+
+    clock = [0]
+    feed = ReplaySource(out, clock=lambda: clock[0])
+    app = make_app(feed)
+
+    async def detail() -> str:
+        async with app.run_test(size=(200, 60)) as pilot:
+            await replay_to_end(pilot, feed, clock)
+            app.push_screen(ProcessScreen(pid))
+            await pilot.pause(0.5)
+            return str(app.screen.query_one("#detail", Static).render())
+
+    text = asyncio.run(detail())
+    assert f"what to change: RLIMIT_NOFILE soft limit {number} (needed {MAXSOCK}: HAProxy's Maxsock {MAXSOCK}" \
+        in " ".join(text.split()), text
