@@ -64,6 +64,8 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
         FleetApp(fleet).run()
         return
     from fdtrace.kernel.loader import TraceOptions
+    from fdtrace.kernel.session import reserve_descriptors
+    from fdtrace.recording.writer import RecordingWriter
     from fdtrace.sources.live import LiveOptions, LiveSource
 
     check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
@@ -72,6 +74,8 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
             stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,
                                     live_phases=True, keep_exited=0, comms=comms, samples_of_comms_only=True))
+    # the R key records: its writer's descriptors are counted before the probes attach
+    reserve_descriptors(source, "the R key's recording", RecordingWriter.DESCRIPTORS)
     start_live(source)
     from fdtrace.tui.app import make_app
 

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs import ProcFS
+from fdtrace.procfs.reader import READ_ERRORS
 
 #: (kernel stack id -> (pid, CLOCK_MONOTONIC ns of its oldest live descriptor)) -> (kernel stack id
 #: -> the site's stack id, None when the stack was not kept)
@@ -145,10 +146,11 @@ class DescriptorTracker:
                 gone += [(pid, fd, s) for fd, s, _ts in entries]
                 entries = []
             elif changed_ts > self._handled.get(pid, 0):
-                open_now = self._fd_numbers(pid) or set()
-                self._handled[pid] = changed_ts
-                gone += [(pid, fd, s) for fd, s, ts in entries if ts < changed_ts and fd not in open_now]
-                entries = [e for e in entries if e[2] >= changed_ts or e[0] in open_now]
+                open_now = self._fd_numbers(pid)
+                if open_now is not None:  # else not listed this time (it went, or the read failed): next sweep
+                    self._handled[pid] = changed_ts
+                    gone += [(pid, fd, s) for fd, s, ts in entries if ts < changed_ts and fd not in open_now]
+                    entries = [e for e in entries if e[2] >= changed_ts or e[0] in open_now]
             if entries:
                 by_pid[pid] = entries
             else:
@@ -189,7 +191,7 @@ class DescriptorTracker:
         for pid in {key[0] for key in current} - comms.keys():
             try:
                 comms[pid] = self._procfs.stat(pid).comm
-            except (ProcessGoneError, ProcessAccessDeniedError):
+            except READ_ERRORS:  # gone, denied, or a read that failed
                 comms[pid] = self._comms.get(pid, "")
         rows = []
         for key, figures in current.items():
@@ -208,5 +210,5 @@ class DescriptorTracker:
     def _fd_numbers(self, pid: int) -> set[int] | None:
         try:
             return self._procfs.fd_numbers(pid)
-        except (ProcessGoneError, ProcessAccessDeniedError):
+        except READ_ERRORS:  # gone, denied, or a read that failed
             return None

@@ -7,6 +7,7 @@ import os
 import resource
 import socket
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from fdtrace.kernel.features import (
     has_task_pt_regs,
     probe_kernel,
 )
-from fdtrace.kernel.loader import BpfTracer, TraceOptions
+from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carries_accept_peer, carries_close_fd
 from fdtrace.kernel.stacks import Stack, Symbolizer, symbolize
 from fdtrace.procfs import StartTimeResolver
 from fdtrace.schema import RAW_EVENT_DTYPE, arrow_schema
@@ -63,23 +64,100 @@ def raise_nofile_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-#: Descriptors fdtrace needs besides two per tracepoint (a program and its perf event): its maps,
-#: the ring buffer, Python's own, the recording writer and /proc reads. Measured: `trace` with 53
-#: tracepoints ran at a hard limit of 124 and failed at 120, `record` ran at 130 and failed at 124.
-OWN_DESCRIPTORS = 40
+#: Descriptors fdtrace holds besides its probes (two each at most: the program and its perf event)
+#: and what the parts below count: its maps and ring buffer, the kept programs' file, Python's, the
+#: reads of /proc, a stats socket and a phase file read at a time. bench/fd_budget (docs/benchmarks.md)
+#: found at most 16 (`trace`, `record`, `export`, `top`, over a churning host); 10 more for what it
+#: does not exercise.
+OWN_DESCRIPTORS = 26
+#: --stacks: its maps, a listing of /proc/PID/fd, the symbolizer's /proc/PID/mem and a binary (and its
+#: debug file) read at a time. bench/fd_budget found at most 8.
+STACKS_DESCRIPTORS = 16
+#: The pipe of the helper that detaches the probes once fdtrace has exited (``_hand_off_detaching``).
+DETACH_HELPER_DESCRIPTORS = 2
+#: A uprobe (its perf event) per Go binary watched for its thread-limit message (each exec'd one, up
+#: to the loader's MAX_GO_BINARIES), and their program. Measured: 16 Go programs, 17 more.
+GO_WATCH_DESCRIPTORS = MAX_GO_BINARIES + 1
+
+#: Descriptors that sinks and sources will hold besides the kernel's, by owner: what they are for
+#: and how many (``reserve_descriptors``). Counted by ``check_nofile``; forgotten with their owner.
+_RESERVED: weakref.WeakKeyDictionary[object, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
-def check_nofile(features: KernelFeatures) -> None:
-    """Refuse in one line, before bcc opens anything, a hard RLIMIT_NOFILE too low for the probes
-    (bcc would fail with dozens of lines of errors, or fail later, mid-recording)."""
-    probes = (len(features.syscall_exits) + len(features.syscall_enters) + len(features.lifecycle)
-              + len(features.descriptor_enters) + 2 * len(features.limit_syscalls) + 1)
-    needed = 2 * probes + OWN_DESCRIPTORS
+def reserve_descriptors(owner: object, what: str, count: int) -> None:
+    """Count ``count`` descriptors that ``owner`` will hold once running (a recording's folders, a
+    metrics server's connections) in the budget ``check_nofile`` checks before the probes attach;
+    until ``release_descriptors(owner)`` or the owner is gone. An owner may reserve for several
+    things (each ``what`` once)."""
+    _RESERVED.setdefault(owner, {})[what] = count
+
+
+def release_descriptors(owner: object) -> None:
+    """Stop counting what ``owner`` reserved."""
+    _RESERVED.pop(owner, None)
+
+
+def planned_probes(features: KernelFeatures, options: TraceOptions) -> list[str]:
+    """The tracepoints ``BpfTracer`` attaches for these options on this kernel (in its order)."""
+    probes = [f"syscalls:sys_enter_{name}" for name in features.syscall_enters
+              if name != "close" or carries_close_fd(options)]
+    if carries_accept_peer(options, features):
+        probes += [f"syscalls:sys_enter_{name}" for name in ("accept", "accept4") if name in features.syscall_exits]
+    if options.stacks:
+        probes += [f"syscalls:sys_enter_{name}" for name in features.descriptor_enters]
+        probes += ["syscalls:sys_exit_close_range"] if features.close_range else []
+    probes += [f"syscalls:sys_enter_{name}" for name in features.limit_syscalls]
+    probes += [f"syscalls:sys_exit_{name}" for name in features.syscall_exits]
+    probes += [f"syscalls:sys_exit_{name}" for name in features.limit_syscalls]
+    return probes + [name for name in features.lifecycle
+                     if name != "sock:inet_sock_set_state" or options.connections]
+
+
+@dataclass(frozen=True)
+class DescriptorBudget:
+    """What fdtrace will hold at most, part by part (``needed`` is their sum)."""
+
+    parts: tuple[tuple[str, int], ...]
+
+    @property
+    def needed(self) -> int:
+        """The hard RLIMIT_NOFILE it needs."""
+        return sum(count for _, count in self.parts)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{what}: {count}" for what, count in self.parts if count)
+
+
+def descriptor_budget(features: KernelFeatures, options: TraceOptions, open_now: int | None = None
+                      ) -> DescriptorBudget:
+    """The descriptors fdtrace will need with these options: those open already (``open_now``,
+    counted in /proc/self/fd by default), two per probe, its own, --stacks's, the detach helper's,
+    the uprobes of the Go binaries it may watch, and what sinks and sources reserved
+    (``reserve_descriptors``)."""
+    if open_now is None:
+        open_now = len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor is gone again
+    probes = len(planned_probes(features, options))
+    parts = [("open already", open_now), (f"{probes} probes", 2 * probes), ("its own", OWN_DESCRIPTORS)]
+    if options.stacks:
+        parts.append(("--stacks", STACKS_DESCRIPTORS))
+    parts.append(("the detach helper", DETACH_HELPER_DESCRIPTORS))
+    parts.append(("Go programs watched", GO_WATCH_DESCRIPTORS))  # each Go binary exec'd gets a uprobe
+    parts += sorted(item for reserved in _RESERVED.values() for item in reserved.items())
+    return DescriptorBudget(tuple(parts))
+
+
+def check_nofile(features: KernelFeatures, options: TraceOptions | None = None) -> DescriptorBudget:
+    """Refuse in one line, before bcc opens anything, a hard RLIMIT_NOFILE below what fdtrace
+    will hold (``descriptor_budget``): bcc would fail with dozens of lines of errors, or fdtrace
+    later, mid-recording or at its stop. Returns the budget."""
+    budget = descriptor_budget(features, options or TraceOptions())
+    needed = budget.needed
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < needed:
         raise FdtraceError(f"the hard RLIMIT_NOFILE is {hard}: fdtrace needs {needed} file descriptors "
-                           f"({probes} probes, 2 each, and {OWN_DESCRIPTORS} of its own); raise it "
-                           f"(prlimit --nofile={needed}:{needed}, ulimit -Hn, or LimitNOFILE= of its unit)")
+                           f"({budget}); raise it (prlimit --nofile={needed}:{needed}, ulimit -Hn, or "
+                           "LimitNOFILE= of its unit)")
+    return budget
 
 
 #: Notes kept at most (the Go binaries that cannot be watched add one each).
@@ -127,7 +205,7 @@ class KernelSession:
             self.notes.append(note)
         check_kernel_headers()
         features = probe_kernel()
-        check_nofile(features)
+        check_nofile(features, self.options)
         if self.options.stacks:
             features.stack_top = has_task_pt_regs()
             if not features.stack_top:

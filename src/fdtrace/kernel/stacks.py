@@ -13,8 +13,9 @@ import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs import ProcFS
 from fdtrace.procfs.elf import ElfError, ModuleSymbols, demangled, read_module
+from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
 
 #: Functions a thread's stack starts from: a walk that ends in one of them is whole.
@@ -72,7 +73,7 @@ class Symbolizer:
         if maps is None:
             try:
                 maps = self._procfs.executable_maps(pid)
-            except (ProcessGoneError, ProcessAccessDeniedError):
+            except READ_ERRORS:  # gone, denied, or a read that failed
                 maps = []
             self._maps[pid] = maps
         i = bisect.bisect_right(maps, (address, 1 << 64)) - 1

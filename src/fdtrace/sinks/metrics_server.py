@@ -108,25 +108,33 @@ class MetricsServer:
         heads: dict[int, _Connection] = {}
         try:
             while not self._stopping:
-                ready = self._selector.select(timeout=TICK_S)
-                accepted: list[_Connection] = []
-                for key, _events in ready:
-                    if key.data is None:
-                        accepted += self._accept_all()
-                    else:
-                        self._read_head(heads, key.data)
-                for connection in accepted:
-                    heads[connection.sock.fileno()] = connection
-                    self._selector.register(connection.sock, selectors.EVENT_READ, connection)
-                now = time.monotonic()
-                for connection in [c for c in heads.values() if c.deadline <= now]:
-                    self.refused["timeout"] += 1
-                    self._drop(heads, connection)
+                try:
+                    self._tick(heads)
+                except Exception:  # noqa: BLE001 - counted; it serves on
+                    self.refused["server error"] += 1
+                    time.sleep(TICK_S)
         finally:
             for connection in list(heads.values()):
                 self._drop(heads, connection)
             self._selector.close()
             self._listener.close()
+
+    def _tick(self, heads: dict[int, _Connection]) -> None:
+        """Wait for what comes within a tick, take it, and cut off the heads past their deadline."""
+        ready = self._selector.select(timeout=TICK_S)
+        accepted: list[_Connection] = []
+        for key, _events in ready:
+            if key.data is None:
+                accepted += self._accept_all()
+            else:
+                self._read_head(heads, key.data)
+        for connection in accepted:
+            heads[connection.sock.fileno()] = connection
+            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+        now = time.monotonic()
+        for connection in [c for c in heads.values() if c.deadline <= now]:
+            self.refused["timeout"] += 1
+            self._drop(heads, connection)
 
     def _accept_all(self) -> list[_Connection]:
         """Take what waits on the listener (a few at a time: each is a descriptor until its peer is
@@ -139,8 +147,9 @@ class MetricsServer:
                     sock, _ = self._listener.accept()
                 except (BlockingIOError, InterruptedError):
                     break
-                except OSError:  # out of descriptors, or the client gave up: the next tick retries
+                except OSError:  # out of descriptors, or the client gave up: a tick later, again
                     self.refused["accept failed"] += 1
+                    time.sleep(TICK_S)  # (the listener stays readable: not a busy loop meanwhile)
                     break
                 batch.append(sock)
             admitted += self._admit(batch)
@@ -244,6 +253,8 @@ class MetricsServer:
             connection.sock.sendall("\r\n".join(lines).encode("latin-1") + body)
         except OSError:
             self.refused["send failed"] += 1
+        except Exception:  # noqa: BLE001 - a collector that failed: counted, never silent
+            self.refused["answer failed"] += 1
         finally:
             self._release(connection)
 

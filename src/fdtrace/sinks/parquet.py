@@ -14,6 +14,7 @@ import pyarrow as pa
 from fdtrace import __version__
 from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
+from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.policy import INCIDENT_CLASSES, incident_mask
 from fdtrace.recording.writer import RecordingWriter
@@ -106,6 +107,7 @@ class ParquetSink:
         self._cmdline = False
         self._last_counters: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._next_compaction = 0.0
+        reserve_descriptors(self, self.name, RecordingWriter.DESCRIPTORS)  # counted before the probes attach
 
     @property
     def writer(self) -> RecordingWriter:
@@ -154,6 +156,7 @@ class ParquetSink:
             self._next_compaction = time.monotonic() + self.rotate_s
 
     def close(self, failed: bool = False) -> None:
+        release_descriptors(self)
         if self._writer is None:
             return
         writer, self._writer = self._writer, None

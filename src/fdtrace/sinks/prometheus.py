@@ -15,10 +15,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
+from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import HaproxyRow, SourceInfo, SystemFigures, Update
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
-from fdtrace.sinks.metrics_server import MetricsServer
+from fdtrace.sinks.metrics_server import DESCRIPTORS, MetricsServer
 
 #: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).
 #: Labels of the per-process gauges: the process, its systemd unit and its container (the id's first
@@ -82,6 +83,8 @@ class PrometheusSink:
         except OSError as exc:
             raise FdtraceError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None
         self.port = self._server.port  # the one bound, when 0 asked for any
+        # its listening socket is open already: the rest is what it will hold besides
+        reserve_descriptors(self, self.name, DESCRIPTORS - 1)
         self._serving = True
 
     def open(self, info: SourceInfo) -> None:
@@ -182,3 +185,4 @@ class PrometheusSink:
         if self._serving:
             self._serving = False
             self._server.close()
+            release_descriptors(self)
