@@ -16,6 +16,8 @@ import pytest
 
 from fdtrace.analysis import failures, headroom, least_headroom, load, thread_sites, threads
 from fdtrace.analysis.report import recommendations
+from fdtrace.procfs.sampler import ProcSampler
+from fdtrace.procfs.thread_limits import binding_limit
 from tests.helpers import started
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
@@ -282,6 +284,11 @@ def test_a_limit_set_by_setmaxthreads_is_read_from_the_program_before_any_crash(
                   if c["scope"] == f"pid {program.pid} (go-threads)"}
         assert " threads of its limit 250 (debug.SetMaxThreads, read from its memory)" in \
             checks["Go thread limit"]["current"], checks["Go thread limit"]
+        # what top's thread alert is measured against: the binding limit of its sample
+        sample = ProcSampler().sample(program.pid)
+        assert sample is not None and sample.go_max_threads == 250 and sample.go_limit_unread is None
+        name, _count, limit = binding_limit(sample) or ("", 0, 0)
+        assert (name, limit) == ("Go SetMaxThreads", 250)
         assert program.poll() is None  # all this before any crash
     finally:
         program.kill()

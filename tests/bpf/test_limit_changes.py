@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +45,29 @@ while refused < REFUSED:
         assert exc.errno == 24, exc
         refused += 1
 print(refused, flush=True)
+if sys.argv[2] == "stays":
+    sys.stdin.readline()  # alive for a live doctor, until the test lets it go
 """.replace("LOWERED", str(LOWERED)).replace("REFUSED", str(REFUSED))
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     out = tmp_path_factory.mktemp("limits") / "rec"
     tag = os.getpid() % 100000
     names = {"itself": f"lowers-{tag}", "outside": f"lowered-{tag}"}
     recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "0.3"], "recording to")
     pids: dict[str, int] = {}
+    staying: subprocess.Popen[str] | None = None
     try:
+        # one more lowered from outside that is still running when doctor looks
+        staying = subprocess.Popen(["prlimit", "--nofile=20000:20000", sys.executable, "-c", PROGRAM,
+                                    f"stays-{tag}", "stays"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert staying.stdout is not None and staying.stdin is not None
+        assert staying.stdout.readline() == "ready\n"
+        subprocess.run(["prlimit", "--pid", str(staying.pid), f"--nofile={LOWERED}:20000"], check=True, timeout=30)
+        staying.stdin.write("go\n")
+        staying.stdin.flush()
+        assert staying.stdout.readline() == f"{REFUSED}\n"
         for how, name in names.items():
             program = subprocess.Popen(["prlimit", "--nofile=20000:20000", sys.executable, "-c", PROGRAM, name, how],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -72,7 +85,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     finally:
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=60)
-    return {"out": out, "pids": pids, "names": names}
+    try:
+        yield {"out": out, "pids": pids, "names": names, "staying": staying.pid if staying else None}
+    finally:
+        if staying is not None:
+            staying.kill()
+            staying.wait()
 
 
 def test_the_changes_are_events(recorded: dict[str, Any]) -> None:
@@ -116,3 +134,15 @@ def test_doctor_and_the_report_give_that_number_and_name_its_source(recorded: di
         named = "set by the process itself at " if how == "itself" else "set by prlimit (pid "
         assert checks["RLIMIT_NOFILE source"]["current"].startswith(named)
         assert f"set it to {with_margin(LOWERED + REFUSED)}" in text and name in text
+
+
+def test_a_running_process_has_the_source_of_its_limit_named_from_the_trace(recorded: dict[str, Any]) -> None:
+    """Still running, its limit lowered by prlimit while recorded: doctor names that prlimit,
+    not a guess from the process's parent or its configuration."""
+    pid = recorded["staying"]
+    doctor = subprocess.run([FDTRACE, "doctor", "--pid", str(pid), "--from", str(recorded["out"]), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"] if c["scope"].startswith(f"pid {pid}")}
+    source = checks["RLIMIT_NOFILE source"]["current"]
+    assert source.startswith("set by prlimit (pid ") and source.endswith("(traced by the recording)"), source
+    assert checks["RLIMIT_NOFILE soft"]["recommended"] == f">= {with_margin(LOWERED + REFUSED)}"

@@ -250,6 +250,9 @@ class Doctor:
         if emfile:
             seen += f", {emfile} EMFILE failures"
         where, how = self._limit_source(pid, soft, configs)
+        if recorded is not None and recorded.limit_source and recorded.fd_soft_limit == soft:
+            # the limit it has now was set by a setrlimit/prlimit the recording traced: no guess
+            where = f"{recorded.limit_source} (traced by the recording)"
         checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK, where)]
         if soft is None:
             return [*checks, Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {seen}")]
