@@ -54,6 +54,17 @@ print(calls, flush=True)
 """
 
 
+def flushes(out: Path, past: int) -> int:
+    """Wait until the recording has written a flush numbered above ``past``; the newest number."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        numbers = [int(p.stem.split("-")[-1]) for p in (out / "clock").glob("host=*/part-*.parquet")]
+        if numbers and max(numbers) > past:
+            return max(numbers)
+        time.sleep(0.05)
+    raise AssertionError(f"no flush after {past} in 60 s")
+
+
 @pytest.fixture(scope="module")
 def ring(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("ring") / "rec"
@@ -63,11 +74,14 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                         str(KEEP_INCIDENTS), "--keep-before", "1", "--keep-after", "0.5", "--interval", "0.2",
                         "--comm", f"burst-{TAG}", "--comm", f"churn-{TAG}"], "recording to")
     try:
+        flushes(out, past=0)  # the recording's first round is written: the window has rows of every table before it
         burst = subprocess.run(["prlimit", "--nofile=32:32", sys.executable, "-c", BURST], capture_output=True,
                                text=True, timeout=60, check=True)
         time.sleep(1.0)  # past the burst's window (--keep-after 0.5): the churn is only the ring's
         churn = subprocess.run([sys.executable, "-c", CHURN, "8"], capture_output=True, text=True, timeout=60,
                                check=True)
+        # two more flushes: the newest files (kept whatever their size) hold no churn
+        flushes(out, past=flushes(out, past=0) + 1)
     finally:
         recorder.send_signal(signal.SIGINT)
         _, said = recorder.communicate(timeout=60)

@@ -240,7 +240,8 @@ class BpfTracer:
         exe = f"/proc/{pid}/exe"
         try:
             info = os.stat(exe)
-        except OSError:
+            target = os.readlink(exe)
+        except OSError:  # it exited meanwhile: its binary is looked at again when it runs again
             return None
         binary = (info.st_dev, info.st_ino)
         if binary in self._go_binaries:
@@ -264,7 +265,6 @@ class BpfTracer:
         if not go_register_abi(version) or platform.machine() not in ("x86_64", "aarch64"):
             return (f"pid {pid}: Go {version or 'before 1.18'} on {platform.machine()}: its thread-limit message "
                     "is not read (needs Go 1.18 or later on x86_64 or arm64)")
-        target = os.readlink(exe) if os.path.islink(exe) else exe
         offset = _symbol_offset(exe, "runtime.gwrite")
         if offset is None:
             return f"pid {pid}: its Go thread-limit message is not read (no runtime.gwrite symbol: a stripped binary)"

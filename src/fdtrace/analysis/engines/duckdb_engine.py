@@ -177,7 +177,7 @@ class DuckDBEngine(Engine):
                 try:
                     for _ in self._connection.sql(probe.format(file=quote(str(path)))).to_arrow_reader():
                         pass
-                except duckdb.Error:
+                except (duckdb.Error, OSError):  # through Arrow's reader, DuckDB's error comes as an OSError
                     named.append(path)
         if not named:
             return ""
