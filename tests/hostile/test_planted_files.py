@@ -123,3 +123,18 @@ def test_record_on_a_busy_listen_port_leaves_no_stub_directory(tmp_path: Path) -
         result = fdtrace("record", "-o", str(tmp_path / "rec"), "--listen", f"127.0.0.1:{port}", "--duration", "1")
     assert "cannot serve metrics" in one_line_error(result)
     assert not (tmp_path / "rec").exists()
+
+
+def test_every_output_refuses_a_folder_another_user_owns_in_one_line(tmp_path: Path) -> None:
+    """report, trace-export, run --phases-out and service --install write through a held folder:
+    one of nobody's is refused before anything is written or run (no traceback)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    assert "belongs to uid" in one_line_error(fdtrace("report", str(EMFILE), "-o", str(theirs / "r.html")))
+    assert "belongs to uid" in one_line_error(fdtrace("trace-export", str(EMFILE), "-o", str(theirs / "t.json")))
+    assert "belongs to uid" in one_line_error(fdtrace("service", "--install", "--unit-dir", str(theirs)))
+    ran = tmp_path / "ran"
+    refused = fdtrace("run", "--phases-out", str(theirs / "p.jsonl"), "--", "touch", str(ran))
+    assert "belongs to uid" in one_line_error(refused) and not ran.exists()  # refused before the job ran
+    assert os.listdir(theirs) == []

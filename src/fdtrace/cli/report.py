@@ -49,6 +49,8 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
     text = to_markdown(content) if fmt == "md" else to_html(content)
     try:
         write_text_atomically(Path(output), text, SHARED_FILE if shared else PRIVATE_FILE)
+    except FdtraceError as error:  # its folder refused: another user's, or one they can change
+        fail(error)
     except OSError as exc:
         fail(FdtraceError(f"{output}: cannot write the report ({exc.strerror})", exit_code=1))
     note(f"report written to {output}")

@@ -11,6 +11,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 from types import FrameType
+from typing import Any, BinaryIO
 
 import click
 
@@ -36,13 +37,19 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
     is the command's.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from fdtrace.integrations.phases.collect import read_phase_files
     from fdtrace.integrations.phases.live import RUN_DIR_PREFIX, runs_base
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.pipeline import Pipeline, Stop
+    from fdtrace.safe_files import HeldDirectory
 
+    try:  # before the job runs: a folder another user planted or can change is refused in one line
+        HeldDirectory.open(runs_base(), shared=True).close()
+        if phases_out is not None:
+            HeldDirectory.open(Path(phases_out).absolute().parent, shared=True).close()
+    except FdtraceError as error:
+        fail(error)
     pipeline = None
     recording = None
     if record_dir is not None:
@@ -90,17 +97,44 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
 
         append_part(Path(record_dir or "."), "phases", pipeline.source.info.host, phases)
     if phases_out is not None:
-        if phases_out.endswith(".parquet"):
-            pq.write_table(phases, phases_out)
-        else:
-            with open(phases_out, "w") as out:
-                for row in phases.drop_columns(["time"]).to_pylist():
-                    out.write(json.dumps(row) + "\n")
-    for leftover in [*Path(phases_dir).glob("phases-*.jsonl"), *Path(phases_dir).glob("state-*.bin")]:
-        leftover.unlink(missing_ok=True)
-    try:
-        os.rmdir(phases_dir)
-    except OSError:  # something else was put there: not fdtrace's to delete, nor a reason to fail the job
-        note(f"left {phases_dir}: it holds files fdtrace did not write")
+        _write_phases(Path(phases_out), phases)
+    _remove_run_folder(Path(phases_dir))
     note(f"{phases.num_rows} phase marks from {len(set(phases['pid'].to_pylist()))} processes")
     sys.exit(returncode)
+
+
+def _write_phases(path: Path, phases: Any) -> None:
+    """--phases-out: Parquet, else JSON lines, written whole through its held folder."""
+    import pyarrow.parquet as pq
+
+    from fdtrace.safe_files import PRIVATE_FILE, write_atomically
+
+    def parquet(out: BinaryIO) -> None:
+        pq.write_table(phases, out)
+
+    def lines(out: BinaryIO) -> None:
+        for row in phases.drop_columns(["time"]).to_pylist():
+            out.write((json.dumps(row) + "\n").encode())
+
+    try:
+        write_atomically(path, parquet if path.suffix == ".parquet" else lines, PRIVATE_FILE, check_parent=False)
+    except FdtraceError as error:
+        note(f"error: {error}")
+    except OSError as exc:
+        note(f"error: {path}: cannot write the phases ({exc.strerror})")
+
+
+def _remove_run_folder(folder: Path) -> None:
+    """The run's own phases folder and the files its ranks wrote, removed through the folder's
+    descriptor (a name swapped meanwhile is not followed)."""
+    from fdtrace.safe_files import HeldDirectory
+
+    try:
+        with HeldDirectory.open(folder) as held:
+            for name in held.names():
+                if name.startswith("phases-") and name.endswith(".jsonl") or \
+                        name.startswith("state-") and name.endswith(".bin"):
+                    held.unlink(name)
+        os.rmdir(folder)
+    except (FdtraceError, OSError):  # something else was put there: not fdtrace's to delete, nor a reason to fail
+        note(f"left {folder}: it holds files fdtrace did not write")

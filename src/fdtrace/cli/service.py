@@ -62,10 +62,14 @@ def service(install: bool, user: str, max_size: str, keep_incidents: str, rotate
 
 
 def _install(unit: str, user: str, unit_dir: Path) -> None:
-    from fdtrace.safe_files import SHARED_FILE, write_text_atomically
+    from fdtrace.safe_files import SHARED_FILE, HeldDirectory, write_text_atomically
 
     if os.geteuid() != 0:
         fail(FdtraceError("--install writes a system unit and makes a user: run it as root"))
+    try:  # the folder is checked before anything is made
+        HeldDirectory.open(unit_dir).close()
+    except FdtraceError as error:
+        fail(error)
     try:
         import pwd
 
@@ -82,6 +86,8 @@ def _install(unit: str, user: str, unit_dir: Path) -> None:
     path = unit_dir / UNIT_NAME
     try:
         write_text_atomically(path, unit, SHARED_FILE, check_parent=True)
+    except FdtraceError as error:
+        fail(error)
     except OSError as exc:
         fail(FdtraceError(f"{path}: cannot write the unit ({exc.strerror})"))
     note(f"wrote {path}")

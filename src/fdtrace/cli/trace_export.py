@@ -48,6 +48,8 @@ def trace_export(directories: tuple[str, ...], output: str, kineto: str | None, 
     try:
         write_atomically(Path(output), lambda out: out.write(data), SHARED_FILE if shared else PRIVATE_FILE,
                          check_parent=False)
+    except FdtraceError as error:  # its folder refused: another user's, or one they can change
+        fail(error)
     except OSError as exc:
         fail(FdtraceError(f"{output}: cannot write the trace ({exc.strerror})", exit_code=1))
     shown = trace["otherData"]

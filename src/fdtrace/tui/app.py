@@ -402,8 +402,8 @@ class FdtraceApp(App[None]):
         with self.pipeline.lock:
             if self.recording is None or self.recording not in self.pipeline.sinks:
                 directory = self.record_dir or Path(time.strftime("fdtrace-%Y%m%d-%H%M%S"))
-                sink = ParquetSink(directory, ["fdtrace", "top"], required=False)
                 try:
+                    sink = ParquetSink(directory, ["fdtrace", "top"], required=False)
                     self.pipeline.attach(sink)
                 except Exception as exc:
                     self.notify(f"cannot record: {shown(exc)}", severity="error", markup=False)
