@@ -409,7 +409,10 @@ def _signed(stack_id: int) -> int:
 def _hand_off_detaching() -> None:
     """Fork a helper that holds a copy of every descriptor until this process has exited (its end
     of a pipe closes), so this process's closes are only reference drops."""
-    read_end, write_end = os.pipe()  # not inherited by the processes fdtrace starts (O_CLOEXEC)
+    try:
+        read_end, write_end = os.pipe()  # not inherited by the processes fdtrace starts (O_CLOEXEC)
+    except OSError:  # no descriptors left (the budget reserves them; a host may still take them): detach slowly
+        return
     try:
         child = os.fork()
     except OSError:
