@@ -120,3 +120,12 @@ def test_info_lists_the_kept_window(ring: dict[str, object]) -> None:
     assert shown.returncode == 0, shown.stderr
     [line] = [line for line in shown.stdout.splitlines() if "incident window" in line]
     assert f"EMFILE/ENFILE {REFUSED}" in line, shown.stdout
+
+
+def test_the_report_lists_the_kept_window(ring: dict[str, object], tmp_path: Path) -> None:
+    page = tmp_path / "report.md"
+    made = subprocess.run([FDTRACE, "report", str(ring["out"]), "-o", str(page)], capture_output=True, text=True,
+                          timeout=120)
+    assert made.returncode == 0, made.stderr
+    [line] = [line for line in page.read_text().splitlines() if "incident window kept" in line]
+    assert f"EMFILE/ENFILE {REFUSED}" in line

@@ -27,7 +27,7 @@ promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool
 def test_promtool_accepts_the_rules() -> None:
     result = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 7 rules found" in result.stdout
 
 
 @promtool
@@ -42,7 +42,8 @@ def exported_names() -> set[str]:
     sink = PrometheusSink("127.0.0.1:0")
     try:
         sample = ProcessSample(pid=7, start_ns=1, comm="haproxy", open_fds=850, fd_soft_limit=1000, fd_hard_limit=4096,
-                               threads=9000, sockets=800, go_max_threads=10000)
+                               threads=9000, sockets=800, go_max_threads=10000, rss_anon_kb=1, rss_file_kb=2,
+                               rss_shmem_kb=3, memcg_limit_bytes=100, memcg_usage_bytes=95)
         store = CounterStore()
         store.update([{"pid": 7, "first_ts": 1, "exit_ts": None, "comm": "haproxy", "sockets": 1, "socket_errors": 1,
                        "accepts": 0, "accept_errors": 0, "connects": 0, "connect_errors": 0, "closes": 0,
@@ -62,14 +63,15 @@ def named_metrics(expression: str) -> set[str]:
 def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     exported = exported_names()
     rule_expressions = re.findall(r"expr: \|?\s*\n?((?:.+\n?)+?)\s+(?:for|labels):", RULES.read_text())
-    assert len(rule_expressions) == 6
+    assert len(rule_expressions) == 7
     dashboard = json.loads(DASHBOARD.read_text())
     panel_expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     for expression in rule_expressions + panel_expressions:
         unknown = named_metrics(expression) - exported
         assert not unknown, (expression, unknown)
     assert {"process_open_fds", "process_max_fds", "fdtrace_failed_calls_total", "fdtrace_process_thread_limit",
-            "fdtrace_haproxy_maxconn", "fdtrace_events_lost_total"} <= set().union(*map(named_metrics,
+            "fdtrace_haproxy_maxconn", "fdtrace_events_lost_total",
+            "fdtrace_process_memory_cgroup_limit_bytes"} <= set().union(*map(named_metrics,
                                                                                          rule_expressions))
 
 

@@ -78,6 +78,21 @@ def test_threads_against_nproc_cgroup_and_go(tree: tuple[Path, Path]) -> None:
     assert not [c for c in doctor(tree).process_checks(21) if c.name == "Go thread limit"]
 
 
+def test_a_memory_cgroup_near_its_limit_fails_and_one_far_from_it_is_ok(tree: tuple[Path, Path]) -> None:
+    fake_process(tree[0], 30, "hoard", 5, "1024", "1024", cgroup="0::/app.slice/hoard.service")
+    fake_process(tree[0], 31, "calm", 5, "1024", "1024", cgroup="0::/app.slice/calm.service")
+    write_files(tree[1], {"app.slice/hoard.service/memory.max": f"{150 << 20}\n",
+                          "app.slice/hoard.service/memory.current": f"{146 << 20}\n",
+                          "app.slice/calm.service/memory.max": f"{1 << 30}\n",
+                          "app.slice/calm.service/memory.current": f"{20 << 20}\n"})
+    checks = doctor(tree)
+    near = by_name(checks.process_checks(30), "memory cgroup")
+    assert (near.status, near.current, near.recommended) == (Status.FAIL, "146 MiB of 150 MiB (97%)", "MemoryMax >= 176M")
+    assert near.change.startswith("raise MemoryMax= of its unit")
+    calm = by_name(checks.process_checks(31), "memory cgroup")
+    assert (calm.status, calm.current, calm.change) == (Status.OK, "20 MiB of 1,024 MiB (2%)", "")
+
+
 def test_go_thread_growth_in_a_recording_warns_before_the_limit(tree: tuple[Path, Path]) -> None:
     go_exe = b"\x7fELF" + BUILDINFO_MAGIC
     fake_process(tree[0], 22, "gosrv", 5, "1024", "1024", threads=400, exe=go_exe)

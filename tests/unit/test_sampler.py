@@ -29,6 +29,7 @@ def proc_root(tmp_path: Path) -> Path:
         "sys/fs/file-nr": "2048\t0\t9223372036854775807\n", "sys/fs/nr_open": "1048576\n",
         "sys/kernel/threads-max": "95000\n", "sys/kernel/pid_max": "32768\n", "sys/net/core/somaxconn": "4096\n",
         "loadavg": "0.52 0.58 0.59 3/1187 4242\n",
+        "meminfo": "MemTotal:       24000000 kB\nMemFree:        19000000 kB\nMemAvailable:   20500000 kB\n",
         "net/netstat": ("TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 17 19\n"
                         "IpExt: InNoRoutes\nIpExt: 0\n"),
     })
@@ -77,6 +78,7 @@ def test_system_figures(proc_root: Path) -> None:
     assert ProcSampler(proc_root).system() == {
         "file_nr": 2048, "file_max": 9223372036854775807, "nr_open": 1048576, "threads_max": 95000,
         "pid_max": 32768, "somaxconn": 4096, "listen_overflows": 17, "listen_drops": 19, "threads_total": 1187,
+        "mem_total_kb": 24_000_000, "mem_available_kb": 20_500_000,
     }
 
 
@@ -102,6 +104,34 @@ def test_thread_limits_tightest_cgroup_pids_max_of_the_ancestors(tmp_path: Path)
     app, free = sampler.sample(30), sampler.sample(31)
     assert app is not None and (app.pids_current, app.pids_max) == (90, 100)  # the slice binds, 10 to spare
     assert free is not None and (free.pids_current, free.pids_max) == (None, None)
+
+
+def test_memory_of_the_process_and_the_tightest_memory_cgroup_v1_and_v2(tmp_path: Path) -> None:
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    fake_process(proc, 40, "v1", {}, cgroup="9:memory:/app.slice/app.service\n0::/app.slice/app.service\n")
+    fake_process(proc, 41, "v2", {}, cgroup="0::/pods/web\n")
+    fake_process(proc, 42, "free", {}, cgroup="9:memory:/\n")
+    with open(proc / "40" / "status", "a") as status:
+        status.write("RssAnon:\t  143360 kB\nRssFile:\t    2048 kB\nRssShmem:\t       4 kB\n")
+    unlimited = str(9223372036854771712)
+    for folder, limit, usage, events, name in (
+            ("memory", unlimited, 900 << 20, "oom_kill 3\n", "memory.oom_control"),
+            ("memory/app.slice", str(150 << 20), 140 << 20, "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+             "memory.oom_control"),
+            ("memory/app.slice/app.service", unlimited, 139 << 20, "oom_kill 1\n", "memory.oom_control")):
+        write_files(cgroups, {f"{folder}/memory.limit_in_bytes": f"{limit}\n",
+                              f"{folder}/memory.usage_in_bytes": f"{usage}\n", f"{folder}/{name}": events})
+    write_files(cgroups, {"unified/pods/memory.max": "max\n", "unified/pods/memory.current": "100\n",
+                          "unified/pods/web/memory.max": f"{256 << 20}\n",
+                          "unified/pods/web/memory.current": f"{200 << 20}\n",
+                          "unified/pods/web/memory.events": "low 0\nhigh 0\nmax 9\noom 4\noom_kill 4\n"})
+    sampler = ProcSampler(proc, cgroupfs=cgroups)
+    v1, v2, free = sampler.processes([40, 41, 42])
+    assert (v1.rss_anon_kb, v1.rss_file_kb, v1.rss_shmem_kb, v1.rss_kb) == (143360, 2048, 4, 145412)
+    assert (v1.memcg_limit_bytes, v1.memcg_usage_bytes, v1.memcg_oom_kills) == (150 << 20, 140 << 20, 2)
+    assert (v2.memcg_limit_bytes, v2.memcg_usage_bytes, v2.memcg_oom_kills) == (256 << 20, 200 << 20, 4)
+    assert v2.rss_kb is None  # its status has no Rss lines
+    assert (free.memcg_limit_bytes, free.memcg_usage_bytes, free.memcg_oom_kills) == (None, None, None)
 
 
 def test_go_programs_get_gos_thread_limit(proc_root: Path) -> None:

@@ -24,6 +24,7 @@ from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
 from fdtrace.analysis.report_charts import figure_html
 from fdtrace.analysis.span import span_on
 from fdtrace.analysis.spike_finder import spikes
+from fdtrace.analysis.summary import incident_windows
 from fdtrace.display import markdown_shown
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
 from fdtrace.schema import STATS
@@ -159,6 +160,8 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     losses = recording.losses
     lost = {name: int(losses[name].sum()) for name in STATS if name in losses.columns}
     summary.append(("events lost", f"{sum(lost.values()):,}" + "".join(f", {k} {v:,}" for k, v in lost.items() if v)))
+    for host, meta in recording.meta.items():
+        summary += [(f"{what} on {host}" if several else what, text) for what, text in incident_windows(meta)]
     if recording.skipped:
         summary.append(("unreadable files skipped", str(len(recording.skipped))))
     notes = getattr(recording, "notes", [])

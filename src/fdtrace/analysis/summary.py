@@ -14,7 +14,7 @@ from fdtrace.analysis.headroom_series import least_headroom_on
 from fdtrace.analysis.span import span_on
 from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, kib
 from fdtrace.schema import STATS
 
 #: Processes shown under "least headroom": those at least this close to a limit (or that failed).
@@ -125,22 +125,32 @@ def _hosts(recording: Any, engine: Engine, kinds: pd.DataFrame) -> list[str]:
     return lines
 
 
-def incident_window_lines(meta: dict[str, Any]) -> list[str]:
-    """The incident windows a ring kept (``record --max-size``), and those it had to drop."""
-    lines = []
+def incident_windows(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """The incident windows a ring kept (``record --max-size``), and those it had to drop, as
+    (what, text) pairs: ``info`` and the report say the same."""
+    found = []
     windows = meta.get("incident_windows")
     for window in windows if isinstance(windows, list) else []:
         try:
-            kinds = ", ".join(f"{kind} {int(n)}" for kind, n in dict(window["incidents"]).items())
-            lines.append(f"  incident window kept (--keep-incidents): {_ns(int(window['start']))} .. "
-                         f"{_ns(int(window['end']))}: {kinds}")
+            kinds = ", ".join(f"{shown(str(kind))} {int(n)}" for kind, n in dict(window["incidents"]).items())
+            found.append(("incident window kept (--keep-incidents)",
+                          f"{_ns(int(window['start']))} .. {_ns(int(window['end']))}: {kinds}"))
         except (KeyError, TypeError, ValueError):
             continue
     dropped = meta.get("incidents_dropped")
-    if isinstance(dropped, dict) and isinstance(dropped.get("windows"), int) and dropped["windows"] > 0:
-        lines.append(f"  incident windows dropped (more than --keep-incidents holds): {dropped['windows']} windows, "
-                     f"{dropped.get('incidents')} incidents, the oldest first")
-    return lines
+    if isinstance(dropped, dict) and _count(dropped.get("windows")) > 0:
+        found.append(("incident windows dropped (more than --keep-incidents holds)",
+                      f"{dropped['windows']} windows, {_count(dropped.get('incidents'))} incidents, the oldest first"))
+    return found
+
+
+def incident_window_lines(meta: dict[str, Any]) -> list[str]:
+    """``info``'s lines of :func:`incident_windows`."""
+    return [f"  {what}: {text}" for what, text in incident_windows(meta)]
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def clock_text(row: Any) -> str:
@@ -175,10 +185,14 @@ def summary_on(recording: Any, engine: Engine) -> str:
     parts = recording.part_summaries() if hasattr(recording, "part_summaries") else None
     failed = parts["failed"] if parts is not None else _failed(engine)
     lines = headline(engine, least, several_hosts=several, failed=failed)
+    from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
     from fdtrace.analysis.needs import fd_needs_on
     from fdtrace.analysis.report import fd_advice
 
     advice = fd_advice(fd_needs_on(engine), several=several)  # the numbers doctor and the report give
+    victims = oom_victims_on(engine)
+    memory = memory_needs_on(engine)
+    advice += memory_advice_lines(memory, victims, several=several)
     if advice:
         lines += ["what to change:", *_capped([f"  {line}" for line in advice], "processes")]
     by_host = parts["kinds"] if parts is not None else engine.query(
@@ -221,6 +235,13 @@ def summary_on(recording: Any, engine: Engine) -> str:
                 lines.append(f"  pid {row.pid} {row.comm}{f' on {row.host}' if several else ''}: "
                              f"{row.thread_count:.0f} of {row.thread_limit:.0f} "
                              f"({row.thread_limit_kind}, {row.thread_usage:.0%}) at {when(row.time)}")
+    close_memory = memory[memory["usage"].astype("float64") >= SHOWN_USAGE] if len(memory) else memory
+    if len(close_memory):
+        lines.append("least memory headroom (memory cgroups at 50% or more of their limit, at their peak):")
+        for row in close_memory.head(5).itertuples():
+            lines.append(f"  pid {row.pid} {row.comm}{f' on {row.host}' if several else ''}: "
+                         f"{kib(float(row.memcg_peak_bytes))} of {kib(float(row.memcg_limit_bytes))} ({row.usage:.0%})"
+                         + (f", {row.fit}" if row.fit else ""))
     failing = destinations_from(parts["connects"]) if parts is not None else destinations_on(engine)
     failing = failing[failing["failed"] > 0]
     if len(failing):
@@ -230,8 +251,11 @@ def summary_on(recording: Any, engine: Engine) -> str:
             lines.append(f"  pid {row.pid} {row.comm} -> {row.peer_addr}:{row.peer_port}: "
                          f"{row.failed} of {row.calls} failed ({errors})")
     ooms = failed[failed["kind"] == "oom_kill"].sort_values(["at", "host", "pid"])
+    last_seen = {(str(v.host), int(v.pid)): v.last_state for v in victims.itertuples()}
     oom_lines = [f"OOM kill: pid {row.pid} {row.comm}{f' on {row.host}' if several else ''} anon-rss "
                  f"{'?' if pd.isna(row.anon_rss_kb) else int(row.anon_rss_kb)} kB at {_ns(row.at)}"
+                 + (f"; last seen {last_seen[(str(row.host), int(row.pid))]}"
+                    if (str(row.host), int(row.pid)) in last_seen else "")
                  for row in ooms.itertuples()]
     lines += _capped(oom_lines, "OOM kills")
     if recording.skipped:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 import subprocess
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from fdtrace.integrations.haproxy import (
     show_info,
     threads_of,
 )
-from fdtrace.policy import GO_THREADS_ADVICE, USAGE_CRITICAL, USAGE_WARN, with_margin
+from fdtrace.policy import GO_THREADS_ADVICE, MIB, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
@@ -60,6 +61,12 @@ class RecordedProcess:
     gone: bool = False  # not running now (a running process of its pid is another one)
     go_thread_limit: int | None = None  # the N of the Go runtime's "program exceeds N-thread limit"
     limit_source: str | None = None  # who set the RLIMIT_NOFILE it failed at, when a change of it was traced
+    memcg_limit: int | None = None  # its memory cgroup's limit at its last sample, bytes
+    memcg_peak: int | None = None  # that cgroup's highest usage in the recording, bytes
+    oom_killed: bool = False
+    memory_need: int | None = None  # what its connections need (analysis.memory), bytes
+    memory_basis: str = ""  # why, in words
+    memory_change: str = ""  # what to change, when it does not fit
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,8 @@ class Doctor:
                                     config_need, configs)
         recommended = next((c.recommended for c in fd_checks if c.name == "RLIMIT_NOFILE soft" and c.recommended),
                            "")
-        checks = [*fd_checks, *self._thread_checks(pid, scope, sample)]
+        checks = [*fd_checks, *self._thread_checks(pid, scope, sample),
+                  *self._memory_checks(scope, sample, self.recorded.get(pid))]
         for config, problems in configs:
             checks += problems
             if config is not None:
@@ -319,7 +327,41 @@ class Doctor:
                                 f">= {with_margin(used)}" if status else "",
                                 GO_THREADS_ADVICE if status and gone.thread_limit_kind == "Go default" else
                                 f"raise {gone.thread_limit_kind} to {with_margin(used)}" if status else ""))
-        return checks
+        return checks + self._memory_checks(scope, None, gone)
+
+    @staticmethod
+    def _memory_checks(scope: str, sample: ProcessSample | None, recorded: RecordedProcess | None) -> list[Check]:
+        """Its memory cgroup's usage against its limit (now, else its peak in the recording), an
+        OOM kill, and what its connections need (the recording's fit, ``analysis.memory``)."""
+        limit: int | None
+        usage: int | None
+        if sample is not None and sample.memcg_limit_bytes is not None and sample.memcg_usage_bytes is not None:
+            limit, usage, when = sample.memcg_limit_bytes, sample.memcg_usage_bytes, ""
+        elif recorded is not None and recorded.memcg_limit is not None and recorded.memcg_peak is not None:
+            limit, usage, when = recorded.memcg_limit, recorded.memcg_peak, " at its peak in the recording"
+        else:
+            limit = usage = None
+            when = ""
+        if limit is None and (recorded is None or not (recorded.oom_killed or recorded.memory_change)):
+            return []
+        status = by_usage(usage or 0, limit)
+        current = f"{kib(usage or 0)} of {kib(limit)} ({(usage or 0) / limit:.0%}){when}" if limit else "no limit"
+        recommended = change = ""
+        if recorded is not None:
+            if recorded.oom_killed:
+                status = Status.FAIL
+                current += ", OOM-killed in the recording"
+            if recorded.memory_basis:
+                current += f"; {recorded.memory_basis}"
+            if recorded.memory_change:
+                status = max(status, Status.WARN)
+                change = recorded.memory_change
+                if recorded.memory_need is not None:
+                    recommended = f"MemoryMax >= {math.ceil(with_margin(recorded.memory_need) / MIB)}M"
+        if status and not change and limit and usage:
+            recommended = f"MemoryMax >= {math.ceil(with_margin(usage) / MIB)}M"
+            change = "raise MemoryMax= of its unit (memory.max, memory.limit_in_bytes), or find what holds the memory"
+        return [Check(scope, "memory cgroup", status, current, recommended, change)]
 
     def _thread_checks(self, pid: int, scope: str, sample: ProcessSample) -> list[Check]:
         checks = []

@@ -79,6 +79,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
     from fdtrace.analysis.engines.dataset import engine_for
     from fdtrace.analysis.failures import failures_on
     from fdtrace.analysis.headroom_series import least_headroom_on
+    from fdtrace.analysis.memory import memory_needs_on, oom_victims_on
     from fdtrace.analysis.needs import fd_needs_on
     from fdtrace.analysis.summary import named_problems
 
@@ -94,6 +95,8 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
         threads = least_headroom_on(runner, resource="threads")
         ended = failures_on(runner)
         samples = runner.query(f"SELECT pid, start_ns, comm, ts_ns, threads FROM samples WHERE {wanted_rows}")
+        memory = memory_needs_on(runner)
+        victims = oom_victims_on(runner)
     system = recording.system
     getattr(recording, "close", lambda: None)()
     found = FromRecording(problems=named_problems(recording))
@@ -142,10 +145,31 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
             if int(row.pid) not in doctor.recorded and int(row.pid) not in live:
                 doctor.recorded[int(row.pid)] = _recorded(row, threads, ends, gone=True, go_limits=go_limits)
                 found.gone.append(int(row.pid))
+    _add_memory(doctor.recorded, memory, victims)
     for column, name in (("listen_overflows", "ListenOverflows"), ("listen_drops", "ListenDrops")):
         if column in system.columns and len(system):
             found.listen_moved[name] = int(system[column].max() - system[column].min())
     return found
+
+
+def _add_memory(recorded: dict[int, RecordedProcess], memory: pd.DataFrame, victims: pd.DataFrame) -> None:
+    """What the recording's memory figures say of each recorded process (``analysis.memory``)."""
+    for pid, found in recorded.items():
+        def mine(table: pd.DataFrame, pid: int = pid, found: RecordedProcess = found) -> pd.DataFrame:
+            rows = table[table["pid"] == pid]
+            if found.start_ns is not None:
+                rows = rows[rows["start_ns"] == found.start_ns]
+            return rows
+        found.oom_killed = bool(len(mine(victims)))
+        rows = mine(memory)
+        if rows.empty:
+            continue
+        row = rows.iloc[-1]
+        found.memcg_limit = None if pd.isna(row["memcg_limit_bytes"]) else int(row["memcg_limit_bytes"])
+        found.memcg_peak = None if pd.isna(row["memcg_peak_bytes"]) else int(row["memcg_peak_bytes"])
+        found.memory_need = None if pd.isna(row["need"]) else int(row["need"])
+        found.memory_basis = str(row["basis"] or row["fit"] or "")
+        found.memory_change = str(row["change"] or "")
 
 
 def run_checks(doctor: Doctor, pids: list[int], listen_moved: dict[str, int] | None) -> list[Check]:

@@ -14,6 +14,7 @@ from typing import Any
 from fdtrace.procfs.containers import placement
 from fdtrace.procfs.go_limits import GoLimitAddress, limit_address, read_limit
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
+from fdtrace.procfs.memory import RSS_FIELDS, CgroupMemory, cgroup_memory, meminfo_kb, resident_kb
 from fdtrace.procfs.reader import READ_ERRORS, ProcessAccessDeniedError, ProcFS, skip_reason
 from fdtrace.procfs.thread_limits import cgroup_pids, tasks_total, threads_by_uid
 
@@ -53,6 +54,21 @@ class ProcessSample:
     container_id: str | None = None
     container_runtime: str | None = None
     pod_uid: str | None = None
+    #: Resident memory in kB, split as the OOM killer splits it (None: not in its status).
+    rss_anon_kb: int | None = None
+    rss_file_kb: int | None = None
+    rss_shmem_kb: int | None = None
+    #: The memory cgroup that leaves it the least to spare (its own or an ancestor's): limit and
+    #: usage in bytes, and the OOM kills in it so far; None when no cgroup limits its memory.
+    memcg_limit_bytes: int | None = None
+    memcg_usage_bytes: int | None = None
+    memcg_oom_kills: int | None = None
+
+    @property
+    def rss_kb(self) -> int | None:
+        """Resident memory in all (kB)."""
+        parts = [self.rss_anon_kb, self.rss_file_kb, self.rss_shmem_kb]
+        return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
 
 
 class ProcSampler:
@@ -76,6 +92,7 @@ class ProcSampler:
         self._go: dict[tuple[int, int], bool] = {}  # (pid, start_ns) -> is a Go program
         self._go_limits: dict[tuple[int, int], GoLimitAddress | str] = {}  # binary (dev, ino) -> where, or why not
         self._cgroups: dict[Path, tuple[int, int] | None] | None = None  # during a round: folder -> pids
+        self._memcgs: dict[Path, CgroupMemory | None] | None = None  # during a round: folder -> memory
         self.skipped: Counter[str] = Counter()
 
     def _size_is_count(self) -> bool:
@@ -139,7 +156,7 @@ class ProcSampler:
         if stat.exited:  # exited, not yet reaped: nothing of it is left to sample
             return None
         limits = procfs.limits(pid)
-        status = procfs.status(pid, ("Threads", "Uid"))
+        status = procfs.status(pid, ("Threads", "Uid", *(name for name, _ in RSS_FIELDS)))
         open_fds = procfs.open_fds(pid, self.fd_count_by_size)
         soft, hard = limits.get("Max open files", (None, None))
         nproc = limits.get("Max processes", (None, None))[0]
@@ -152,6 +169,7 @@ class ProcSampler:
         lines = procfs.cgroups(pid)
         pids = cgroup_pids(procfs, self.cgroupfs, pid, self._cgroups, lines=lines)
         where = placement(lines)
+        memory = cgroup_memory(procfs, self.cgroupfs, pid, self._memcgs, lines=lines)
         go_limit, unread = self._go_limit(pid) if self._is_go(pid, stat.start_ns) else (None, None)
         if procfs.stat(pid).start_ns != stat.start_ns:  # its pid was reused while it was read: two processes' values
             return None
@@ -160,7 +178,10 @@ class ProcSampler:
                              pids_current=pids[0] if pids else None, pids_max=pids[1] if pids else None,
                              go_max_threads=go_limit, go_limit_unread=unread,
                              cgroup=where.cgroup, unit=where.unit, container_id=where.container_id,
-                             container_runtime=where.runtime, pod_uid=where.pod_uid)
+                             container_runtime=where.runtime, pod_uid=where.pod_uid, **resident_kb(status),
+                             memcg_limit_bytes=memory.limit if memory else None,
+                             memcg_usage_bytes=memory.usage if memory else None,
+                             memcg_oom_kills=memory.oom_kills if memory else None)
 
     def _go_limit(self, pid: int) -> tuple[int, str | None]:
         """A Go process's thread limit now, from its memory (``fdtrace.procfs.go_limits``), and why
@@ -233,11 +254,11 @@ class ProcSampler:
     def processes(self, pids: Iterable[int]) -> list[ProcessSample]:
         """Samples of these processes, skipping the ones that are gone. Where RLIMIT_NPROC
         applies, the threads of the process's user are counted over every process."""
-        self._cgroups = {}
+        self._cgroups, self._memcgs = {}, {}
         try:
             samples = [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
         finally:
-            self._cgroups = None
+            self._cgroups = self._memcgs = None
         limited = {s.uid for s in samples if s.nproc_soft_limit is not None and s.uid is not None}
         if not limited:
             return samples
@@ -246,7 +267,7 @@ class ProcSampler:
                 else s for s in samples]
 
     def system(self) -> dict[str, Any]:
-        """System-wide FD, thread and listen-queue figures."""
+        """System-wide FD, thread, listen-queue and memory figures."""
         number = self.procfs.system_number
         file_nr = (self.procfs.system_text("sys/fs/file-nr") or "0 0 0").split()
         netstat = self._netstat()
@@ -260,6 +281,7 @@ class ProcSampler:
             "somaxconn": number("sys/net/core/somaxconn"),
             "listen_overflows": netstat.get("ListenOverflows"),
             "listen_drops": netstat.get("ListenDrops"),
+            **meminfo_kb(self.procfs.system_text("meminfo")),
         }
 
     def _netstat(self) -> dict[str, int]:

@@ -12,7 +12,7 @@ from fdtrace.schema.fields import Field, arrow_type
 
 #: Version of the tables' layout. Bump it whenever a column is added, removed or changes type,
 #: and say in :data:`VERSIONS` what changed; the reader upgrades any older version it knows.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: What each version changed, for the reader's upgrade step and for people.
 VERSIONS: dict[int, str] = {
@@ -32,6 +32,8 @@ VERSIONS: dict[int, str] = {
        "go_max_threads is a Go program's own limit read from its memory, go_limit_unread why not; every haproxy's "
        "configuration and the stats sockets it names are read without --haproxy-socket (the haproxy table's source, "
        "nbthread, listeners)",
+    8: "memory: the samples' rss_anon_kb, rss_file_kb, rss_shmem_kb and the tightest memory cgroup's "
+       "memcg_limit_bytes, memcg_usage_bytes and memcg_oom_kills; the system's mem_total_kb and mem_available_kb",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
@@ -101,6 +103,14 @@ SAMPLES = Table("samples", (
     Field("container_id", "dict_string", True, "its container's id (docker, containerd, cri-o, podman)"),
     Field("container_runtime", "dict_string", True, "docker, containerd, cri-o or podman"),
     Field("pod_uid", "dict_string", True, "its Kubernetes pod's UID"),
+    Field("rss_anon_kb", "int64", True, "resident anonymous memory, kB (RssAnon: what an OOM kill frees)"),
+    Field("rss_file_kb", "int64", True, "resident file-backed memory, kB (RssFile)"),
+    Field("rss_shmem_kb", "int64", True, "resident shared memory, kB (RssShmem)"),
+    Field("memcg_limit_bytes", "int64", True, "the memory cgroup limit that leaves it the least to spare (its "
+          "own or an ancestor's: v2 memory.max, v1 memory.limit_in_bytes; null: none)"),
+    Field("memcg_usage_bytes", "int64", True, "that cgroup's usage (memory.current, memory.usage_in_bytes)"),
+    Field("memcg_oom_kills", "int64", True, "OOM kills in that cgroup so far (the oom_kill of memory.events "
+          "or memory.oom_control)"),
     Field("cmdline", "string", True, "command line (only with record --cmdline: it can hold secrets)"),
     _TIME,
 ), "per-process FD and thread headroom from /proc, every interval", optional=("cmdline",))
@@ -116,8 +126,10 @@ SYSTEM = Table("system", (
     Field("somaxconn", "int64", True, "net.core.somaxconn"),
     Field("listen_overflows", "int64", True, "TcpExt ListenOverflows since boot"),
     Field("listen_drops", "int64", True, "TcpExt ListenDrops since boot"),
+    Field("mem_total_kb", "int64", True, "MemTotal of /proc/meminfo, kB"),
+    Field("mem_available_kb", "int64", True, "MemAvailable of /proc/meminfo, kB"),
     _TIME,
-), "system-wide FD, thread and listen-queue figures, every interval")
+), "system-wide FD, thread, listen-queue and memory figures, every interval")
 
 LOSSES = Table("losses", (
     _TS,

@@ -1,5 +1,5 @@
-"""A Prometheus /metrics endpoint (prometheus_client): per-process FD headroom under the names
-client libraries use, exact call and error counters, OOM kills, the system FD table under
+"""A Prometheus /metrics endpoint (prometheus_client): per-process FD and memory headroom under the
+names client libraries use, exact call and error counters, OOM kills, the system FD table under
 node_exporter's names, and fdtrace's own losses. Label sets are bounded to the top processes, and
 the server's threads and connections too, whoever its clients are (``metrics_server``)."""
 
@@ -128,8 +128,21 @@ class PrometheusSink:
         thread_used = GaugeMetricFamily(
             "fdtrace_process_thread_limit_used", "What that limit counts now (the process's threads, its user's "
             "threads, or its cgroup's tasks).", labels=[*PROCESS_LABELS, "limit"])
+        resident = GaugeMetricFamily("process_resident_memory_bytes", "Resident memory size in bytes.",
+                                     labels=PROCESS_LABELS)
+        memcg_limit = GaugeMetricFamily(
+            "fdtrace_process_memory_cgroup_limit_bytes", "The memory cgroup limit that leaves the process the least "
+            "to spare (its own cgroup's or an ancestor's: memory.max, memory.limit_in_bytes).", labels=PROCESS_LABELS)
+        memcg_usage = GaugeMetricFamily("fdtrace_process_memory_cgroup_usage_bytes",
+                                        "That cgroup's memory usage (memory.current, memory.usage_in_bytes).",
+                                        labels=PROCESS_LABELS)
         for sample in snap.processes:
             labels = [str(sample.pid), sample.comm, sample.unit or "", (sample.container_id or "")[:12]]
+            if sample.rss_kb is not None:
+                resident.add_metric(labels, sample.rss_kb * 1024)
+            if sample.memcg_limit_bytes is not None and sample.memcg_usage_bytes is not None:
+                memcg_limit.add_metric(labels, sample.memcg_limit_bytes)
+                memcg_usage.add_metric(labels, sample.memcg_usage_bytes)
             open_fds.add_metric(labels, sample.open_fds)
             if sample.fd_soft_limit is not None:
                 max_fds.add_metric(labels, sample.fd_soft_limit)
@@ -138,7 +151,7 @@ class PrometheusSink:
             if binding is not None:
                 thread_limit.add_metric([*labels, binding[0]], binding[2])
                 thread_used.add_metric([*labels, binding[0]], binding[1])
-        yield from (open_fds, max_fds, threads, thread_limit, thread_used)
+        yield from (open_fds, max_fds, threads, thread_limit, thread_used, resident, memcg_limit, memcg_usage)
         conns = GaugeMetricFamily("fdtrace_haproxy_curr_conns", "HAProxy's current connections (show info CurrConns).",
                                   labels=["socket"])
         maxconn = GaugeMetricFamily("fdtrace_haproxy_maxconn", "HAProxy's connection limit (show info Maxconn).",
@@ -168,6 +181,10 @@ class PrometheusSink:
                                     value=snap.system["file_nr"])
             yield GaugeMetricFamily("node_filefd_maximum", "File descriptor statistics: maximum.",
                                     value=snap.system["file_max"])
+            for name, key in (("MemTotal", "mem_total_kb"), ("MemAvailable", "mem_available_kb")):
+                if snap.system.get(key) is not None:
+                    yield GaugeMetricFamily(f"node_memory_{name}_bytes", f"Memory information field {name}_bytes.",
+                                            value=int(snap.system[key] or 0) * 1024)
         lost = CounterMetricFamily("fdtrace_events_lost_total", "Events or counts fdtrace lost, by reason.",
                                    labels=["reason"])
         for reason, count in sorted(snap.losses.items()):
