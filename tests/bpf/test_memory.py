@@ -164,3 +164,21 @@ def test_doctor_from_names_the_limit_and_the_need(recorded: dict[str, Any]) -> N
     quiet = subprocess.run([FDTRACE, "doctor", "--comm", recorded["names"]["quiet"], "--from",
                             str(recorded["out"]), "--json"], capture_output=True, text=True, timeout=120)
     assert all(c["status"] == "OK" for c in json.loads(quiet.stdout)["checks"] if c["name"] == "memory cgroup")
+
+
+def test_the_report_has_the_same_advice_and_the_kill(recorded: dict[str, Any], tmp_path: Path) -> None:
+    from fdtrace.analysis.memory import memory_advice_lines
+    from fdtrace.analysis.report import build
+    from fdtrace.analysis.report_charts import panels_of
+
+    rec = load(recorded["out"])
+    report = build(rec)
+    [advice] = memory_advice_lines(memory_needs(rec), oom_victims(rec))  # the quiet one has nothing to change
+    assert advice in report.recommendations
+    assert any(title.startswith("Memory of the processes") for title in panels_of(report))
+    page = tmp_path / "report.md"
+    made = subprocess.run([FDTRACE, "report", str(recorded["out"]), "-o", str(page)], capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr
+    text = page.read_text()
+    assert "## Memory headroom and OOM kills" in text and "foreseen (fdtrace showed it at its cgroup" in text

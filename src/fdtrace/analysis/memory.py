@@ -229,3 +229,14 @@ def memory_advice_lines(needs: pd.DataFrame, victims: pd.DataFrame | None = None
         text += f"; {row.change}." if row.change else "."
         lines.append(text)
     return lines
+
+
+def memory_series_on(engine: Engine, chosen: pd.DataFrame) -> pd.DataFrame:
+    """The chosen processes' memory over time: its cgroup's usage and limit, and its RSS."""
+    if not len(chosen) or "memcg_usage_bytes" not in engine.columns("samples"):
+        return pd.DataFrame(columns=["host", "pid", "start_ns", "time", "rss_bytes", "memcg_usage_bytes",
+                                     "memcg_limit_bytes"])
+    found = engine.query(f"SELECT host, pid, start_ns, time_ns, {_RSS} AS rss_bytes, memcg_usage_bytes, "
+                         f"memcg_limit_bytes FROM samples WHERE {processes_where(chosen)} ORDER BY ts_ns")
+    found.insert(3, "time", pd.to_datetime(found.pop("time_ns"), unit="ns", utc=True))
+    return found

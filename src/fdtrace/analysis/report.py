@@ -19,6 +19,7 @@ from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for, thread_starts
 from fdtrace.analysis.failures import as_time, failures_on, incidents_on, severity_of
 from fdtrace.analysis.fleet import cascade_from, fleet_heat_on
+from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, memory_series_on, oom_victims_on
 from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.analysis.phase_alignment import align_spikes, phase_stats_on
 from fdtrace.analysis.report_charts import figure_html
@@ -68,6 +69,11 @@ class Report:
     thread_series: dict[str, pd.DataFrame] = field(default_factory=dict)
     markers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["time", "marker", "text"]))
     phase_marks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Memory: each process's headroom and need (analysis.memory), its OOM kills with the victim's
+    # last state, and the memory over time of those nearest their cgroup's limit.
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    oom_victims: pd.DataFrame = field(default_factory=pd.DataFrame)
+    memory_series: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def build(recording: Any, top: int = 3) -> Report:
@@ -178,6 +184,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     found = failures_on(engine)
     incidents = incidents_on(engine, found=found)
     clocks = getattr(recording, "clock_offsets", None)
+    memory, victims = memory_needs_on(engine), oom_victims_on(engine)
     marks = phases[phases["end_wall_ns"].notna() & phases["rank"].notna()] if len(phases) else pd.DataFrame()
     return Report(
         title=f"fdtrace report: {', '.join(recording.meta)}",
@@ -187,13 +194,32 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         call_rate=_per_process(counted, 5, several, kind=SOCKET_KINDS), thread_series=thread_series,
         markers=_markers(found, incidents, several),
         phase_marks=marks[["rank", "phase", "start_wall_ns", "end_wall_ns"]] if len(marks) else pd.DataFrame(),
-        recommendations=recommendations(recording, least, engine), phase_stats=stats,
+        recommendations=recommendations(recording, least, engine, memory, victims), phase_stats=stats,
+        memory=memory, oom_victims=victims, memory_series=_memory_series(engine, memory.head(top), several),
         destinations=destinations_on(engine), leaks=_leaks(recording), threads=_census_at_peak(recording),
         thread_sites=_thread_sites(engine, recording),
         heat=fleet_heat_on(engine, span=span) if several else pd.DataFrame(),
         cascade=cascade_from(found) if several else pd.DataFrame(),
         clocks=clocks if several and clocks is not None else pd.DataFrame(),
     )
+
+
+def _memory_series(engine: Engine, chosen: pd.DataFrame, several: bool) -> dict[str, pd.DataFrame]:
+    """The memory over time of the chosen processes, by process label: what is drawn (its cgroup's
+    usage, else its RSS) and the cgroup's limit, in MiB."""
+    series = memory_series_on(engine, chosen)
+    found = {}
+    for row in chosen.itertuples():
+        mine = series[(series["host"] == row.host) & (series["pid"] == row.pid)]
+        if not len(mine):
+            continue
+        drawn = mine["memcg_usage_bytes"].astype("Float64").fillna(mine["rss_bytes"].astype("Float64"))
+        limit = mine["memcg_limit_bytes"].astype("Float64")
+        found[_label(row.host, row.comm, row.pid, several)] = pd.DataFrame({
+            "time": mine["time"].to_numpy(),
+            "memory_mib": (drawn / (1 << 20)).to_numpy(dtype="float64", na_value=float("nan")),
+            "limit_mib": (limit / (1 << 20)).to_numpy(dtype="float64", na_value=float("nan"))})
+    return found
 
 
 def _leaks(recording: Any) -> pd.DataFrame:
@@ -224,12 +250,16 @@ def _thread_sites(engine: Engine, recording: Any) -> pd.DataFrame:
         ["pid", "comm", "site", "threads", "first", "last"]].head(20)
 
 
-def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None = None) -> list[str]:
+def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None = None,
+                    memory: pd.DataFrame | None = None, victims: pd.DataFrame | None = None) -> list[str]:
     """The configuration values to change, with the numbers the recording justifies."""
     if engine is None:
         with engine_for(recording) as own:
-            return recommendations(recording, least, own)
-    advice = fd_advice(fd_needs_on(engine), several=least["host"].nunique() > 1 if len(least) else False)
+            return recommendations(recording, least, own, memory, victims)
+    several = least["host"].nunique() > 1 if len(least) else False
+    advice = fd_advice(fd_needs_on(engine), several=several)
+    advice += memory_advice_lines(memory_needs_on(engine) if memory is None else memory,
+                                  oom_victims_on(engine) if victims is None else victims, several=several)
     system = recording.system
     if len(system) and "file_nr" in system.columns:
         peak, file_max = int(system["file_nr"].max()), int(system["file_max"].min())
@@ -395,7 +425,10 @@ COLUMN_NAMES = {
     "peer_addr": "address", "peer_port": "port", "failed": "failed", "fd_kind": "on descriptors of",
     "oldest_age_s": "oldest (s)", "growth_per_min": "growth / min", "fd_errors": "EMFILE/ENFILE",
     "fd_usage": "fullest FD table", "thread_usage": "nearest thread limit", "threads_started": "threads started",
-    "seconds_to_exhaustion": "full in (s)",
+    "seconds_to_exhaustion": "full in (s)", "rss_mib": "RSS (MiB)", "limit_mib": "cgroup limit (MiB)",
+    "peak_mib": "cgroup peak (MiB)", "memcg_oom_kills": "OOM kills in the cgroup", "fit": "memory per connection",
+    "need_mib": "its connections need (MiB)", "anon_rss_kb": "anon RSS at the kill (kB)",
+    "last_state": "last seen",
 }
 PERCENT_COLUMNS = frozenset({"usage", "fd_usage", "thread_usage"})
 #: Columns left out of the tables: kept in the DataFrames for programs, noise to a reader.
@@ -403,7 +436,7 @@ HIDDEN_COLUMNS = frozenset({"start_ns", "ts_ns", "first_overall"})
 
 
 def _cell(value: Any, column: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NaT:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NaT or value is pd.NA:
         return ""
     if column in PERCENT_COLUMNS and isinstance(value, int | float):
         return f"{value:.0%}"
@@ -457,7 +490,12 @@ def first_failure(report: Report) -> str:
 
 SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", "FD headroom",
             "Incidents: failures by program, most severe first", "Connect destinations", "Losses during the recording",
-            "What to change", "Open descriptors by call site", "What the threads were doing")
+            "What to change", "Open descriptors by call site", "What the threads were doing",
+            "Memory headroom and OOM kills")
+MEMORY_COLUMNS = ["comm", "pid", "rss_mib", "limit_mib", "peak_mib", "usage", "memcg_oom_kills", "fit", "need_mib",
+                  "time"]
+VICTIM_COLUMNS = ["comm", "pid", "time", "anon_rss_kb", "last_state"]
+NO_MEMORY = "No memory figures in this recording (recorded before fdtrace sampled memory, or no process sampled)."
 NO_SITES = "No call sites in this recording (record with --stacks to have them)."
 NO_CENSUS = "No thread census in this recording."
 SITE_COLUMNS = ["pid", "comm", "site", "open", "opened", "closed", "oldest_age_s", "growth_per_min"]
@@ -487,6 +525,8 @@ def to_html(report: Report) -> str:
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
               f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
               f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
+              f"<h2>{SECTIONS[11]}</h2>", _frame_html(_memory_view(report), NO_MEMORY),
+              *([_frame_html(report.oom_victims[VICTIM_COLUMNS], "")] if len(report.oom_victims) else []),
               f"<h2>{SECTIONS[5]}</h2>", f"<p>{html.escape(first_failure(report))}</p>",
               _frame_html(report.incidents, ""),
               f"<h2>{SECTIONS[6]}</h2>", _frame_html(report.destinations.head(20), NO_DESTINATIONS),
@@ -509,6 +549,8 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
               "", f"## {SECTIONS[3]}", "", _frame_md(report.phase_stats, NO_PHASES),
               "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
+              "", f"## {SECTIONS[11]}", "", _frame_md(_memory_view(report), NO_MEMORY),
+              *(["", _frame_md(report.oom_victims[VICTIM_COLUMNS], "")] if len(report.oom_victims) else []),
               "", f"## {SECTIONS[5]}", "", markdown_shown(first_failure(report)),
               *(["", _frame_md(report.incidents, "")] if len(report.incidents) else []),
               "", f"## {SECTIONS[6]}", "", _frame_md(report.destinations.head(20), NO_DESTINATIONS),
@@ -519,6 +561,20 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[8]}", ""]
     parts += [f"- {markdown_shown(r)}" for r in report.recommendations]
     return "\n".join(parts) + "\n"
+
+
+def _memory_view(report: Report) -> pd.DataFrame:
+    frame = report.memory
+    if frame.empty:
+        return frame
+    def mib(column: str) -> pd.Series:
+        value = frame[column].astype("Float64").astype("float64") / (1 << 20)
+        return value.round(0).where(value >= 10, value.round(1))
+
+    frame = frame.head(20)
+    frame = frame.assign(rss_mib=mib("rss_bytes"), limit_mib=mib("memcg_limit_bytes"),
+                         peak_mib=mib("memcg_peak_bytes"), need_mib=mib("need"))
+    return frame[MEMORY_COLUMNS]
 
 
 def _headroom_view(report: Report) -> pd.DataFrame:

@@ -38,6 +38,9 @@ def panels_of(report: Report) -> list[str]:
                       "first failures)")
     if report.thread_series:
         titles.append("Threads of the processes nearest a thread limit (dashed: the limit)")
+    if report.memory_series:
+        titles.append("Memory of the processes nearest their memory cgroup's limit, MiB (dashed: the limit; "
+                      "its cgroup's usage, else its RSS)")
     if len(report.call_rate.columns):
         titles.append("socket, accept, connect and close calls per second, by process (log scale)")
     if len(report.phase_marks):
@@ -107,6 +110,19 @@ def figure(report: Report) -> go.Figure | None:
                                          "thread_limit_kind"],
                                      hovertemplate="%{text} %{y}<extra>" + label + "</extra>"), row=at, col=1)
         fig.update_yaxes(title_text="threads", row=at, col=1)
+    if report.memory_series:
+        at = next_row()
+        for label, frame in report.memory_series.items():
+            times = _naive(frame["time"])
+            fig.add_trace(go.Scatter(x=times, y=frame["memory_mib"], name=label, legendgroup=label,
+                                     showlegend=label not in colours, line={"color": colour(label)},
+                                     hovertemplate="%{x|%H:%M:%S}<br>%{y:.1f} MiB<extra>" + label + "</extra>"),
+                          row=at, col=1)
+            fig.add_trace(go.Scatter(x=times, y=frame["limit_mib"], legendgroup=label, showlegend=False,
+                                     line={"color": colour(label), "dash": "dash", "width": 1},
+                                     hovertemplate="cgroup limit %{y:.0f} MiB<extra>" + label + "</extra>"),
+                          row=at, col=1)
+        fig.update_yaxes(title_text="MiB", row=at, col=1)
     if len(report.call_rate.columns):
         at = next_row()
         times = _naive(report.call_rate.index)
