@@ -97,6 +97,8 @@ def test_sort_by_clicking_a_header_and_by_key() -> None:
         fds = [app.state.processes[pid].open_fds or 0 for pid in pids]
         assert fds == sorted(fds, reverse=True) and pids[0] == PIDS["busy-85"]
         await pilot.press("s")
+        assert app.sort == "mem"  # the column after FDs: memory against its cgroup's limit
+        await pilot.press("s")
         assert app.sort == "sockets"
         await pilot.pause(0.2)
         assert ended_pids(app)[0] == PIDS["emfile-child"]  # 61 sockets

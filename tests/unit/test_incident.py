@@ -120,3 +120,31 @@ def test_the_first_window_after_a_seek_gives_no_rates_but_logs_its_failures() ->
     state.apply_events(decode_table(np.concatenate(failures[:20])))
     state.roll(12_000_000_000, {})
     assert state.processes[9].rates["fd_exhaustion"] == 10.0  # 20 in 2 s
+
+
+def test_memory_near_its_cgroup_limit_alerts_and_an_oom_kill_says_what_was_last_seen() -> None:
+    state = IncidentState()
+    limit, per_socket, base = 150 << 20, 100 * 1024, 10 << 20
+    for second in range(30):
+        sockets = 35 * second + 400
+        state.apply_samples([ProcessSample(pid=400, start_ns=1, comm="haproxy", open_fds=sockets + 5,
+                                           fd_soft_limit=4096, fd_hard_limit=4096, threads=2, sockets=sockets,
+                                           rss_anon_kb=(base + per_socket * sockets) // 1024 - 4000, rss_file_kb=4000,
+                                           rss_shmem_kb=0, memcg_limit_bytes=limit,
+                                           memcg_usage_bytes=base + per_socket * sockets)], second * 1_000_000_000)
+    state.apply_haproxy([{"socket": "/run/haproxy.sock", "source": "configuration", "haproxy_pid": 400,
+                          "maxconn": 4096, "maxsock": 8220}], 30_000_000_000)
+    view = state.processes[400]
+    assert view.memory_usage is not None and view.memory_usage > 0.95
+    [alert] = [a for a in view.alerts if a.startswith("memory")]
+    assert alert == "memory at 99% of its cgroup, full in 1s"  # 3.4 MiB a second, 1.7 MiB to spare
+    text = str(process_detail(view))
+    assert "cgroup 148 MiB of 150 MiB (99%)  full in 1s" in text
+    assert "at 4,096 connections (its maxconn) haproxy needs about 410 MiB, about 100 KiB per connection" in text
+    assert "lower maxconn to 1,177 (what its cgroup holds with the margin) or raise MemoryMax=" in text
+    state.apply_events(decode_table(record(Kind.OOM_KILL, pid=400, ts=31_000_000_000, ret=-500,
+                                           extra=[150000, 4000, 0, 0])))
+    [said] = [e for e in state.log if e.text.startswith("OOM kill")]
+    assert said.text.endswith("; last seen: 1,420 FDs (1,415 sockets), 2 threads, RSS 148 MiB; its cgroup at "
+                              "148 MiB of 150 MiB (99%): foreseen")
+    assert not [a for a in state.processes[400].alerts if a.startswith("memory")]  # the kill says it now

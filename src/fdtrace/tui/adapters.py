@@ -10,16 +10,17 @@ from rich.text import Text
 
 from fdtrace.display import shown
 from fdtrace.integrations.phases.live import PhaseNow
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN, need_of, with_margin
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN, kib, memory_advice, need_of, with_margin
 from fdtrace.procfs.threads import describe_state
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
 
 #: (key, label, width) of the process table's columns, in order.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("pid", "PID", 7), ("comm", "COMM", 15), ("fds", "FDS / SOFT LIMIT", 22), ("use", "USE", 4),
-    ("sockets", "SOCK", 6), ("socket_s", "SOCK/s", 6), ("accept_s", "ACC/s", 6), ("connect_s", "CONN/s", 6),
+    ("mem", "MEM / CGROUP", 12), ("sockets", "SOCK", 6), ("socket_s", "SOCK/s", 6), ("accept_s", "ACC/s", 6),
+    ("connect_s", "CONN/s", 6),
     ("close_s", "CLOSE/s", 7), ("emfile", "EMFILE/ENFILE", 13), ("threads", "THR", 5),
-    ("threads_s", "THR/s", 5), ("tte", "FULL IN", 7), ("state", "ALERTS", 44),
+    ("threads_s", "THR/s", 5), ("tte", "FULL IN", 7), ("state", "ALERTS", 40),
 )
 BAR_WIDTH = 10
 
@@ -60,6 +61,30 @@ def fd_bar(view: ProcessView) -> Text:
     return text
 
 
+def size(value: float) -> str:
+    """Bytes, short: 149M, 1.2G, 512K."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if value >= scale:
+            shown_value = value / scale
+            return f"{shown_value:.1f}{unit}" if shown_value < 10 else f"{shown_value:.0f}{unit}"
+    return f"{value:.0f}B"
+
+
+MEMORY_BAR = 5
+
+
+def memory_bar(view: ProcessView) -> Text:
+    """"149M ████▉" : its memory cgroup's usage, the bar coloured by how near its limit; its RSS,
+    dim, where no cgroup limits it."""
+    usage = view.memory_usage
+    if usage is None or view.memcg_usage is None:
+        return Text("-" if view.rss_kb is None else size(view.rss_kb * 1024).rjust(5), style="dim")
+    filled = min(MEMORY_BAR, round(usage * MEMORY_BAR))
+    text = Text(f"{size(view.memcg_usage):>5} ")
+    text.append("█" * filled + "░" * (MEMORY_BAR - filled), style=usage_style(usage))
+    return text
+
+
 def rate(value: float) -> str:
     """A per-second rate, short."""
     if value <= 0:
@@ -96,6 +121,7 @@ def process_cells(view: ProcessView) -> dict[str, object]:
         "comm": Text(shown(view.comm), style="strike dim" if view.ended else ""),
         "fds": fd_bar(view),
         "use": Text("-" if usage is None else f"{usage:.0%}", style=usage_style(usage)),
+        "mem": memory_bar(view),
         "sockets": "-" if view.sockets is None else str(view.sockets),
         "socket_s": rate(view.rates.get("socket", 0.0)),
         "accept_s": rate(view.rates.get("accept", 0.0)),
@@ -240,7 +266,8 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.ended:
         text.append(f"ended: {shown(view.ended)}\n", style="bold red")
     if view.oom_killed:
-        text.append("OOM-killed\n", style="bold red")
+        text.append("OOM-killed" + (f"; last seen: {view.last_state}" if view.last_state else "") + "\n",
+                    style="bold red")
     soft = "unlimited" if view.fd_soft_limit is None else view.fd_soft_limit
     hard = "unlimited" if view.fd_hard_limit is None else view.fd_hard_limit
     text.append(f"\nopen FDs {view.open_fds if view.open_fds is not None else '-'}  soft limit {soft}  "
@@ -250,6 +277,7 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     text.append(f"\nheadroom {view.headroom if view.headroom is not None else '-'}  "
                 f"full in {duration(view.seconds_to_exhaustion())}  sockets {view.sockets or '-'}  "
                 f"threads {view.threads or '-'}\n")
+    text.append(memory_detail(view))
     if view.thread_limit is not None:
         kind, count, limit = view.thread_limit
         share = count / limit if limit else None
@@ -300,6 +328,49 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.alerts:
         text.append("\nalerts: " + shown(", ".join(view.alerts)) + "\n", style="bold red")
     return text
+
+
+def memory_detail(view: ProcessView) -> Text:
+    """Its memory: RSS and its split, its cgroup's usage against the limit and when it is full, the
+    memory a connection costs and what its connections need (``policy.memory_advice``)."""
+    text = Text()
+    if view.rss_kb is None and view.memcg_usage is None:
+        return text
+    anon, file, shmem = view.rss_split
+    if view.rss_kb is not None:
+        text.append(f"memory: RSS {kib(view.rss_kb * 1024)} (anon {kib((anon or 0) * 1024)}, file "
+                    f"{kib((file or 0) * 1024)}, shmem {kib((shmem or 0) * 1024)})  ")
+    usage = view.memory_usage
+    if usage is not None and view.memcg_usage is not None and view.memcg_limit is not None:
+        text.append(f"cgroup {kib(view.memcg_usage)} of {kib(view.memcg_limit)} ")
+        text.append(f"({usage:.0%})", style=usage_style(usage))
+        text.append(f"  full in {duration(view.seconds_to_memory_limit())}")
+    else:
+        text.append("no memory cgroup limit", style="dim")
+    text.append("\n")
+    fit = view.memory_fit()
+    if fit is not None:
+        connections, what = memory_connections(view)
+        if connections:
+            _need, why, change = memory_advice(view.comm, fit, connections, what, view.memcg_limit)
+            text.append(shown(why) + "\n")
+            if change:
+                text.append("what to change (memory): ", style="bold")
+                text.append(shown(change) + "\n", style="bold red")
+        else:
+            text.append(f"memory {fit.describe()}\n")
+    return text
+
+
+def memory_connections(view: ProcessView) -> tuple[int | None, str]:
+    """How many connections a process must hold, as the report counts them: HAProxy's maxconn,
+    else the FD limit the needs model recommends for it."""
+    if view.maxconn is not None:
+        return view.maxconn, "its maxconn"
+    peak = max((fds for _, fds in view.history), default=view.open_fds)
+    need, _ = need_of(view.fd_soft_limit, peak, view.emfile, view.emfile_worst_second, view.maxsock,
+                      maxsock_from=view.maxsock_from)
+    return (with_margin(need), "the FD limit recommended for it") if need else (None, "")
 
 
 def fd_recommendation(view: ProcessView) -> str | None:

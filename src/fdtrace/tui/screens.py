@@ -18,12 +18,13 @@ if TYPE_CHECKING:
 HELP = """\
 [b]fdtrace[/b]: who is closest to an FD limit, what fails, since when, how fast.
 
-[b]Process table[/b] (sorted by FD headroom: fullest first, processes with EMFILE/ENFILE or an
-OOM kill on top; processes that ended below the live ones)
+[b]Process table[/b] (sorted by headroom: nearest an FD or memory cgroup limit first, processes with
+EMFILE/ENFILE or an OOM kill on top; processes that ended below the live ones)
   FDS / SOFT LIMIT   open FDs against RLIMIT_NOFILE; the bar turns amber at 80 %, red at 95 %
+  MEM / CGROUP       its memory cgroup's usage against the limit (same colours); dim: RSS, no limit
   SOCK/s ACC/s ...   calls per second;  EMFILE  EMFILE+ENFILE failures of any syscall
   FULL IN            time until the soft limit at the FD growth of the last 30 s
-  ALERTS             FDs over 80 %, any EMFILE/ENFILE, OOM kill, thread bursts, how it ended
+  ALERTS             FDs or memory over 80 %, any EMFILE/ENFILE, OOM kill, thread bursts, how it ended
 
 [b]Keys[/b]
   enter  details of the selected process     /  filter by name, pid, unit or container (escape clears)

@@ -16,7 +16,7 @@ from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.kernel.descriptors import SiteRow
 from fdtrace.kernel.stacks import Stack
 from fdtrace.pipeline.update import ThreadCensus
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, site_name
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, MemoryFit, kib, memory_fit, site_name
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import ThreadState, describe_state
@@ -58,6 +58,14 @@ class ProcessView:
     maxsock_from: str | None = None  # "configuration" when only the configuration said
     go_thread_limit: int | None = None  # the N of Go's "program exceeds N-thread limit", when it said so
     go_limit_unread: str | None = None  # why its Go limit could not be read from its memory
+    maxconn: int | None = None  # an haproxy's maxconn (show info, or its configuration)
+    rss_kb: int | None = None  # resident memory, and its split as the OOM killer splits it
+    rss_split: tuple[int | None, int | None, int | None] = (None, None, None)
+    memcg_limit: int | None = None  # the tightest memory cgroup's limit and usage, bytes
+    memcg_usage: int | None = None
+    # (time, sockets, memory: the cgroup's usage, else RSS, bytes) at each sample
+    memory_history: deque[tuple[int, int | None, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    last_state: str | None = None  # an OOM victim as its last sample saw it
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
     history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     thread_history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -88,6 +96,47 @@ class ProcessView:
             return None
         slope = grown / ((recent[-1][0] - recent[0][0]) / 1e9)
         return max(limit - count, 0) / slope
+
+    @property
+    def memory_usage(self) -> float | None:
+        """Its memory cgroup's usage / limit."""
+        if self.memcg_usage is None or not self.memcg_limit:
+            return None
+        return self.memcg_usage / self.memcg_limit
+
+    def seconds_to_memory_limit(self, window_ns: int = 30_000_000_000) -> float | None:
+        """At the growth of its cgroup's usage over the last ``window_ns``, seconds until the
+        cgroup's limit; None when not growing (or no limit), 0 when there."""
+        if self.memcg_limit is None or self.memcg_usage is None or len(self.memory_history) < 2:
+            return None
+        room = self.memcg_limit - self.memcg_usage
+        if room <= 0:
+            return 0.0
+        end_t, _, end_v = self.memory_history[-1]
+        start_t, _, start_v = next(((t, n, v) for t, n, v in self.memory_history if t >= end_t - window_ns),
+                                   self.memory_history[0])
+        if end_t <= start_t or end_v <= start_v:
+            return None
+        return room / ((end_v - start_v) / ((end_t - start_t) / 1e9))
+
+    def memory_fit(self) -> MemoryFit | None:
+        """The memory a connection costs, fitted over the samples the view kept."""
+        measure = "cgroup usage" if self.memcg_limit is not None else "RSS"
+        return memory_fit([(n, v) for _, n, v in self.memory_history if n is not None], measure)
+
+    def describe_last_state(self) -> str:
+        """What its last sample saw, for an OOM kill's log line: FDs, sockets, threads, memory."""
+        parts = [f"{self.open_fds:,} FDs" + (f" ({self.sockets:,} sockets)" if self.sockets is not None else "")]
+        if self.threads is not None:
+            parts.append(f"{self.threads} thread{'s' if self.threads != 1 else ''}")
+        if self.rss_kb is not None:
+            parts.append(f"RSS {kib(self.rss_kb * 1024)}")
+        text = ", ".join(parts)
+        usage = self.memory_usage
+        if usage is not None and self.memcg_limit is not None and self.memcg_usage is not None:
+            text += (f"; its cgroup at {kib(self.memcg_usage)} of {kib(self.memcg_limit)} ({usage:.0%}): "
+                     + ("foreseen" if usage >= USAGE_WARN else "not foreseen"))
+        return text
 
     @property
     def usage(self) -> float | None:
@@ -130,6 +179,11 @@ class ProcessView:
         usage = self.usage
         if usage is not None and usage > USAGE_WARN:
             found.append(f"FDs at {usage:.0%}")
+        memory = self.memory_usage
+        if memory is not None and memory > USAGE_WARN and not self.oom_killed:
+            to_limit = self.seconds_to_memory_limit()
+            found.append(f"memory at {memory:.0%} of its cgroup" + (f", full in {duration(to_limit)}"
+                                                                   if to_limit is not None and to_limit > 0 else ""))
         if self.thread_limit is not None and self.thread_limit[1] > USAGE_WARN * self.thread_limit[2]:
             kind, count, limit = self.thread_limit
             found.append(f"threads {count}/{limit} ({kind})")
@@ -239,6 +293,7 @@ class IncidentState:
         self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
         self.haproxy: dict[str, HaproxyView] = {}
         self._demanded: dict[int, tuple[int, str | None]] = {}  # haproxy pid -> (Maxsock, from)
+        self._maxconns: dict[int, int] = {}  # haproxy pid -> maxconn
         self.phases: dict[int, PhaseNow] = {}  # training processes under `fdtrace run`, by pid
         self.site_names: dict[int, str] = {}  # --stacks: stack id -> the call site it names
 
@@ -262,6 +317,8 @@ class IncidentState:
             view.comm = comm
         if view.maxsock is None and pid in self._demanded:
             view.maxsock, view.maxsock_from = self._demanded[pid]
+        if view.maxconn is None and pid in self._maxconns:
+            view.maxconn = self._maxconns[pid]
         return view
 
     def apply_events(self, events: pa.Table) -> None:
@@ -345,6 +402,9 @@ class IncidentState:
             self._oom_kills += 1
             text = (f"OOM kill: anon-rss {row['anon_rss_kb']} kB, file-rss {row['file_rss_kb']} kB, "
                     f"oom_score_adj {row['oom_score_adj']}")
+            if view.open_fds is not None:
+                view.last_state = view.describe_last_state()
+                text += f"; last seen: {view.last_state}"
             self._log(LogEntry(time_ns, view.pid, view.comm, text, "error"))
             return
         if row["kind"] == "go_thread_limit":
@@ -379,6 +439,13 @@ class IncidentState:
             view.placement = (sample.cgroup, sample.unit, sample.container_id, sample.container_runtime,
                               sample.pod_uid)
             view.history.append((time_ns, sample.open_fds))
+            view.rss_split = (sample.rss_anon_kb, sample.rss_file_kb, sample.rss_shmem_kb)
+            view.rss_kb = sample.rss_kb
+            view.memcg_limit, view.memcg_usage = sample.memcg_limit_bytes, sample.memcg_usage_bytes
+            memory = sample.memcg_usage_bytes if sample.memcg_usage_bytes is not None else (
+                sample.rss_kb * 1024 if sample.rss_kb is not None else None)
+            if memory is not None:
+                view.memory_history.append((time_ns, sample.sockets, memory))
             view.thread_history.append((time_ns, sample.threads))
             view.last_seen_ns = max(view.last_seen_ns, time_ns)
 
@@ -418,6 +485,12 @@ class IncidentState:
         """What an haproxy sized itself for (show info's Maxsock), or failing that what its
         configuration demands: the needs model's "what the program demands of itself"."""
         pid, maxsock = row.get("haproxy_pid"), row.get("maxsock")
+        if pid is not None and row.get("maxconn") is not None:
+            self._maxconns[int(pid)] = int(row["maxconn"])
+            while len(self._maxconns) > MAX_DEMANDED:
+                self._maxconns.pop(next(iter(self._maxconns)))
+            if int(pid) in self.processes:
+                self.processes[int(pid)].maxconn = int(row["maxconn"])
         if pid is None or maxsock is None:
             return
         from_config = row.get("source") == "configuration"
@@ -538,8 +611,14 @@ class IncidentState:
 
 
 def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
-    usage = view.usage
+    """Failed first, then the nearest to a limit: its FD table's or its memory cgroup's."""
+    usage = max((u for u in (view.usage, view.memory_usage) if u is not None), default=None)
     return (not view.oom_killed and not view.fd_exhaustion_errors, -(usage if usage is not None else -1.0), view.pid)
+
+
+def _memory_key(view: ProcessView) -> tuple[Any, ...]:
+    usage = view.memory_usage
+    return (usage is None, -(usage or 0.0), -(view.rss_kb or 0), view.pid)
 
 
 def _by_rate(kind: str) -> Any:
@@ -557,6 +636,7 @@ SORT_KEYS: dict[str, Any] = {
     "pid": lambda v: v.pid,
     "comm": lambda v: (v.comm, v.pid),
     "fds": lambda v: (-(v.open_fds or 0), v.pid),
+    "mem": _memory_key,
     "sockets": lambda v: (-(v.sockets or 0), v.pid),
     "socket_s": _by_rate("socket"),
     "accept_s": _by_rate("accept"),
