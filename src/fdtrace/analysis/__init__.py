@@ -22,13 +22,14 @@ from fdtrace.analysis import headroom_series as _headroom
 from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
 from fdtrace.analysis.engines.dataset import EngineRecording, engine_for, load_with_engine, thread_starts
+from fdtrace.analysis.memory import memory_needs, oom_victims
 from fdtrace.recording import Recording
 from fdtrace.recording import load as load_frames
 from fdtrace.recording.layout import TABLES
 
 __all__ = ["EngineRecording", "Recording", "align", "cascade", "destinations", "failures", "fleet_heat", "headroom",
-           "incidents",
-           "least_headroom", "leaks", "load", "phase_stats", "rates", "spikes", "thread_sites", "threads"]
+           "incidents", "least_headroom", "leaks", "load", "memory_needs", "oom_victims", "phase_stats", "rates",
+           "spikes", "thread_sites", "threads"]
 
 
 def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,

@@ -32,8 +32,9 @@ VICTIM_COLUMNS = ["host", "pid", "start_ns", "comm", "time", "anon_rss_kb", "sam
 _RSS = "(rss_anon_kb + rss_file_kb + rss_shmem_kb) * 1024"
 _MEMORY = f"coalesce(memcg_usage_bytes, {_RSS})"
 
+# Each process's newest sample with a memory cgroup (a dying process's last one may have lost it),
+# else its newest, with the cgroup's peak over all its samples and whether it was OOM-killed.
 _LAST = f"""
--- the newest sample with a memory cgroup (a dying process's last one may have lost it), else the newest
 WITH mem AS (SELECT host, pid, start_ns, comm, ts_ns, time_ns, {_RSS} AS rss_bytes, memcg_limit_bytes,
                     memcg_usage_bytes, memcg_oom_kills,
                     row_number() OVER (PARTITION BY host, pid, start_ns
