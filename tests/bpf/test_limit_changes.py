@@ -50,6 +50,22 @@ if sys.argv[2] == "stays":
 """.replace("LOWERED", str(LOWERED)).replace("REFUSED", str(REFUSED))
 
 
+FAMILY = """
+import ctypes, os, resource, socket, sys, time
+name = lambda text: ctypes.CDLL(None).prctl(15, ctypes.c_char_p(text.encode()), 0, 0, 0)  # PR_SET_NAME
+name(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, 20000))
+child = os.fork()
+if child == 0:
+    name(sys.argv[2])
+    held = [socket.socket() for _ in range(10)]
+    time.sleep(1.5)  # alive for a few of the recorder's rounds (0.3 s): its limit is sampled
+    os._exit(0)
+print(os.getpid(), child, flush=True)
+os.waitpid(child, 0)
+"""
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     out = tmp_path_factory.mktemp("limits") / "rec"
@@ -82,11 +98,15 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                 program.stdin.flush()
             assert program.stdout.readline() == f"{REFUSED}\n"
             program.wait(timeout=30)
+        family = subprocess.run(["prlimit", "--nofile=20000:20000", sys.executable, "-c", FAMILY, f"parent-{tag}",
+                                 f"child-{tag}"], capture_output=True, text=True, timeout=60, check=True)
+        parent, child = map(int, family.stdout.split())
     finally:
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=60)
     try:
-        yield {"out": out, "pids": pids, "names": names, "staying": staying.pid if staying else None}
+        yield {"out": out, "pids": pids, "names": names, "staying": staying.pid if staying else None,
+               "family": (parent, child, tag)}
     finally:
         if staying is not None:
             staying.kill()
@@ -146,3 +166,18 @@ def test_a_running_process_has_the_source_of_its_limit_named_from_the_trace(reco
     source = checks["RLIMIT_NOFILE source"]["current"]
     assert source.startswith("set by prlimit (pid ") and source.endswith("(traced by the recording)"), source
     assert checks["RLIMIT_NOFILE soft"]["recommended"] == f">= {with_margin(LOWERED + REFUSED)}"
+
+
+def test_a_limit_inherited_from_the_parent_is_named_so(recorded: dict[str, Any]) -> None:
+    """A child forked by a parent that lowered its own limit to 300: the source is its parent, and
+    the change the parent made."""
+    parent, child, tag = recorded["family"]
+    needs = fd_needs(load(recorded["out"]))
+    [row] = needs[needs["pid"] == child].to_dict("records")
+    assert row["fd_soft_limit"] == 300
+    assert row["limit_source"].startswith(f"inherited from pid {parent} (parent-{tag}), whose limit was set by the "
+                                          "process itself at "), row
+    doctor = subprocess.run([FDTRACE, "doctor", "--comm", f"child-{tag}", "--from", str(recorded["out"]), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    [source] = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "RLIMIT_NOFILE source"]
+    assert source["current"].startswith(f"inherited from pid {parent} (parent-{tag})"), source

@@ -42,6 +42,9 @@ def limit_changes_on(engine: Engine) -> pd.DataFrame:
         if not row.ok:
             sources.append(f"{row.caller_comm} (pid {row.caller}) asked for {_limit(row.soft)} at {at}, refused "
                            f"({row.errno})")
+        elif row.caller == row.target and row.caller_comm.startswith("haproxy"):
+            sources.append(f"set by haproxy itself at {at} (its configuration's ulimit-n, or what it computed "
+                           "from maxconn)")
         elif row.caller == row.target:
             sources.append(f"set by the process itself at {at}")
         else:
@@ -78,3 +81,65 @@ def limit_in_force(changes: pd.DataFrame, samples: pd.DataFrame, host: str, pid:
     if sample_at is None:
         return None, None
     return sample_soft, None
+
+
+#: Processes whose limit's source is looked for beyond the changes traced (the first, in the
+#: needs' order: failed first, then the fullest), so that a fleet's thousands cost a bounded query.
+MAX_SOURCES = 500
+
+
+def name_inherited_sources(engine: Engine, found: pd.DataFrame) -> None:
+    """Fill ``limit_source`` where no change of a process's limit explains it, from what was traced
+    of its start: a change traced to the same limit ("set by prlimit (pid N) at ..."), the parent
+    it forked from when the parent's limit in force then is the same ("inherited from pid N (comm),
+    whose limit was set by ..."), or, for a process that systemd (pid 1) started, its unit
+    ("inherited from systemd (pid 1): LimitNOFILE of unit X"). In place; left empty when not known."""
+    if "ppid" not in engine.columns("events") or "limit_source" not in found.columns:
+        return
+    unknown = found[found["limit_source"].isna() & found["fd_soft_limit"].notna()]
+    unknown = unknown.sort_values("emfile", ascending=False, kind="stable").head(MAX_SOURCES)
+    if unknown.empty:
+        return
+    pids = ", ".join(str(int(p)) for p in sorted(set(unknown["pid"])))
+    starts = engine.query("SELECT host, pid, start_ns, ppid, time_ns FROM events "
+                          f"WHERE kind = 'process_start' AND pid IN ({pids}) AND ppid IS NOT NULL")
+    changes = limit_changes_on(engine)
+    parents = sorted({int(p) for p in starts["ppid"]})
+    family = ", ".join(str(p) for p in sorted(set(parents) | {int(p) for p in unknown["pid"]})) or "-1"
+    unit = "unit" if "unit" in engine.columns("samples") else "NULL AS unit"
+    samples = engine.query(f"SELECT host, pid, comm, time_ns, fd_soft_limit, {unit} FROM samples "
+                           f"WHERE pid IN ({family})")
+    names = engine.query(f"SELECT host, pid, min(comm) AS comm FROM events WHERE pid IN ({family}) GROUP BY host, pid")
+    for index, row in unknown.iterrows():
+        host, pid, soft = str(row["host"]), int(row["pid"]), int(row["fd_soft_limit"])
+        own = changes[(changes["host"] == host) & (changes["target"] == pid) & changes["ok"]
+                      & (changes["resource"] == "RLIMIT_NOFILE")] if len(changes) else changes
+        own = own[own["soft"] == soft] if len(own) else own
+        if len(own):
+            found.at[index, "limit_source"] = str(own.iloc[-1]["source"])
+            continue
+        mine = starts[(starts["host"].astype(str) == host) & (starts["pid"] == pid)]
+        if not pd.isna(row["start_ns"]):
+            mine = mine[mine["start_ns"] == row["start_ns"]]
+        if mine.empty:
+            continue
+        start = mine.iloc[-1]
+        ppid, at = int(start["ppid"]), int(start["time_ns"])
+        parent_soft, parent_source = limit_in_force(changes, samples, host, ppid, at)
+        if parent_soft == soft:
+            comm = _comm_of(samples, names, host, ppid)
+            found.at[index, "limit_source"] = (f"inherited from pid {ppid} ({comm})"
+                                               + (f", whose limit was {parent_source}" if parent_source else ""))
+        elif ppid == 1:
+            units = samples[(samples["host"].astype(str) == host) & (samples["pid"] == pid) & samples["unit"].notna()]
+            if len(units):
+                found.at[index, "limit_source"] = (f"inherited from systemd (pid 1): LimitNOFILE of unit "
+                                                   f"{units['unit'].iloc[-1]}")
+
+
+def _comm_of(samples: pd.DataFrame, names: pd.DataFrame, host: str, pid: int) -> str:
+    for table in (samples, names):
+        mine = table[(table["host"].astype(str) == host) & (table["pid"] == pid)]
+        if len(mine):
+            return str(mine["comm"].iloc[-1])
+    return "?"

@@ -20,7 +20,7 @@ import pandas as pd
 
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
-from fdtrace.analysis.limits import limit_changes_on, limit_in_force
+from fdtrace.analysis.limits import limit_changes_on, limit_in_force, name_inherited_sources
 from fdtrace.policy import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.policy import with_margin
 
@@ -62,6 +62,7 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
         return pd.DataFrame(columns=NEED_COLUMNS)
     found["limit_source"] = None
     _judge_by_the_limit_in_force(engine, found)
+    name_inherited_sources(engine, found)
     needs = [need_of(r.fd_soft_limit, r.peak_fds, int(r.emfile), int(r.emfile_worst_second), r.maxsock,
                      source=r.limit_source, maxsock_from=r.maxsock_from) for r in found.itertuples()]
     found["need"] = [n for n, _ in needs]

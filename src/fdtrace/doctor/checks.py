@@ -232,7 +232,9 @@ class Doctor:
                 def by_config(new_soft: int, hard: int | None, path: Path = path) -> str:
                     return (f"set ulimit-n {new_soft} in the global section of {path}, and let the service's "
                             "LimitNOFILE allow it")
-                return f"ulimit-n {soft} in {path} (HAProxy sets its own limit)", by_config
+                return (f"ulimit-n {soft} in {path} (HAProxy sets its own limit at start; one set before it "
+                        "started, by prlimit or its unit, looks the same: fdtrace doctor --from a recording of its "
+                        "start names which)"), by_config
         ppid = self._status_field(pid, "PPid")
         parent = self.sampler.sample(int(ppid)) if ppid and ppid.isdigit() and ppid != "0" else None
         start_script = ("raise it where the process is started (ulimit -n {soft} in its start script, "
