@@ -260,6 +260,12 @@ def test_a_go_program_that_dies_of_its_thread_limit_within_a_second_is_caught(tm
     assert len(go) == 1 and go[0]["status"] == "FAIL" and f"program exceeds {limit}-thread limit" in go[0]["current"]
     shown = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120).stdout
     assert f"thread_storm [{pids.iloc[0]}]: exceeded its Go thread limit" in shown
+    page = tmp_path / "report.md"
+    made = subprocess.run([FDTRACE, "report", str(out), "-o", str(page)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    [incident] = [line for line in page.read_text().splitlines()
+                  if line.startswith("| Go thread limit |") and "| thread_storm |" in line]
+    assert str(pids.iloc[0]) in incident, incident  # the report's incidents have it from its events alone
 
 
 def test_a_limit_set_by_setmaxthreads_is_read_from_the_program_before_any_crash(tmp_path: Path) -> None:

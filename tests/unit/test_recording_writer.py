@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from fdtrace.analysis.summary import incident_window_lines
 from fdtrace.cli.common import parse_size
 from fdtrace.errors import FdtraceError
 from fdtrace.recording import host_dir, load, part_files
@@ -114,3 +116,27 @@ def test_max_size_holds_while_parts_are_merged(tmp_path: Path) -> None:
         writer.compact()
     assert writer.peak <= limit
     assert writer.rotated_out["files"] >= 1 and len(load(tmp_path / "capped").system) >= 4 * 50
+
+
+def test_incident_windows_past_their_budget_drop_the_oldest_first(tmp_path: Path) -> None:
+    """Four incidents, each keeping one part, under a --keep-incidents that holds two: the two
+    oldest windows go (counted), the two newest stay past the ring turning over."""
+    one = RecordingWriter(tmp_path / "one", "h1", META)
+    write_intervals(one, 1)
+    part = one.size
+    writer = RecordingWriter(tmp_path / "ring", "h1", META, max_size=int(part * 3.5), keep_incidents=int(part * 2.5),
+                             keep_before_ns=0, keep_after_ns=0)
+    for i in range(12):
+        if i in (1, 4, 7, 10):  # inside the span of the part this flush writes
+            writer.mark_incidents([(time.monotonic_ns(), "EMFILE/ENFILE")], 0)
+        write_intervals(writer, 1, start=i)
+    writer.write_meta(complete=True)
+    meta = json.loads((tmp_path / "ring" / "meta" / "host=h1.json").read_text())
+    assert [w["incidents"] for w in meta["incident_windows"]] == [{"EMFILE/ENFILE": 1}] * 2
+    assert meta["incidents_dropped"]["windows"] == 2 and meta["incidents_dropped"]["incidents"] == 2
+    assert meta["incidents_dropped"]["bytes"] > 0
+    kept = set(load(tmp_path / "ring").system["file_nr"])
+    assert {7, 10} <= kept and not {1, 4} & kept and 11 in kept  # the newest windows, and the ring's newest
+    assert writer.size <= writer.max_size + writer.keep_incidents  # type: ignore[operator]
+    assert incident_window_lines(meta)[-1] == ("  incident windows dropped (more than --keep-incidents holds): "
+                                               "2 windows, 2 incidents, the oldest first")
