@@ -77,11 +77,14 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     leader, follower = pty.openpty()
     tracer = subprocess.Popen([FDTRACE, "trace", *pid_args], stdout=follower, stderr=subprocess.PIPE, text=True)
     os.close(follower)
+    leaks = subprocess.Popen([FDTRACE, "leaks", "--pid", str(children[0].pid), "--duration", "60"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for process in (recorder, tracer):
+        for process in (recorder, tracer, leaks):
             assert process.stderr is not None
+            ready = "tracing pid" if process is leaks else "probes attached"
             for line in process.stderr:
-                if "probes attached" in line:
+                if ready in line:
                     break
             else:
                 raise AssertionError(f"{process.args} ended before its probes were attached")
@@ -101,14 +104,15 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for process in (tracer, recorder):
             assert process.wait(timeout=60) == 0, process.stderr.read() if process.stderr else ""
         screen += drain(leader)
+        said, leaks_err = leaks.communicate(timeout=60)  # it ends with the process it traced
     finally:
         os.close(leader)
-        for process in (*children, tracer, recorder):
+        for process in (*children, tracer, recorder, leaks):
             if process.poll() is None:
                 process.kill()
                 process.wait()
     yield {"trace": screen.decode(), "recording": out, "pids": [c.pid for c in children],
-           "threads": threads, "doctor": doctor}
+           "threads": threads, "doctor": doctor, "leaks": (leaks.returncode, said, leaks_err)}
 
 
 def test_trace_on_a_terminal_shows_the_names_as_escapes(seen: dict[str, Any]) -> None:
@@ -130,6 +134,13 @@ def test_threads_and_doctor_show_the_names_as_escapes(seen: dict[str, Any]) -> N
     doctor = seen["doctor"]
     no_control_of_theirs(doctor.stdout + doctor.stderr)
     assert visible(TITLE_AND_CLEAR) in doctor.stdout and visible(NEWLINE_AND_TAG) in doctor.stdout
+
+
+def test_leaks_shows_the_name_as_escapes(seen: dict[str, Any]) -> None:
+    returncode, said, errors = seen["leaks"]
+    assert returncode == 0, errors
+    no_control_of_theirs(said + errors)
+    assert visible(TITLE_AND_CLEAR) in said + errors
 
 
 def test_info_shows_one_line_per_failing_process(seen: dict[str, Any]) -> None:
