@@ -50,7 +50,8 @@ def incident_mask(events: Any) -> Any:
 
 #: Frames of the C library and of Go's syscall plumbing: a site is named by the first frame below them.
 _WRAPPER_MODULES = ("[libc.so", "[libpthread", "[ld-linux", "[libc-")
-_WRAPPER_FUNCTIONS = ("syscall.", "runtime.", "internal/poll.", "internal/syscall", "golang.org/x/sys/unix.")
+_WRAPPER_FUNCTIONS = ("syscall.", "runtime.", "runtime/", "internal/poll.", "internal/syscall",
+                      "golang.org/x/sys/unix.")
 
 
 def site_name(frames: Any) -> str:
@@ -62,6 +63,19 @@ def site_name(frames: Any) -> str:
             continue
         return str(frame)
     return str(frames[0]) if frames else "(no stack)"
+
+
+def code_site(frames: Any) -> str | None:
+    """The function of the program a stack is in: its first frame outside libc and Go's syscall
+    plumbing, as a name ("main.holdThread"); None where no frame is the program's own."""
+    for frame in list(frames) if frames is not None else []:
+        function, _, module = str(frame).partition(" ")
+        if module.startswith(_WRAPPER_MODULES) or function.startswith(_WRAPPER_FUNCTIONS):
+            continue
+        if function.startswith(("0x", "[")):
+            return None  # an address no symbol names: not a site to group by
+        return function.rsplit("+0x", 1)[0]
+    return None
 
 
 def _known(value: Any) -> bool:

@@ -34,6 +34,12 @@ import (
 	"time"
 )
 
+// A read of an empty pipe blocks in the kernel and holds its OS thread.
+func holdThread(fd int) {
+	buf := make([]byte, 1)
+	syscall.Read(fd, buf)
+}
+
 func main() {
 	limit := 2000
 	if len(os.Args) > 3 { // the thread limit to die at
@@ -49,8 +55,7 @@ func main() {
 		if err := syscall.Pipe(fds[:]); err != nil {
 			panic(err)
 		}
-		// A read of an empty pipe blocks in the kernel and holds its OS thread.
-		go func(fd int) { buf := make([]byte, 1); syscall.Read(fd, buf) }(fds[0])
+		go holdThread(fds[0])
 		if i%20 == 19 {
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -149,7 +154,7 @@ def test_threads_counts_the_goroutines_blocked_in_read_on_pipes(tmp_path: Path) 
     recorded = threads(rec, pid=program.pid)
     last = recorded[recorded["time"] == recorded["time"].max()]
     reading = last[(last["syscall"] == "read") & (last["fd_kind"] == "pipe")]
-    assert reading["threads"].tolist() == [GOROUTINES]
+    assert reading["threads"].tolist() == [GOROUTINES] and reading["site"].tolist() == ["main.holdThread"]
     started = rec.events[(rec.events["pid"] == program.pid) & (rec.events["kind"] == "thread_start")]
     sites = thread_sites(rec, pid=program.pid)
     assert started["stack_id"].notna().all()
@@ -284,6 +289,8 @@ def test_a_limit_set_by_setmaxthreads_is_read_from_the_program_before_any_crash(
                                timeout=60)
         assert shown.returncode == 0, shown.stderr
         assert "; Go SetMaxThreads limit 250: " in shown.stdout.splitlines()[0], shown.stdout
+        # the code they wait in, not the runtime's: their own function
+        assert "  120 threads blocked in read() on pipes at main.holdThread" in shown.stdout.splitlines(), shown.stdout
         doctor = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--json"], capture_output=True,
                                 text=True, timeout=60)
         checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]

@@ -3,10 +3,14 @@ in words, and the live view's thread-limit alert."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from fdtrace.analysis.call_sites import leaks, site_name
-from fdtrace.procfs.threads import ThreadState, describe_state
+from fdtrace.policy import code_site
+from fdtrace.procfs import ProcFS
+from fdtrace.procfs.threads import ThreadState, describe_state, thread_census
 from fdtrace.tui.state import ProcessView
 
 S = 1_000_000_000
@@ -56,6 +60,38 @@ def test_the_census_in_words() -> None:
     assert describe_state(ThreadState("epoll_wait", "anon:eventpoll", 2)) == \
         "2 threads blocked in epoll_wait() on eventpoll descriptors"
     assert describe_state(ThreadState("running", None, 3)) == "3 threads running"
+    assert describe_state(ThreadState("read", "pipe", 120, "main.holdThread")) == \
+        "120 threads blocked in read() on pipes at main.holdThread"
+
+
+def test_the_code_a_blocked_thread_waits_in_is_its_first_frame_of_its_own() -> None:
+    assert code_site(["runtime/internal/syscall.Syscall6+0xe [hold]", "syscall.RawSyscall6+0x13 [hold]",
+                      "syscall.read+0x45 [hold]", "main.holdThread+0x2b [hold]", "main.main.func1+0x26 [hold]"]) \
+        == "main.holdThread"
+    assert code_site(["read+0x12 [libc.so.6]", "fetch_one+0x30 [app]", "main+0x10 [app]"]) == "fetch_one"
+    assert code_site(["runtime.futex.abi0+0x23 [hold]", "runtime.mstart0+0x79 [hold]"]) is None  # the runtime's
+    assert code_site(["read+0x12 [libc.so.6]", "0x7f00deadbeef"]) is None
+
+
+def test_the_census_groups_blocked_threads_by_the_code_they_wait_in(tmp_path: Path) -> None:
+    from tests.fakeproc import fake_process, write_files
+
+    fake_process(tmp_path, 50, "server", {3: "pipe:[7]", 4: "socket:[9]"})
+    threads = {51: "0 0x3 0x1 0x1 0 0 0 0x7ffd1000 0x401000", 52: "0 0x3 0x1 0x1 0 0 0 0x7ffd2000 0x401000",
+               53: "0 0x4 0x1 0x1 0 0 0 0x7ffd3000 0x402000", 54: "running", 55: "0 0x3 0x1 0x1 0 0 0 0x7ffd4000 0x0"}
+    write_files(tmp_path, {f"50/task/{tid}/syscall": text + "\n" for tid, text in threads.items()})
+    sites = {0x401000: "main.holdThread", 0x402000: "net.serve"}
+    asked: list[tuple[int, int, int]] = []
+
+    def site_of(pid: int, pc: int, sp: int) -> str | None:
+        asked.append((pid, pc, sp))
+        return sites.get(pc)
+
+    census = thread_census(ProcFS(tmp_path), 50, lambda number: {0: "read"}.get(number, str(number)), site_of)
+    assert census == [ThreadState("read", "pipe", 2, "main.holdThread"), ThreadState("read", "pipe", 1, None),
+                      ThreadState("read", "socket", 1, "net.serve"), ThreadState("running", None, 1)]
+    assert sorted(asked) == [(50, 0x0, 0x7ffd4000), (50, 0x401000, 0x7ffd1000), (50, 0x401000, 0x7ffd2000),
+                             (50, 0x402000, 0x7ffd3000)]
 
 
 def go_view(counts: list[int], limit: int = 10_000) -> ProcessView:

@@ -115,11 +115,13 @@ def thread_sites(events: pd.DataFrame, stacks: pd.DataFrame | None, pid: int | N
 
 
 def thread_census(census: pd.DataFrame, pid: int | None = None) -> pd.DataFrame:
-    """The ``thread_census`` table over time: one row per (time, process, syscall, fd kind)."""
-    columns = ["time", "host", "pid", "comm", "syscall", "fd_kind", "threads"]
+    """The ``thread_census`` table over time: one row per (time, process, syscall, fd kind, site)."""
+    columns = ["time", "host", "pid", "comm", "syscall", "fd_kind", "site", "threads"]
     if census is None or not len(census):
         return pd.DataFrame(columns=columns)
     rows = census.assign(host=_host_column(census))
+    if "site" not in rows.columns:
+        rows = rows.assign(site=None)
     if pid is not None:
         rows = rows[rows["pid"] == pid]
     return rows[columns].sort_values(["time", "pid", "threads"], ascending=[True, True, False], kind="stable",

@@ -239,7 +239,7 @@ def _census_at_peak(recording: Any) -> pd.DataFrame:
     totals = census.groupby(["host", "pid", "time"], observed=True)["threads"].sum().reset_index()
     peaks = totals.loc[totals.groupby(["host", "pid"], observed=True)["threads"].idxmax()]
     at_peak = census.merge(peaks[["host", "pid", "time"]], on=["host", "pid", "time"])
-    return at_peak[["time", "pid", "comm", "syscall", "fd_kind", "threads"]].head(40)
+    return at_peak[["time", "pid", "comm", "syscall", "fd_kind", "site", "threads"]].head(40)
 
 
 def _thread_sites(engine: Engine, recording: Any) -> pd.DataFrame:

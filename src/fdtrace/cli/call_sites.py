@@ -201,6 +201,7 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
             fail(FdtraceError("--duration must be positive"))
         traced = _trace(pid, duration, 1.0, 16384, 1, sample=True, thread_starts=True)
         sites = traced.thread_sites(pid)
+    from fdtrace.kernel.stacks import BlockedCode
     from fdtrace.kernel.syscalls import syscall_name
     from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
     from fdtrace.procfs.sampler import ProcSampler
@@ -208,7 +209,7 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     from fdtrace.procfs.threads import describe_state, thread_census
 
     try:
-        census = thread_census(ProcFS(), pid, syscall_name)
+        census = thread_census(ProcFS(), pid, syscall_name, site_of=BlockedCode())
     except ProcessGoneError:
         if traced is None or pid not in traced.census:
             fail(FdtraceError(f"process {pid} is gone"))
@@ -222,7 +223,8 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         out: dict[str, Any] = {
             "pid": pid, "comm": comm, "threads": total,
             "limit": None if limit is None else {"name": limit[0], "count": limit[1], "limit": limit[2]},
-            "census": [{"syscall": s.syscall, "fd_kind": s.fd_kind, "threads": s.threads} for s in census]}
+            "census": [{"syscall": s.syscall, "fd_kind": s.fd_kind, "site": s.site, "threads": s.threads}
+                       for s in census]}
         if sites is not None:
             out["creation_sites"] = _records(sites)
         json.dump(out, sys.stdout)
@@ -232,7 +234,7 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         f"{limit[0]} limit {limit[2]}: {limit[1]} counted ({100 * limit[1] / max(limit[2], 1):.0f} %)"
     say(f"pid {pid} ({shown(comm)}): {total} threads; {limit_text}")
     for state in census:
-        say(f"  {describe_state(state)}")
+        say(f"  {shown(describe_state(state))}")
     if sites is not None:
         _print_thread_sites(sites, duration)
 
@@ -280,8 +282,9 @@ def _recorded_threads(recording: str, pid: int | None, as_json: bool) -> None:
                        f"{int(at['threads'].sum())} threads")
             for row in at.itertuples(index=False):
                 state = ThreadState(row.syscall, None if row.fd_kind is None or row.fd_kind != row.fd_kind
-                                    else row.fd_kind, int(row.threads))
-                say(f"  {describe_state(state)}")
+                                    else row.fd_kind, int(row.threads),
+                                    row.site if isinstance(row.site, str) else None)
+                say(f"  {shown(describe_state(state))}")
             if peak_time == last_time:
                 break
     if len(sites):

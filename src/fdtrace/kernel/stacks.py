@@ -287,3 +287,70 @@ def _function(text: str) -> str | None:
     if text.startswith(("[", "0x")):
         return None
     return text.split("+", 1)[0]
+
+
+#: How much of a blocked thread's stack is read above its stack pointer, and the frames kept.
+BLOCKED_STACK_BYTES = 4096
+BLOCKED_FRAMES = 16
+
+
+def blocked_frames(symbolizer: Symbolizer, pid: int, pc: int, sp: int) -> list[str]:
+    """The user stack of a thread blocked in a syscall, from the program counter and stack pointer
+    /proc/PID/task/TID/syscall gives: the function of ``pc``, then each return address above
+    ``sp`` whose call went to the frame found before it (a word left by an earlier call to
+    something else is passed over), innermost first, at most BLOCKED_FRAMES."""
+    if pc < 4096 or not symbolizer.executable(pid, pc):
+        return []
+    text, callee = symbolizer.frame(pid, pc)
+    frames = [text]
+    callee_start = _function_start(text, pc)
+    data = _read_memory(pid, sp, BLOCKED_STACK_BYTES)
+    for at in range(0, len(data) - 7, 8):
+        word = int.from_bytes(data[at:at + 8], "little")
+        if word < 4096 or not symbolizer.after_call(pid, word):
+            continue
+        text, function = symbolizer.frame(pid, word)
+        if function is None or text.startswith(f"{function}+0x0 "):
+            continue  # a function's own address (a pointer kept on the stack) returns nowhere
+        target = symbolizer.call_target(pid, word)
+        if target is not None and target != callee_start and symbolizer.frame(pid, target)[1] != callee:
+            continue
+        frames.append(text)
+        callee, callee_start = function, _function_start(text, word)
+        if len(frames) >= BLOCKED_FRAMES or function in OUTERMOST_FUNCTIONS:
+            break
+    return frames
+
+
+class BlockedCode:
+    """Names the code a blocked thread waits in (``fdtrace.procfs.threads.thread_census``'s
+    ``site_of``): the first frame of its stack outside the C library and the Go runtime's syscall
+    plumbing, as a function name ("main.holdThread"), or None where every frame is theirs."""
+
+    #: Threads whose site is remembered: one still blocked where it was costs a lookup next round.
+    MAX_REMEMBERED = 65536
+
+    def __init__(self, symbolizer: Symbolizer | None = None) -> None:
+        self.symbolizer = symbolizer or Symbolizer()
+        self._known: OrderedDict[tuple[int, int, int], str | None] = OrderedDict()
+
+    def begin(self) -> None:
+        """Once per census round: mappings change with dlopen and exec."""
+        self.symbolizer.begin()
+
+    def __call__(self, pid: int, pc: int, sp: int) -> str | None:
+        from fdtrace.policy import code_site
+
+        key = (pid, pc, sp)
+        if key in self._known:
+            self._known.move_to_end(key)
+            return self._known[key]
+        site = self._known[key] = code_site(blocked_frames(self.symbolizer, pid, pc, sp))
+        while len(self._known) > self.MAX_REMEMBERED:
+            self._known.popitem(last=False)
+        return site
+
+    def close(self) -> None:
+        """Let go of the cached symbols."""
+        self.symbolizer.close()
+        self._known.clear()

@@ -29,11 +29,14 @@ class ThreadState:
         fd_kind: for syscalls on a descriptor: socket, pipe, file, directory, device, anon:<name>
             (eventfd, eventpoll, ...) or unknown; None otherwise.
         threads: how many threads are in it.
+        site: the function of the program its threads wait in (``thread_census``'s ``site_of``),
+            None where not looked for or not found.
     """
 
     syscall: str
     fd_kind: str | None
     threads: int
+    site: str | None = None
 
 
 def fd_kind(procfs: ProcFS, pid: int, fd: int) -> str:
@@ -63,20 +66,28 @@ def fd_kind(procfs: ProcFS, pid: int, fd: int) -> str:
     return "unknown"
 
 
-def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str]) -> list[ThreadState]:
+#: Threads of one census whose code is looked for (each reads a few KiB of its stack).
+MAX_SITE_THREADS = 2048
+
+
+def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str],
+                  site_of: Callable[[int, int, int], str | None] | None = None) -> list[ThreadState]:
     """The process's threads grouped by what they are in, largest group first.
 
-    ``syscall_name`` names a syscall number of this machine's architecture. Raises
-    ProcessGoneError or ProcessAccessDeniedError for the process; threads that end while they
-    are read are left out."""
-    groups: Counter[tuple[str, str | None]] = Counter()
+    ``syscall_name`` names a syscall number of this machine's architecture. ``site_of(pid, pc,
+    sp)``, when given, names the code a thread blocked in a syscall waits in, from the program
+    counter and stack pointer its syscall file gives (for the first MAX_SITE_THREADS threads).
+    Raises ProcessGoneError or ProcessAccessDeniedError for the process; threads that end while
+    they are read are left out."""
+    groups: Counter[tuple[str, str | None, str | None]] = Counter()
     kinds: dict[int, str] = {}
+    looked = 0
     for tid in procfs.thread_ids(pid):
         text = procfs.thread_syscall(pid, tid)
         if not text:
             continue
         if text == "running":
-            groups["running", None] += 1
+            groups["running", None, None] += 1
             continue
         fields = text.split()
         try:
@@ -84,7 +95,7 @@ def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str]) 
         except ValueError:
             continue
         if number < 0:
-            groups["user", None] += 1
+            groups["user", None, None] += 1
             continue
         name = syscall_name(number)
         kind = None
@@ -95,20 +106,28 @@ def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str]) 
                 fd = -1
             if 0 <= fd < 1 << 31:
                 kind = kinds.get(fd) or kinds.setdefault(fd, fd_kind(procfs, pid, fd))
-        groups[name, kind] += 1
-    return [ThreadState(name, kind, n) for (name, kind), n in
-            sorted(groups.items(), key=lambda item: (-item[1], item[0][0], item[0][1] or ""))]
+        site = None
+        if site_of is not None and len(fields) >= 9 and looked < MAX_SITE_THREADS:
+            looked += 1
+            try:
+                site = site_of(pid, int(fields[-1], 16), int(fields[-2], 16))
+            except ValueError:
+                site = None
+        groups[name, kind, site] += 1
+    return [ThreadState(name, kind, n, site) for (name, kind, site), n in
+            sorted(groups.items(), key=lambda item: (-item[1], item[0][0], item[0][1] or "", item[0][2] or ""))]
 
 
 def describe_state(state: ThreadState) -> str:
-    """A group in words: "412 threads blocked in read() on pipes"."""
+    """A group in words: "412 threads blocked in read() on pipes at fetch.dialSingle"."""
     threads = f"{state.threads} thread{'s' if state.threads != 1 else ''}"
     if state.syscall == "running":
         return f"{threads} running"
     if state.syscall == "user":
         return f"{threads} blocked outside a syscall"
     on = f" on {_plural(state.fd_kind)}" if state.fd_kind else ""
-    return f"{threads} blocked in {state.syscall}(){on}"
+    at = f" at {state.site}" if state.site else ""
+    return f"{threads} blocked in {state.syscall}(){on}{at}"
 
 
 def _plural(kind: str) -> str:

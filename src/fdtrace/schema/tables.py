@@ -33,7 +33,8 @@ VERSIONS: dict[int, str] = {
        "configuration and the stats sockets it names are read without --haproxy-socket (the haproxy table's source, "
        "nbthread, listeners)",
     8: "memory: the samples' rss_anon_kb, rss_file_kb, rss_shmem_kb and the tightest memory cgroup's "
-       "memcg_limit_bytes, memcg_usage_bytes and memcg_oom_kills; the system's mem_total_kb and mem_available_kb",
+       "memcg_limit_bytes, memcg_usage_bytes and memcg_oom_kills; the system's mem_total_kb and mem_available_kb; "
+       "the thread census's site (the code blocked threads wait in)",
 }
 
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
@@ -241,9 +242,12 @@ THREAD_CENSUS = Table("thread_census", (
     Field("syscall", "string", False, "what its threads are in: a syscall's name, 'running', or 'user' (no syscall)"),
     Field("fd_kind", "string", True, "for a syscall on a descriptor: socket, pipe, file, directory, device, anon "
                                      "(eventfd, epoll, ...) or unknown"),
+    Field("site", "string", True, "the function of the program they wait in: the first frame outside libc and Go's "
+          "syscall plumbing of the stack above each thread's stack pointer (null: not found, or not blocked)"),
     Field("threads", "int64", False, "threads of the process in that state"),
     _TIME,
-), "threads of the processes nearest a thread limit, by the syscall they are blocked in, every interval")
+), "threads of the processes nearest a thread limit, by the syscall they are blocked in and the code they wait in, "
+   "every interval")
 
 #: Every table, in the order of docs/recording.md.
 TABLES: dict[str, Table] = {t.name: t for t in (EVENTS, SAMPLES, SYSTEM, LOSSES, COUNTERS_TABLE, CLOCK, HAPROXY,

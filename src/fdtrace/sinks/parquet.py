@@ -209,7 +209,7 @@ class ParquetSink:
         if sample_round.threads:
             writer.add("thread_census", _rows("thread_census", [
                 {"ts_ns": now, "pid": census.pid, "comm": census.comm, "syscall": state.syscall,
-                 "fd_kind": state.fd_kind, "threads": state.threads}
+                 "fd_kind": state.fd_kind, "site": state.site, "threads": state.threads}
                 for census in sample_round.threads for state in census.states], offset))
         if update.counters is not None:
             self._counters(now, update.counters)

@@ -15,6 +15,7 @@ from fdtrace.kernel.clock import ClockQualityReader, sample_offsets
 from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.kernel.session import KernelSession
+from fdtrace.kernel.stacks import BlockedCode
 from fdtrace.kernel.syscalls import syscall_name
 from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
 from fdtrace.procfs import ProcFS
@@ -78,6 +79,7 @@ class LiveSource:
         self._haproxy_watch = HaproxyWatch(ProcFS(), self.haproxy) if self.options.sample else None
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
         self._procfs = ProcFS()
+        self._blocked_code = BlockedCode()  # the census's code of blocked threads
         self._pids_with_events: set[int] = set()
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
@@ -193,9 +195,11 @@ class LiveSource:
             if sample.pid in self.options.trace.pids:
                 wanted[sample.pid] = sample.comm
         census = []
+        self._blocked_code.begin()
         for pid, comm in wanted.items():
             try:
-                census.append(ThreadCensus(pid, comm, thread_census(self._procfs, pid, syscall_name)))
+                census.append(ThreadCensus(pid, comm, thread_census(self._procfs, pid, syscall_name,
+                                                                    site_of=self._blocked_code)))
             except READ_ERRORS as error:
                 self.sampler.skip(error)
         return census

@@ -373,7 +373,7 @@ class ReplaySource:
             if entry is None:
                 entry = census[(when, row["pid"])] = ThreadCensus(row["pid"], row["comm"], [])
                 at(dict(row)).threads.append(entry)
-            entry.states.append(ThreadState(row["syscall"], row["fd_kind"], row["threads"]))
+            entry.states.append(ThreadState(row["syscall"], row["fd_kind"], row["threads"], row.get("site")))
         return [rounds[t] for t in sorted(rounds)]
 
     # Controls
