@@ -213,8 +213,9 @@ def test_threads_census_and_creation_sites(sites_binary: Path) -> None:
     assert tracer.returncode == 0, err
     data = json.loads(out)
     assert data["threads"] == workers + 1
-    census = {(s["syscall"], s["fd_kind"]): s["threads"] for s in data["census"]}
-    assert census[("read", "pipe")] == workers + 1  # the workers on their pipe, main on its stdin pipe
+    census = {(s["syscall"], s["fd_kind"], s["site"]): s["threads"] for s in data["census"]}
+    assert census[("read", "pipe", "blocked_worker")] == workers  # the workers on their pipe, in their function
+    assert census[("read", "pipe", "wait_eof")] == 1  # main on its stdin pipe
     sites = data["creation_sites"]
     assert sites[0]["site"].startswith("spawn_workers+"), sites
     assert sites[0]["threads"] == workers

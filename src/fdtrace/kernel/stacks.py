@@ -238,14 +238,10 @@ def _skipped_callers(symbolizer: Symbolizer, pid: int, scan: list[int], addresse
     for word in scan:
         if word == following:
             break  # the walk already has this caller
-        if word < 4096 or word == addresses[0] or not symbolizer.after_call(pid, word):
+        caller = None if word == addresses[0] else _caller(symbolizer, pid, word, callee, callee_start)
+        if caller is None:
             continue
-        text, function = symbolizer.frame(pid, word)
-        if function is None or text.startswith(f"{function}+0x0 "):
-            continue  # a function's own address (a pointer kept on the stack) returns nowhere
-        target = symbolizer.call_target(pid, word)
-        if target is not None and target != callee_start and symbolizer.frame(pid, target)[1] != callee:
-            continue  # left on the stack by an earlier call to something else: not this one's caller
+        text, function = caller
         found.append((text, function))
         callee, callee_start = function, _function_start(text, word)
         if _module(text) != first_module or len(found) >= 4:
@@ -253,6 +249,21 @@ def _skipped_callers(symbolizer: Symbolizer, pid: int, scan: list[int], addresse
     if found and _module(found[-1][0]) == first_module:
         return []  # nothing outside the wrapper's own module: not what the walk skipped
     return found
+
+
+def _caller(symbolizer: Symbolizer, pid: int, word: int, callee: str | None,
+            callee_start: int | None) -> tuple[str, str] | None:
+    """(frame text, function) when a stack word is the return address of a call to ``callee``
+    (or a call whose target cannot be read), else None."""
+    if word < 4096 or not symbolizer.after_call(pid, word):
+        return None
+    text, function = symbolizer.frame(pid, word)
+    if function is None or text.startswith(f"{function}+0x0 "):
+        return None  # a function's own address (a pointer kept on the stack) returns nowhere
+    target = symbolizer.call_target(pid, word)
+    if target is not None and target != callee_start and symbolizer.frame(pid, target)[1] != callee:
+        return None  # left on the stack by an earlier call to something else: not this one's caller
+    return text, function
 
 
 def _function_start(text: str, address: int) -> int | None:
@@ -307,14 +318,10 @@ def blocked_frames(symbolizer: Symbolizer, pid: int, pc: int, sp: int) -> list[s
     data = _read_memory(pid, sp, BLOCKED_STACK_BYTES)
     for at in range(0, len(data) - 7, 8):
         word = int.from_bytes(data[at:at + 8], "little")
-        if word < 4096 or not symbolizer.after_call(pid, word):
+        caller = _caller(symbolizer, pid, word, callee, callee_start)
+        if caller is None:
             continue
-        text, function = symbolizer.frame(pid, word)
-        if function is None or text.startswith(f"{function}+0x0 "):
-            continue  # a function's own address (a pointer kept on the stack) returns nowhere
-        target = symbolizer.call_target(pid, word)
-        if target is not None and target != callee_start and symbolizer.frame(pid, target)[1] != callee:
-            continue
+        text, function = caller
         frames.append(text)
         callee, callee_start = function, _function_start(text, word)
         if len(frames) >= BLOCKED_FRAMES or function in OUTERMOST_FUNCTIONS:
