@@ -160,6 +160,12 @@ def test_threads_counts_the_goroutines_blocked_in_read_on_pipes(tmp_path: Path) 
     assert started["stack_id"].notna().all()
     assert sites["threads"].sum() == len(started) > GOROUTINES // 2  # threads idle before may take some goroutines
     assert any(frame.startswith("runtime.newm+") for frame in sites["frames"].iloc[0]), sites["frames"].iloc[0]
+    # each site ends at its creating thread's start (no stale frame past it), and no two are the same
+    for frames in sites["frames"]:
+        entries = [i for i, f in enumerate(frames) if f.split("+")[0] in ("runtime.mstart0", "runtime.mstart")]
+        assert entries and entries[0] == len(frames) - 1, frames
+    assert len({tuple(f) for f in sites["frames"]}) == len(sites)
+    assert sites["reason"].iloc[0].startswith("a goroutine blocked in a syscall"), sites.iloc[0].to_dict()
 
 
 def test_a_go_program_past_its_thread_limit_is_flagged_with_the_limit_it_printed(tmp_path: Path) -> None:

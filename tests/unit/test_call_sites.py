@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from fdtrace.analysis.call_sites import leaks, site_name
-from fdtrace.policy import code_site
+from fdtrace.policy import code_site, thread_reason, to_thread_start
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.threads import ThreadState, describe_state, thread_census
 from fdtrace.tui.state import ProcessView
@@ -117,3 +117,17 @@ def test_no_alert_for_threads_that_also_shrink_or_hold() -> None:
     far = go_view([1000, 1001, 1002, 1003, 1004])  # hours away
     assert far.seconds_to_thread_limit() is not None
     assert not any("thread limit" in alert for alert in far.alerts)
+
+
+def test_a_creation_site_ends_at_the_creating_threads_start_and_says_why() -> None:
+    storm = ["runtime.clone.abi0+0x2f [storm]", "runtime.newm1+0x9a [storm]", "runtime.newm+0xd8 [storm]",
+             "runtime.startm+0x10f [storm]", "runtime.handoffp+0x2c9 [storm]", "runtime.retake+0x1f5 [storm]",
+             "runtime.sysmon+0x2c6 [storm]", "runtime.mstart1+0x93 [storm]", "runtime.mstart0+0x79 [storm]",
+             "time.Sleep+0x135 [storm]", "main.main+0x1b [storm]"]  # stale words past mstart0
+    assert to_thread_start(storm) == storm[:9]
+    assert thread_reason(storm).startswith("a goroutine blocked in a syscall: its P was handed to a new thread")
+    c = ["__GI___clone3+0x19 [libc.so.6]", "__clone_internal+0x2d [libc.so.6]", "pthread_create+0x5a [libc.so.6]",
+         "spawn_workers+0x33 [sites]", "main+0x60 [sites]", "__libc_start_call_main+0x7a [libc.so.6]",
+         "__libc_start_main+0x85 [libc.so.6]"]
+    assert to_thread_start(c) == c[:6] and thread_reason(c) == ""
+    assert to_thread_start([]) == []

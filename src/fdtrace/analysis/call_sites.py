@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from fdtrace.policy import site_name as site_name  # where it was first: the analyses' name for it too
+from fdtrace.policy import thread_reason, to_thread_start
 
 LEAK_COLUMNS = ["host", "pid", "comm", "site", "open", "opened", "closed", "oldest_age_s", "growth_per_min",
                 "stack_id", "frames", "truncated"]
@@ -89,9 +90,11 @@ def leaks(fd_sites: pd.DataFrame, stacks: pd.DataFrame | None, end_ns: int | Non
 def thread_sites(events: pd.DataFrame, stacks: pd.DataFrame | None, pid: int | None = None) -> pd.DataFrame:
     """Threads started per process and creating call site (thread_start events with a stack).
 
-    Returns one row per (host, pid, stack): ``site``, ``threads`` started there, ``first`` and
-    ``last`` start times, and the ``frames``; most threads first."""
-    columns = ["host", "pid", "comm", "site", "threads", "first", "last", "stack_id", "frames"]
+    Returns one row per (host, pid, creating stack up to the creating thread's own start:
+    ``policy.to_thread_start``): ``site``, the runtime's ``reason`` in words where its frames say
+    (Go: a goroutine blocked in a syscall, a cgo call, ...), ``threads`` started there, ``first``
+    and ``last`` start times, and the ``frames``; most threads first."""
+    columns = ["host", "pid", "comm", "site", "reason", "threads", "first", "last", "stack_id", "frames"]
     if events is None or not len(events) or "stack_id" not in events.columns:
         return pd.DataFrame(columns=columns)
     started = events[(events["kind"] == "thread_start") & events["stack_id"].notna()]
@@ -106,9 +109,15 @@ def thread_sites(events: pd.DataFrame, stacks: pd.DataFrame | None, pid: int | N
     if stacks is not None and len(stacks):
         for row in stacks.assign(host=_host_column(stacks)).itertuples(index=False):
             frames[(row.host, int(row.stack_id))] = list(row.frames)
-    grouped["frames"] = [frames.get((h, int(s)), []) for h, s in zip(grouped["host"], grouped["stack_key"],
-                                                                     strict=True)]
+    grouped["frames"] = [to_thread_start(frames.get((h, int(s)), [])) for h, s in
+                         zip(grouped["host"], grouped["stack_key"], strict=True)]
+    # stacks that differ only past the creating thread's start (stale words) are one site
+    grouped["key"] = [tuple(f) for f in grouped["frames"]]
+    grouped = grouped.groupby(["host", "pid", "key"], sort=False, observed=True).agg(
+        comm=("comm", "last"), threads=("threads", "sum"), first=("first", "min"), last=("last", "max"),
+        stack_key=("stack_key", "first"), frames=("frames", "first")).reset_index()
     grouped["site"] = [site_name(f) if f else "(stack not kept)" for f in grouped["frames"]]
+    grouped["reason"] = [thread_reason(f) for f in grouped["frames"]]
     grouped = grouped.rename(columns={"stack_key": "stack_id"})
     return grouped[columns].sort_values(["threads", "pid"], ascending=[False, True], kind="stable",
                                         ignore_index=True)

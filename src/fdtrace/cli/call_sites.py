@@ -246,6 +246,9 @@ def _print_thread_sites(sites: Any, duration: float) -> None:
     say(f"threads started in {duration:g} s, by creating site:")
     for row in sites.to_dict("records"):
         say(f"{row['threads']:>7}  {shown(row['site'])}")
+        if row.get("reason"):
+            pointer = " (their code: the census above)" if "blocked in a syscall" in row["reason"] else ""
+            say(f"{'':>9}why: {shown(row['reason'])}{pointer}")
         for frame in list(row["frames"])[:SHOWN_FRAMES]:
             say(f"{'':>9}at {shown(frame)}")
 

@@ -13,17 +13,14 @@ import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from fdtrace.policy import THREAD_ENTRY_FUNCTIONS
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.elf import ElfError, ModuleSymbols, demangled, read_module
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
 
 #: Functions a thread's stack starts from: a walk that ends in one of them is whole.
-OUTERMOST_FUNCTIONS: frozenset[str] = frozenset({
-    "_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "__clone", "clone3",
-    "__clone3", "__clone_internal", "runtime.goexit", "runtime.goexit.abi0", "runtime.rt0_go",
-    "runtime.rt0_go.abi0", "runtime.mstart", "runtime.mstart.abi0", "runtime.mstart0", "thread_start",
-})
+OUTERMOST_FUNCTIONS = THREAD_ENTRY_FUNCTIONS
 
 
 @dataclass(frozen=True)

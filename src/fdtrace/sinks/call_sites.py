@@ -11,7 +11,7 @@ import pandas as pd
 
 from fdtrace.analysis.call_sites import leaks
 from fdtrace.pipeline.update import SourceInfo, ThreadCensus, Update
-from fdtrace.policy import site_name
+from fdtrace.policy import site_name, thread_reason, to_thread_start
 
 
 @dataclass
@@ -131,8 +131,14 @@ class CallSitesSink:
         for (site_pid, stack_id), site in self._thread_sites.items():
             if pid is not None and site_pid != pid:
                 continue
-            frames = self._stacks.get(stack_id, {}).get("frames", [])
+            frames = to_thread_start(self._stacks.get(stack_id, {}).get("frames", []))
             rows.append({"pid": site_pid, "comm": site.comm, "threads": site.threads, "stack_id": stack_id,
-                         "site": site_name(frames) if frames else "(stack not kept)", "frames": frames})
-        frame = pd.DataFrame(rows, columns=["pid", "comm", "site", "threads", "stack_id", "frames"])
+                         "site": site_name(frames) if frames else "(stack not kept)", "reason": thread_reason(frames),
+                         "frames": frames, "key": (site_pid, tuple(frames))})
+        frame = pd.DataFrame(rows, columns=["pid", "comm", "site", "reason", "threads", "stack_id", "frames", "key"])
+        # stacks that differ only past the creating thread's start (stale words) are one site
+        frame = frame.groupby("key", sort=False).agg(
+            pid=("pid", "first"), comm=("comm", "last"), site=("site", "first"), reason=("reason", "first"),
+            threads=("threads", "sum"), stack_id=("stack_id", "first"), frames=("frames", "first"),
+        ).reset_index(drop=True)
         return frame.sort_values(["threads", "pid"], ascending=[False, True], kind="stable", ignore_index=True)
