@@ -147,6 +147,7 @@ def test_doctor_and_the_report_give_that_number_and_name_its_source(recorded: di
         name = recorded["names"][how]
         doctor = subprocess.run([FDTRACE, "doctor", "--comm", name, "--from", str(recorded["out"]), "--json"],
                                 capture_output=True, text=True, timeout=120)
+        assert doctor.stdout, doctor.stderr
         checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"] if c["scope"].startswith(f"pid {pid}")}
         soft = checks["RLIMIT_NOFILE soft"]
         assert soft["status"] == "FAIL" and soft["current"].startswith(f"{LOWERED} (")

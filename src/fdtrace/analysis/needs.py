@@ -27,6 +27,8 @@ from fdtrace.policy import with_margin
 NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_limit", "peak_fds", "emfile",
                 "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source"]
 
+# A process's name is the one it failed under when it failed (a sample may have been taken before
+# it named itself: between its exec and its prctl), else its samples'.
 _PER_PROCESS = """
 WITH used AS (SELECT host, pid, start_ns, min(comm) AS comm, max(open_fds) AS peak_fds,
                      max(fd_soft_limit) AS fd_soft_limit, max(fd_hard_limit) AS fd_hard_limit
@@ -43,7 +45,7 @@ failed AS (SELECT host, pid, start_ns, min(comm) AS comm FROM events
            WHERE kind IN ('go_thread_limit', 'oom_kill') OR errno = 'ENFILE' GROUP BY host, pid, start_ns),
 known AS (SELECT host, pid, start_ns FROM used UNION SELECT host, pid, start_ns FROM refused
           UNION SELECT host, pid, start_ns FROM failed)
-SELECT k.host, k.pid, k.start_ns, coalesce(u.comm, r.comm, f.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit,
+SELECT k.host, k.pid, k.start_ns, coalesce(r.comm, f.comm, u.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit,
        u.peak_fds, coalesce(r.emfile, 0) AS emfile, coalesce(r.emfile_worst_second, 0) AS emfile_worst_second,
        coalesce(a.info_maxsock, a.config_maxsock) AS maxsock,
        CASE WHEN a.info_maxsock IS NULL AND a.config_maxsock IS NOT NULL THEN 'configuration' END AS maxsock_from
