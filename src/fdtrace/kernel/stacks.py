@@ -59,11 +59,13 @@ class Symbolizer:
         self._modules: OrderedDict[tuple[int, int], ModuleSymbols | None] = OrderedDict()
         self._max_modules = max_modules
         self._calls: dict[tuple[int, int, int], bool] = {}
+        self._targets: dict[tuple[int, int], int | None] = {}  # (pid, return address) -> callee, this poll
         self._maps: dict[int, list[tuple[int, int, int, int, int, str]]] = {}
 
     def begin(self) -> None:
         """Forget the mappings read so far (call once per poll: they change with dlopen and exec)."""
         self._maps.clear()
+        self._targets.clear()
 
     def _mapping(self, pid: int, address: int) -> tuple[int, int, int, int, int, str] | None:
         maps = self._maps.get(pid)
@@ -132,6 +134,12 @@ class Symbolizer:
                 self._frames.popitem(last=False)
         return text, name
 
+    def code_span(self, pid: int) -> tuple[int, int]:
+        """The lowest and highest address of the process's executable mappings ((0, 0): none)."""
+        self._mapping(pid, 0)  # reads its mappings once per poll
+        maps = self._maps.get(pid) or []
+        return (maps[0][0], maps[-1][1]) if maps else (0, 0)
+
     def executable(self, pid: int, address: int) -> bool:
         """Whether ``address`` lies in an executable mapping of the process (code, JIT code too)."""
         return self._mapping(pid, address) is not None
@@ -161,6 +169,16 @@ class Symbolizer:
         A direct ``e8 rel32`` and a ``call *disp(%rip)`` (code built with -fno-plt) name their
         callee; a PLT stub they reach (``jmp *disp(%rip)``, after an endbr64 and a bnd prefix
         where present) is followed through the process's GOT to the function it was bound to."""
+        # Kept for this poll only and this process only: its own base address and GOT are in it.
+        key = (pid, address)
+        if key in self._targets:
+            return self._targets[key]
+        target = self._targets[key] = self._call_target(pid, address)
+        if len(self._targets) > self._max_frames:
+            self._targets.clear()
+        return target
+
+    def _call_target(self, pid: int, address: int) -> int | None:
         before = _read_memory(pid, address - 6, 6)
         if len(before) != 6:
             return None
@@ -313,8 +331,10 @@ def blocked_frames(symbolizer: Symbolizer, pid: int, pc: int, sp: int) -> list[s
     frames = [text]
     callee_start = _function_start(text, pc)
     data = _read_memory(pid, sp, BLOCKED_STACK_BYTES)
-    for at in range(0, len(data) - 7, 8):
-        word = int.from_bytes(data[at:at + 8], "little")
+    low, high = symbolizer.code_span(pid)
+    for word in memoryview(data[:len(data) // 8 * 8]).cast("Q"):
+        if not low <= word < high:
+            continue  # data, not code: most of a stack's words
         caller = _caller(symbolizer, pid, word, callee, callee_start)
         if caller is None:
             continue
