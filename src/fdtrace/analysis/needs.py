@@ -27,12 +27,15 @@ from fdtrace.policy import with_margin
 NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_limit", "peak_fds", "emfile",
                 "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source"]
 
-# A process's name is the one it failed under when it failed (a sample may have been taken before
-# it named itself: between its exec and its prctl), else its samples'.
+# A process's name is the one it failed under when it failed, else its newest sample's (a sample
+# may have been taken before it named itself: between its exec and its prctl).
 _PER_PROCESS = """
-WITH used AS (SELECT host, pid, start_ns, min(comm) AS comm, max(open_fds) AS peak_fds,
-                     max(fd_soft_limit) AS fd_soft_limit, max(fd_hard_limit) AS fd_hard_limit
-              FROM samples GROUP BY host, pid, start_ns),
+WITH named AS (SELECT host, pid, start_ns, comm, open_fds, fd_soft_limit, fd_hard_limit,
+                      row_number() OVER (PARTITION BY host, pid, start_ns ORDER BY ts_ns DESC) AS newest
+               FROM samples),
+used AS (SELECT host, pid, start_ns, max(CASE WHEN newest = 1 THEN comm END) AS comm, max(open_fds) AS peak_fds,
+                max(fd_soft_limit) AS fd_soft_limit, max(fd_hard_limit) AS fd_hard_limit
+         FROM named GROUP BY host, pid, start_ns),
 per_second AS (SELECT host, pid, start_ns, min(comm) AS comm, time_ns // 1000000000 AS second, count(*) AS n
                FROM events WHERE errno = 'EMFILE' GROUP BY host, pid, start_ns, time_ns // 1000000000),
 refused AS (SELECT host, pid, start_ns, min(comm) AS comm, sum(n) AS emfile, max(n) AS emfile_worst_second
