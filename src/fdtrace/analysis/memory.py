@@ -161,11 +161,14 @@ def oom_victims_on(engine: Engine) -> pd.DataFrame:
                "foreseen": False, "last_state": "never sampled"}
         if len(before):
             last = before.iloc[-1]
+            # its memory as the newest sample that still saw its cgroup (a dying process's may not)
+            limited = before[before["memcg_limit_bytes"].notna()]
+            memory = limited.iloc[-1] if len(limited) else last
             minute = before[before["ts_ns"] >= kill.ts_ns - TREND_NS]
             row.update(sampled=(kill.ts_ns - int(last["ts_ns"])) / 1e9, open_fds=last["open_fds"],
-                       sockets=last["sockets"], threads=last["threads"], rss_bytes=last["rss_bytes"],
+                       sockets=last["sockets"], threads=last["threads"], rss_bytes=memory["rss_bytes"],
                        rss_minute_ago_bytes=minute["rss_bytes"].iloc[0] if len(minute) else None,
-                       memcg_limit_bytes=last["memcg_limit_bytes"], memcg_usage_bytes=last["memcg_usage_bytes"])
+                       memcg_limit_bytes=memory["memcg_limit_bytes"], memcg_usage_bytes=memory["memcg_usage_bytes"])
             row["foreseen"] = bool(pd.notna(row["memcg_limit_bytes"]) and pd.notna(row["memcg_usage_bytes"])
                                    and row["memcg_usage_bytes"] >= USAGE_WARN * row["memcg_limit_bytes"])
             row["last_state"] = last_state(row)
