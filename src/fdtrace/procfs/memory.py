@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdtrace.procfs.reader import READ_ERRORS, ProcFS
+from fdtrace.procfs.reader import ProcFS
+from fdtrace.procfs.thread_limits import cgroup_ancestry
 
 #: A v1 limit at or above this is "no limit" (the kernel writes PAGE_COUNTER_MAX pages in bytes).
 UNLIMITED_FROM = 1 << 62
@@ -78,34 +79,16 @@ def cgroup_memory(procfs: ProcFS, cgroupfs: Path, pid: int,
     ancestor's, on cgroup v2 (memory.max) or the v1 memory controller (memory.limit_in_bytes).
     None when no cgroup limits its memory (or it is gone). ``cache`` keeps each folder's figures
     for the processes of one round; ``lines``: its /proc/PID/cgroup when already read."""
-    if lines is None:
-        try:
-            lines = procfs.cgroups(pid)
-        except READ_ERRORS:
-            return None
     tightest: CgroupMemory | None = None
-    for hierarchy, controllers, path in lines:
-        v2 = hierarchy == "0" and controllers == ""
-        if v2:
-            base = cgroupfs / "unified" if (cgroupfs / "unified").is_dir() else cgroupfs
-        elif "memory" in controllers.split(","):
-            base = cgroupfs / "memory"
+    for folder, v2 in cgroup_ancestry(procfs, cgroupfs, pid, "memory", lines):
+        if cache is not None and folder in cache:
+            found = cache[folder]
         else:
-            continue
-        folder = base / path.strip("/")
-        while True:
-            if cache is not None and folder in cache:
-                found = cache[folder]
-            else:
-                found = _folder_memory(folder, v2)
-                if cache is not None:
-                    cache[folder] = found
-            if found is not None and (tightest is None or
-                                      found.limit - found.usage < tightest.limit - tightest.usage):
-                tightest = found
-            if folder == base or base not in folder.parents:
-                break
-            folder = folder.parent
+            found = _folder_memory(folder, v2)
+            if cache is not None:
+                cache[folder] = found
+        if found is not None and (tightest is None or found.limit - found.usage < tightest.limit - tightest.usage):
+            tightest = found
     return tightest
 
 

@@ -5,7 +5,7 @@ sampler's system figures."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,33 @@ def _folder_pids(folder: Path, cache: dict[Path, tuple[int, int] | None] | None)
     return found
 
 
+def cgroup_ancestry(procfs: ProcFS, cgroupfs: Path, pid: int, controller: str,
+                    lines: list[tuple[str, str, str]] | None = None) -> Iterator[tuple[Path, bool]]:
+    """Every cgroup folder over the process where ``controller`` applies, its own first, then each
+    ancestor up to its hierarchy's root: (folder, whether it is cgroup v2), for v2 and for the v1
+    hierarchy of that controller. Nothing when the process is gone. ``lines``: its
+    /proc/PID/cgroup when already read."""
+    if lines is None:
+        try:
+            lines = procfs.cgroups(pid)
+        except READ_ERRORS:
+            return
+    for hierarchy, controllers, path in lines:
+        v2 = hierarchy == "0" and controllers == ""
+        if v2:
+            base = cgroupfs / "unified" if (cgroupfs / "unified").is_dir() else cgroupfs
+        elif controller in controllers.split(","):
+            base = cgroupfs / controller
+        else:
+            continue
+        folder = base / path.strip("/")
+        while True:
+            yield folder, v2
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+
+
 def cgroup_pids(procfs: ProcFS, cgroupfs: Path, pid: int,
                 cache: dict[Path, tuple[int, int] | None] | None = None,
                 lines: list[tuple[str, str, str]] | None = None) -> tuple[int, int] | None:
@@ -71,26 +98,10 @@ def cgroup_pids(procfs: ProcFS, cgroupfs: Path, pid: int,
     each folder's figures for processes sampled at the same moment (most share their cgroups);
     ``lines``: its /proc/PID/cgroup when already read."""
     tightest: tuple[int, int] | None = None
-    if lines is None:
-        try:
-            lines = procfs.cgroups(pid)
-        except READ_ERRORS:
-            return None
-    for hierarchy, controllers, path in lines:
-        if hierarchy == "0" and controllers == "":
-            base = cgroupfs / "unified" if (cgroupfs / "unified").is_dir() else cgroupfs
-        elif "pids" in controllers.split(","):
-            base = cgroupfs / "pids"
-        else:
-            continue
-        folder = base / path.strip("/")
-        while True:
-            candidate = _folder_pids(folder, cache)
-            if candidate is not None and (tightest is None or candidate[1] - candidate[0] < tightest[1] - tightest[0]):
-                tightest = candidate
-            if folder == base or base not in folder.parents:
-                break
-            folder = folder.parent
+    for folder, _v2 in cgroup_ancestry(procfs, cgroupfs, pid, "pids", lines):
+        candidate = _folder_pids(folder, cache)
+        if candidate is not None and (tightest is None or candidate[1] - candidate[0] < tightest[1] - tightest[0]):
+            tightest = candidate
     return tightest
 
 
