@@ -88,7 +88,7 @@ def limit_in_force(changes: pd.DataFrame, samples: pd.DataFrame, host: str, pid:
 MAX_SOURCES = 500
 
 
-def name_inherited_sources(engine: Engine, found: pd.DataFrame) -> None:
+def name_inherited_sources(engine: Engine, found: pd.DataFrame, changes: pd.DataFrame | None = None) -> None:
     """Fill ``limit_source`` where no change of a process's limit explains it, from what was traced
     of its start: a change traced to the same limit ("set by prlimit (pid N) at ..."), the parent
     it forked from when the parent's limit in force then is the same ("inherited from pid N (comm),
@@ -103,7 +103,7 @@ def name_inherited_sources(engine: Engine, found: pd.DataFrame) -> None:
     pids = ", ".join(str(int(p)) for p in sorted(set(unknown["pid"])))
     starts = engine.query("SELECT host, pid, start_ns, ppid, time_ns FROM events "
                           f"WHERE kind = 'process_start' AND pid IN ({pids}) AND ppid IS NOT NULL")
-    changes = limit_changes_on(engine)
+    changes = limit_changes_on(engine) if changes is None else changes
     parents = sorted({int(p) for p in starts["ppid"]})
     family = ", ".join(str(p) for p in sorted(set(parents) | {int(p) for p in unknown["pid"]})) or "-1"
     unit = "unit" if "unit" in engine.columns("samples") else "NULL AS unit"

@@ -83,8 +83,9 @@ def fits_on(engine: Engine, chosen: pd.DataFrame) -> dict[tuple[str, int, Any], 
     return found
 
 
-def memory_needs_on(engine: Engine) -> pd.DataFrame:
-    """``memory_needs()`` computed by ``engine``."""
+def memory_needs_on(engine: Engine, fd_needs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``memory_needs()`` computed by ``engine``; ``fd_needs``: ``fd_needs_on(engine)`` when the
+    caller has it already (it is computed here otherwise, when a process's fit needs it)."""
     if "memcg_usage_bytes" not in engine.columns("samples"):
         return pd.DataFrame(columns=MEMORY_COLUMNS)
     last = engine.query(_LAST)
@@ -94,7 +95,8 @@ def memory_needs_on(engine: Engine) -> pd.DataFrame:
     chosen = pd.concat([last[last["killed"] == 1], last[last["killed"] == 0].head(MAX_PROCESSES)])
     fits = fits_on(engine, chosen)
     maxconns = _maxconns(engine)
-    fd_needs = fd_needs_on(engine) if fits else pd.DataFrame(columns=["host", "pid", "start_ns", "recommended"])
+    if fd_needs is None:
+        fd_needs = fd_needs_on(engine) if fits else pd.DataFrame(columns=["host", "pid", "start_ns", "recommended"])
     rows = []
     for row in chosen.itertuples():
         key = (str(row.host), int(row.pid), None if pd.isna(row.start_ns) else int(row.start_ns))

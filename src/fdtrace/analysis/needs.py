@@ -66,8 +66,9 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     if found.empty:
         return pd.DataFrame(columns=NEED_COLUMNS)
     found["limit_source"] = None
-    _judge_by_the_limit_in_force(engine, found)
-    name_inherited_sources(engine, found)
+    changes = limit_changes_on(engine)  # read once: the limit in force and where each came from
+    _judge_by_the_limit_in_force(engine, found, changes)
+    name_inherited_sources(engine, found, changes)
     needs = [need_of(r.fd_soft_limit, r.peak_fds, int(r.emfile), int(r.emfile_worst_second), r.maxsock,
                      source=r.limit_source, maxsock_from=r.maxsock_from) for r in found.itertuples()]
     found["need"] = [n for n, _ in needs]
@@ -81,7 +82,7 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     return order[NEED_COLUMNS].reset_index(drop=True)
 
 
-def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame) -> None:
+def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame, changes: pd.DataFrame) -> None:
     """For each process that failed with EMFILE, its soft limit as it was in its worst second (a
     process may have lowered its own limit, or had it lowered, after its first samples), and
     where that limit came from, in place of the highest limit its samples saw."""
@@ -93,7 +94,6 @@ def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame) -> None:
         "SELECT host, pid, start_ns, time_ns // 1000000000 AS second, count(*) AS n, min(time_ns) AS first_ns "
         f"FROM events WHERE errno = 'EMFILE' AND pid IN ({pids}) GROUP BY host, pid, start_ns, time_ns // 1000000000")
     samples = engine.query(f"SELECT host, pid, time_ns, fd_soft_limit FROM samples WHERE pid IN ({pids})")
-    changes = limit_changes_on(engine)
     if not len(changes) and seconds.empty:
         return
     for index, row in failing.iterrows():

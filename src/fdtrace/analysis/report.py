@@ -184,7 +184,8 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     found = failures_on(engine)
     incidents = incidents_on(engine, found=found)
     clocks = getattr(recording, "clock_offsets", None)
-    memory, victims = memory_needs_on(engine), oom_victims_on(engine)
+    needs = fd_needs_on(engine)
+    memory, victims = memory_needs_on(engine, needs), oom_victims_on(engine)
     marks = phases[phases["end_wall_ns"].notna() & phases["rank"].notna()] if len(phases) else pd.DataFrame()
     return Report(
         title=f"fdtrace report: {', '.join(recording.meta)}",
@@ -194,7 +195,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         call_rate=_per_process(counted, 5, several, kind=SOCKET_KINDS), thread_series=thread_series,
         markers=_markers(found, incidents, several),
         phase_marks=marks[["rank", "phase", "start_wall_ns", "end_wall_ns"]] if len(marks) else pd.DataFrame(),
-        recommendations=recommendations(recording, least, engine, memory, victims), phase_stats=stats,
+        recommendations=recommendations(recording, least, engine, memory, victims, needs), phase_stats=stats,
         memory=memory, oom_victims=victims, memory_series=_memory_series(engine, memory.head(top), several),
         destinations=destinations_on(engine), leaks=_leaks(recording), threads=_census_at_peak(recording),
         thread_sites=_thread_sites(engine, recording),
@@ -251,14 +252,17 @@ def _thread_sites(engine: Engine, recording: Any) -> pd.DataFrame:
 
 
 def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None = None,
-                    memory: pd.DataFrame | None = None, victims: pd.DataFrame | None = None) -> list[str]:
-    """The configuration values to change, with the numbers the recording justifies."""
+                    memory: pd.DataFrame | None = None, victims: pd.DataFrame | None = None,
+                    needs: pd.DataFrame | None = None) -> list[str]:
+    """The configuration values to change, with the numbers the recording justifies (``memory``,
+    ``victims`` and ``needs``: computed by the caller already, else here)."""
     if engine is None:
         with engine_for(recording) as own:
-            return recommendations(recording, least, own, memory, victims)
+            return recommendations(recording, least, own, memory, victims, needs)
     several = least["host"].nunique() > 1 if len(least) else False
-    advice = fd_advice(fd_needs_on(engine), several=several)
-    advice += memory_advice_lines(memory_needs_on(engine) if memory is None else memory,
+    needs = fd_needs_on(engine) if needs is None else needs
+    advice = fd_advice(needs, several=several)
+    advice += memory_advice_lines(memory_needs_on(engine, needs) if memory is None else memory,
                                   oom_victims_on(engine) if victims is None else victims, several=several)
     system = recording.system
     if len(system) and "file_nr" in system.columns:

@@ -189,9 +189,10 @@ def summary_on(recording: Any, engine: Engine) -> str:
     from fdtrace.analysis.needs import fd_needs_on
     from fdtrace.analysis.report import fd_advice
 
-    advice = fd_advice(fd_needs_on(engine), several=several)  # the numbers doctor and the report give
+    needs = fd_needs_on(engine)
+    advice = fd_advice(needs, several=several)  # the numbers doctor and the report give
     victims = oom_victims_on(engine)
-    memory = memory_needs_on(engine)
+    memory = memory_needs_on(engine, needs)
     advice += memory_advice_lines(memory, victims, several=several)
     if advice:
         lines += ["what to change:", *_capped([f"  {line}" for line in advice], "processes")]

@@ -95,7 +95,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
         threads = least_headroom_on(runner, resource="threads")
         ended = failures_on(runner)
         samples = runner.query(f"SELECT pid, start_ns, comm, ts_ns, threads FROM samples WHERE {wanted_rows}")
-        memory = memory_needs_on(runner)
+        memory = memory_needs_on(runner, needs)
         victims = oom_victims_on(runner)
     system = recording.system
     getattr(recording, "close", lambda: None)()
