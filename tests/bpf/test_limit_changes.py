@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ if sys.argv[2] == "stays":
 
 
 FAMILY = """
-import ctypes, os, resource, socket, sys, time
+import ctypes, os, resource, socket, sys
 name = lambda text: ctypes.CDLL(None).prctl(15, ctypes.c_char_p(text.encode()), 0, 0, 0)  # PR_SET_NAME
 name(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, 20000))
@@ -59,11 +60,24 @@ child = os.fork()
 if child == 0:
     name(sys.argv[2])
     held = [socket.socket() for _ in range(10)]
-    time.sleep(1.5)  # alive for a few of the recorder's rounds (0.3 s): its limit is sampled
+    sys.stdin.readline()  # alive until the test has seen it sampled: its limit is in the recording
     os._exit(0)
 print(os.getpid(), child, flush=True)
 os.waitpid(child, 0)
 """
+
+
+def sampled(out: Path, pid: int) -> None:
+    """Wait until the recording holds a sample of ``pid`` (a part being renamed is read again)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if (load(out).samples["pid"] == pid).any():
+                return
+        except Exception:  # noqa: BLE001 - a part renamed into place while listed
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no sample of pid {pid} in 60 s")
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +112,14 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                 program.stdin.flush()
             assert program.stdout.readline() == f"{REFUSED}\n"
             program.wait(timeout=30)
-        family = subprocess.run(["prlimit", "--nofile=20000:20000", sys.executable, "-c", FAMILY, f"parent-{tag}",
-                                 f"child-{tag}"], capture_output=True, text=True, timeout=60, check=True)
-        parent, child = map(int, family.stdout.split())
+        family = subprocess.Popen(["prlimit", "--nofile=20000:20000", sys.executable, "-c", FAMILY, f"parent-{tag}",
+                                   f"child-{tag}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert family.stdout is not None and family.stdin is not None
+        parent, child = map(int, family.stdout.readline().split())
+        sampled(out, child)
+        family.stdin.write("done\n")
+        family.stdin.flush()
+        assert family.wait(timeout=60) == 0
     finally:
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=60)
