@@ -124,6 +124,22 @@ def census_of(pid: int) -> dict[tuple[str, str | None], int]:
     return {(s["syscall"], s["fd_kind"]): s["threads"] for s in json.loads(result.stdout)["census"]}
 
 
+def recorded_census(out: Path, pid: int, blocked: int) -> None:
+    """Wait until the recording's census has ``blocked`` threads of ``pid`` in read() on pipes."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            recorded = threads(load(out), pid=pid)
+        except Exception:  # a part renamed into place while listed: read again
+            recorded = None
+        if recorded is not None and len(recorded):
+            reading = recorded[(recorded["syscall"] == "read") & (recorded["fd_kind"] == "pipe")]
+            if (reading.groupby("time")["threads"].sum() == blocked).any():
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no census of {blocked} threads of pid {pid} in the recording in 60 s")
+
+
 def test_threads_counts_the_goroutines_blocked_in_read_on_pipes(tmp_path: Path) -> None:
     binary = build(tmp_path)
     program = subprocess.Popen([str(binary), str(GOROUTINES), "wait"], stdin=subprocess.PIPE)
@@ -144,7 +160,7 @@ def test_threads_counts_the_goroutines_blocked_in_read_on_pipes(tmp_path: Path) 
             time.sleep(0.3)
             census = census_of(program.pid)
         assert census.get(("read", "pipe")) == GOROUTINES  # each goroutine's thread, and no other thread
-        time.sleep(1.5)  # rounds of the recorder take the census too
+        recorded_census(out, program.pid, GOROUTINES)  # the recorder's rounds take the census too
     finally:
         program.kill()
         program.wait()
