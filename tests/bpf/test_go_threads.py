@@ -162,10 +162,11 @@ def test_threads_counts_the_goroutines_blocked_in_read_on_pipes(tmp_path: Path) 
         assert census.get(("read", "pipe")) == GOROUTINES  # each goroutine's thread, and no other thread
         recorded_census(out, program.pid, GOROUTINES)  # the recorder's rounds take the census too
     finally:
-        program.kill()
-        program.wait()
+        # the recorder stops first: a round taken while the killed program's threads exit counts only some
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=60)
+        program.kill()
+        program.wait()
     rec = load(out)
     recorded = threads(rec, pid=program.pid)
     last = recorded[recorded["time"] == recorded["time"].max()]
