@@ -160,13 +160,21 @@ def test_truncated_part_is_skipped_and_named(tmp_path: Path) -> None:
     assert result.returncode == 0 and "skipped unreadable files:" in result.stdout
 
 
+def _first(name: str) -> int:
+    """The first part number a part file holds: part-000007-000010.parquet holds 7 to 10."""
+    return int(name.removeprefix("part-").split("-")[0].split(".")[0])
+
+
 def test_rotate_merges_files_and_max_size_caps_the_recording(tmp_path: Path) -> None:
     rotated = tmp_path / "rotated"
     subprocess.run([FDTRACE, "record", "-o", str(rotated), "--duration", "2.6", "--interval", "0.2",
                     "--rotate", "1"], check=True, capture_output=True)
     for table in ("system", "clock", "losses"):
         names = [p.name for p in (rotated / table).rglob("part-*.parquet")]
-        assert len(names) <= 4 and all("-" in n.removeprefix("part-") for n in names), names
+        # merged each second; the part flushed at the stop may come after the last merge (under load)
+        unmerged = [n for n in names if "-" not in n.removeprefix("part-")]
+        assert len(names) <= 4 and len(unmerged) <= 1 and (not unmerged or unmerged[0] == max(names, key=_first)), \
+            names
     rec = load(rotated)
     assert len(rec.clock) >= 12 and rec.clock["ts_ns"].is_monotonic_increasing
 
