@@ -107,7 +107,11 @@ def go_view(counts: list[int], limit: int = 10_000) -> ProcessView:
 def test_steady_thread_growth_alerts_with_the_time_to_the_limit_and_the_dominant_syscall() -> None:
     view = go_view([1000, 1500, 2000, 2500, 3000])  # 100 threads a second, 7000 to go
     assert view.seconds_to_thread_limit() == 70.0
-    assert "thread limit (Go default) in 70s: 2990 threads blocked in read() on regular files" in view.alerts
+    assert view.thread_growth() == 100.0
+    assert ("2990 threads blocked in read() on regular files, 100 new per second, thread limit (Go default) in 70s"
+            in view.alerts)
+    slow = go_view([1000, 1002, 1004, 1006, 1008], limit=1010)  # 0.4 a second, 2 to go
+    assert "0.4 new per second, thread limit (Go default) in 5s" in " ".join(slow.alerts)
 
 
 def test_no_alert_for_threads_that_also_shrink_or_hold() -> None:
