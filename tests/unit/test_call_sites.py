@@ -81,17 +81,17 @@ def test_the_census_groups_blocked_threads_by_the_code_they_wait_in(tmp_path: Pa
                53: "0 0x4 0x1 0x1 0 0 0 0x7ffd3000 0x402000", 54: "running", 55: "0 0x3 0x1 0x1 0 0 0 0x7ffd4000 0x0"}
     write_files(tmp_path, {f"50/task/{tid}/syscall": text + "\n" for tid, text in threads.items()})
     sites = {0x401000: "main.holdThread", 0x402000: "net.serve"}
-    asked: list[tuple[int, int, int]] = []
+    asked: list[tuple[int, int, int, int]] = []
 
-    def site_of(pid: int, pc: int, sp: int) -> str | None:
-        asked.append((pid, pc, sp))
+    def site_of(pid: int, tid: int, pc: int, sp: int) -> str | None:
+        asked.append((pid, tid, pc, sp))
         return sites.get(pc)
 
     census = thread_census(ProcFS(tmp_path), 50, lambda number: {0: "read"}.get(number, str(number)), site_of)
     assert census == [ThreadState("read", "pipe", 2, "main.holdThread"), ThreadState("read", "pipe", 1, None),
                       ThreadState("read", "socket", 1, "net.serve"), ThreadState("running", None, 1)]
-    assert sorted(asked) == [(50, 0x0, 0x7ffd4000), (50, 0x401000, 0x7ffd1000), (50, 0x401000, 0x7ffd2000),
-                             (50, 0x402000, 0x7ffd3000)]
+    assert sorted(asked) == [(50, 51, 0x401000, 0x7ffd1000), (50, 52, 0x401000, 0x7ffd2000),
+                             (50, 53, 0x402000, 0x7ffd3000), (50, 55, 0x0, 0x7ffd4000)]
 
 
 def go_view(counts: list[int], limit: int = 10_000) -> ProcessView:

@@ -208,8 +208,9 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     from fdtrace.procfs.thread_limits import binding_limit
     from fdtrace.procfs.threads import describe_state, thread_census
 
+    blocked_code = BlockedCode()
     try:
-        census = thread_census(ProcFS(), pid, syscall_name, site_of=BlockedCode())
+        census = thread_census(ProcFS(), pid, syscall_name, site_of=blocked_code)
     except ProcessGoneError:
         if traced is None or pid not in traced.census:
             fail(FdtraceError(f"process {pid} is gone"))
@@ -219,12 +220,15 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     sample = ProcSampler().sample(pid)
     limit = binding_limit(sample) if sample is not None else None
     total = sum(state.threads for state in census)
+    python = blocked_code.python_stacks(pid)
     if as_json:
         out: dict[str, Any] = {
             "pid": pid, "comm": comm, "threads": total,
             "limit": None if limit is None else {"name": limit[0], "count": limit[1], "limit": limit[2]},
             "census": [{"syscall": s.syscall, "fd_kind": s.fd_kind, "site": s.site, "threads": s.threads}
                        for s in census]}
+        if python is not None:
+            out["python"] = {"version": ".".join(map(str, python.version or ())), "frames_unread": python.unread}
         if sites is not None:
             out["creation_sites"] = _records(sites)
         json.dump(out, sys.stdout)
@@ -235,6 +239,8 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     say(f"pid {pid} ({shown(comm)}): {total} threads; {limit_text}")
     for state in census:
         say(f"  {shown(describe_state(state))}")
+    if python is not None and python.unread:
+        say(f"  ({shown(python.unread)}: the sites above are the interpreter's C code)")
     if sites is not None:
         _print_thread_sites(sites, duration)
 

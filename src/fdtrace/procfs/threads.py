@@ -71,11 +71,11 @@ MAX_SITE_THREADS = 2048
 
 
 def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str],
-                  site_of: Callable[[int, int, int], str | None] | None = None) -> list[ThreadState]:
+                  site_of: Callable[[int, int, int, int], str | None] | None = None) -> list[ThreadState]:
     """The process's threads grouped by what they are in, largest group first.
 
-    ``syscall_name`` names a syscall number of this machine's architecture. ``site_of(pid, pc,
-    sp)``, when given, names the code a thread blocked in a syscall waits in, from the program
+    ``syscall_name`` names a syscall number of this machine's architecture. ``site_of(pid, tid,
+    pc, sp)``, when given, names the code a thread blocked in a syscall waits in, from the program
     counter and stack pointer its syscall file gives (for the first MAX_SITE_THREADS threads).
     Raises ProcessGoneError or ProcessAccessDeniedError for the process; threads that end while
     they are read are left out."""
@@ -110,7 +110,7 @@ def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str],
         if site_of is not None and len(fields) >= 9 and looked < MAX_SITE_THREADS:
             looked += 1
             try:
-                site = site_of(pid, int(fields[-1], 16), int(fields[-2], 16))
+                site = site_of(pid, tid, int(fields[-1], 16), int(fields[-2], 16))
             except ValueError:
                 site = None
         groups[name, kind, site] += 1
