@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from fdtrace.analysis.call_sites import leaks, site_name
-from fdtrace.policy import code_site, thread_reason, to_thread_start
+from fdtrace.policy import DNS_LOOKUP_SITE, code_site, thread_reason, to_thread_start
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.threads import ThreadState, describe_state, thread_census
 from fdtrace.tui.state import ProcessView
@@ -71,6 +71,12 @@ def test_the_code_a_blocked_thread_waits_in_is_its_first_frame_of_its_own() -> N
     assert code_site(["read+0x12 [libc.so.6]", "fetch_one+0x30 [app]", "main+0x10 [app]"]) == "fetch_one"
     assert code_site(["runtime.futex.abi0+0x23 [hold]", "runtime.mstart0+0x79 [hold]"]) is None  # the runtime's
     assert code_site(["read+0x12 [libc.so.6]", "0x7f00deadbeef"]) is None
+    # a thread in the C library's resolver waits on DNS, whatever called it (a cgo lookup here)
+    resolver = ["poll+0x4f [libc.so.6]", "send_dg+0x24d [libc.so.6]", "__res_context_send+0x1fb [libc.so.6]",
+                "_nss_dns_gethostbyname4_r+0x251 [libc.so.6]"]
+    assert code_site(resolver) == DNS_LOOKUP_SITE == "the C library's DNS lookup (getaddrinfo)"
+    assert code_site([*resolver, "_cgo_Cfunc_getaddrinfo+0x10 [server]"]) == DNS_LOOKUP_SITE
+    assert code_site(["getaddrinfo+0x10 [app]", "main+0x1 [app]"]) == "getaddrinfo"  # the program's own, not libc's
 
 
 def test_the_census_groups_blocked_threads_by_the_code_they_wait_in(tmp_path: Path) -> None:
