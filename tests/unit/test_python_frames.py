@@ -8,7 +8,15 @@ import importlib
 import struct
 import types
 
-from fdtrace.procfs.python_frames import LAYOUTS, PythonFrame, _walk, line_of, waiting_in
+from fdtrace.procfs.python_frames import (
+    _DEBUG_INDEX_313,
+    LAYOUTS,
+    PythonFrame,
+    _walk,
+    debug_layout,
+    line_of,
+    waiting_in,
+)
 
 
 def all_code(code: types.CodeType) -> list[types.CodeType]:
@@ -57,7 +65,7 @@ class LyingMemory:
     def text(self, address: int | None, layout: object) -> str | None:
         return None if address is None else "x" * 10
 
-    def bytes_object(self, address: int | None, limit: int) -> bytes | None:
+    def bytes_object(self, address: int | None, limit: int, layout: object) -> bytes | None:
         return None
 
 
@@ -94,3 +102,26 @@ def test_a_thread_waits_in_its_programs_own_code_not_in_the_standard_library() -
     assert waiting_in(only_library) == only_library[0]
     assert str(only_library[0]) == "_bootstrap (<frozen importlib._bootstrap>)"
     assert waiting_in([]) is None
+
+
+def test_debug_offsets_are_taken_only_from_a_313_runtime_that_has_them() -> None:
+    words = [0] * 71
+    words[1] = 0x030D00F0  # 3.13.0 final
+    for name, index in _DEBUG_INDEX_313.items():
+        words[index] = 8 * index if name != "free_threaded" else 0
+    header = b"xdebugpy" + struct.pack("<70Q", *words[1:])
+    layout = debug_layout(header)
+    assert not isinstance(layout, str)
+    assert (layout.threads_head, layout.cframe, layout.current_frame, layout.owner_c_stack) == (72, None, 184, 3)
+    assert layout.compact_data == layout.ascii_data + 16 == 8 * 70 + 16
+    assert debug_layout(b"xdebugpx" + header[8:]) == "no debug offsets at _PyRuntime"
+    assert debug_layout(header[:100]) == "no debug offsets at _PyRuntime"
+    newer = bytearray(header)
+    struct.pack_into("<Q", newer, 8, 0x030E00F0)
+    assert debug_layout(bytes(newer)) == "debug offsets of Python 3.14"
+    free = bytearray(header)
+    struct.pack_into("<Q", free, 16, 1)
+    assert debug_layout(bytes(free)) == "a free-threaded build"
+    wild = bytearray(header)
+    struct.pack_into("<Q", wild, 8 * _DEBUG_INDEX_313["threads_head"], 1 << 40)
+    assert debug_layout(bytes(wild)) == "debug offsets out of range"

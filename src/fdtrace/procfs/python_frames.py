@@ -3,8 +3,9 @@ profilers do (py-spy, austin): from the interpreter's ``_PyRuntime`` to its thre
 thread's current frame, the frames below it, and each frame's code object (function, file, line).
 
 Only what a census needs: which Python function a blocked thread waits in. The layouts are those
-of CPython 3.11 and 3.12 on 64-bit little-endian machines (``LAYOUTS``); the version is read from
-the process (``Py_Version``), never assumed, and any other version is named as not read. The
+of CPython 3.11 and 3.12 on 64-bit little-endian machines (``LAYOUTS``) and what 3.13 says of
+itself; the version is read from the process (``Py_Version``), never assumed, and any other
+version is named as not read. The
 process's memory is data another user controls: every read is bounded in size and count, every
 pointer checked, and nothing found there can make the reader loop, allocate without bound, or
 raise past ``python_stacks``.
@@ -43,8 +44,8 @@ class PythonLayout:
     threads_head: int  # PyInterpreterState.threads.head
     thread_next: int  # PyThreadState.next
     native_thread_id: int  # PyThreadState.native_thread_id
-    cframe: int  # PyThreadState.cframe
-    current_frame: int  # _PyCFrame.current_frame
+    cframe: int | None  # PyThreadState.cframe (3.11, 3.12); None: current_frame is the thread state's
+    current_frame: int  # _PyCFrame.current_frame, or PyThreadState.current_frame (3.13)
     frame_code: int  # _PyInterpreterFrame.f_code
     frame_previous: int  # _PyInterpreterFrame.previous
     frame_prev_instr: int  # _PyInterpreterFrame.prev_instr
@@ -57,10 +58,15 @@ class PythonLayout:
     code_instructions: int  # offsetof(PyCodeObject, co_code_adaptive)
     ascii_data: int  # where a compact ASCII string's characters start
     compact_data: int  # where any other compact string's characters start
+    string_length: int = 16  # PyASCIIObject.length
+    string_state: int = 32  # PyASCIIObject.state (kind, compact, ascii bits)
+    bytes_size: int = 16  # PyBytesObject.ob_size
+    bytes_data: int = 32  # PyBytesObject.ob_sval
 
 
 #: Checked against the real interpreters (tests/bpf/test_python_frames.py): Debian's 3.11 and a
 #: 3.12 build, by reading a child's blocked threads and comparing with what it says of itself.
+#: 3.13 describes itself (``_Py_DebugOffsets`` at the start of ``_PyRuntime``: ``debug_layout``).
 LAYOUTS: dict[tuple[int, int], PythonLayout] = {
     (3, 11): PythonLayout(
         interpreters_head=40, interpreter_next=0, threads_head=16, thread_next=8, native_thread_id=160,
@@ -73,6 +79,45 @@ LAYOUTS: dict[tuple[int, int], PythonLayout] = {
         owner_c_stack=3, code_filename=112, code_qualname=128, code_linetable=136, code_firstlineno=68,
         code_instructions=192, ascii_data=40, compact_data=56),
 }
+
+
+#: ``_Py_DebugOffsets`` of CPython 3.13: the index (in 8-byte words) of each offset fdtrace uses.
+#: 3.14 changed the structure; its version field says which one a runtime holds.
+_DEBUG_COOKIE = b"xdebugpy"
+_DEBUG_WORDS_313 = 71
+_DEBUG_INDEX_313 = {
+    "free_threaded": 2, "interpreters_head": 5, "interpreter_next": 8, "threads_head": 9, "thread_next": 21,
+    "current_frame": 23, "native_thread_id": 25, "frame_previous": 29, "frame_code": 30, "frame_prev_instr": 31,
+    "frame_owner": 33, "code_filename": 35, "code_qualname": 37, "code_linetable": 38, "code_firstlineno": 39,
+    "code_instructions": 43, "bytes_size": 65, "bytes_data": 66, "string_state": 68, "string_length": 69,
+    "ascii_size": 70}
+
+
+def debug_layout(header: bytes) -> PythonLayout | str:
+    """The layout a CPython 3.13 runtime gives of itself in the ``_Py_DebugOffsets`` at its start
+    (``header``: that many bytes of ``_PyRuntime``), or why not (another version's, a
+    free-threaded build, not a debug offsets structure)."""
+    if len(header) < _DEBUG_WORDS_313 * 8 or not header.startswith(_DEBUG_COOKIE):
+        return "no debug offsets at _PyRuntime"
+    words = struct.unpack_from(f"<{_DEBUG_WORDS_313}Q", header)
+    version = (words[1] >> 24, (words[1] >> 16) & 0xFF)
+    if version != (3, 13):
+        return f"debug offsets of Python {version[0]}.{version[1]}"
+    at = {name: words[index] for name, index in _DEBUG_INDEX_313.items()}
+    if at["free_threaded"]:
+        return "a free-threaded build"
+    if any(value > 1 << 20 for value in at.values()):
+        return "debug offsets out of range"
+    return PythonLayout(
+        interpreters_head=at["interpreters_head"], interpreter_next=at["interpreter_next"],
+        threads_head=at["threads_head"], thread_next=at["thread_next"], native_thread_id=at["native_thread_id"],
+        cframe=None, current_frame=at["current_frame"], frame_code=at["frame_code"],
+        frame_previous=at["frame_previous"], frame_prev_instr=at["frame_prev_instr"], frame_owner=at["frame_owner"],
+        owner_c_stack=3, code_filename=at["code_filename"], code_qualname=at["code_qualname"],
+        code_linetable=at["code_linetable"], code_firstlineno=at["code_firstlineno"],
+        code_instructions=at["code_instructions"], ascii_data=at["ascii_size"], compact_data=at["ascii_size"] + 16,
+        string_length=at["string_length"], string_state=at["string_state"], bytes_size=at["bytes_size"],
+        bytes_data=at["bytes_data"])
 
 
 @dataclass(frozen=True)
@@ -129,15 +174,20 @@ class PythonStackReader:
         if runtime is None:
             return None
         major, minor = runtime.version or runtime.file_version
-        layout = LAYOUTS.get((major, minor))
-        if layout is None:
-            known = " and ".join(f"{a}.{b}" for a, b in sorted(LAYOUTS))
-            return PythonStacks((major, minor), {}, f"Python {major}.{minor}: frames not read (fdtrace reads {known})")
         try:
             memory = _Memory(pid)
         except OSError as exc:
             return PythonStacks((major, minor), {}, f"memory unreadable: {exc.strerror or exc}")
         try:
+            layout = LAYOUTS.get((major, minor))
+            if layout is None and (major, minor) == (3, 13):
+                found = debug_layout(memory.read(runtime.address, _DEBUG_WORDS_313 * 8))
+                if isinstance(found, str):
+                    return PythonStacks((major, minor), {}, f"Python 3.13: frames not read ({found})")
+                layout = found
+            if layout is None:
+                return PythonStacks((major, minor), {}, f"Python {major}.{minor}: frames not read (fdtrace reads "
+                                                        "3.11, 3.12 and 3.13)")
             return PythonStacks((major, minor), _walk(memory, runtime.address, layout))
         finally:
             memory.close()
@@ -228,11 +278,12 @@ class _Memory:
         """A compact str object's characters (what code objects hold), None for anything else."""
         if address is None:
             return None
-        header = self.read(address, 40)
-        if len(header) < 40:
+        size = max(layout.string_length, layout.string_state) + 8
+        header = self.read(address, size)
+        if len(header) < size:
             return None
-        length = struct.unpack_from("<q", header, 16)[0]
-        state = struct.unpack_from("<I", header, 32)[0]
+        length = struct.unpack_from("<q", header, layout.string_length)[0]
+        state = struct.unpack_from("<I", header, layout.string_state)[0]
         kind, compact, ascii_only = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
         if not compact or kind not in (1, 2, 4) or not 0 <= length <= MAX_NAME_CHARS:
             return None
@@ -241,14 +292,14 @@ class _Memory:
             return None
         return data.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], errors="replace")
 
-    def bytes_object(self, address: int | None, limit: int) -> bytes | None:
-        """A bytes object's contents (ob_size at 16, ob_sval at 32), if at most ``limit`` long."""
+    def bytes_object(self, address: int | None, limit: int, layout: PythonLayout) -> bytes | None:
+        """A bytes object's contents, if at most ``limit`` long."""
         if address is None:
             return None
-        size = self.u64(address + 16)
+        size = self.u64(address + layout.bytes_size)
         if size is None or size > limit:
             return None
-        data = self.read(address + 32, size)
+        data = self.read(address + layout.bytes_data, size)
         return data if len(data) == size else None
 
 
@@ -276,12 +327,17 @@ def _walk(memory: _Memory, runtime: int, layout: PythonLayout) -> dict[int, list
             if thread is None or thread in seen:
                 break
             seen.add(thread)
-            state = memory.read(thread, max(layout.native_thread_id, layout.cframe, layout.thread_next) + 8)
-            if len(state) < max(layout.native_thread_id, layout.cframe, layout.thread_next) + 8:
+            frame_at = layout.current_frame if layout.cframe is None else layout.cframe
+            size = max(layout.native_thread_id, frame_at, layout.thread_next) + 8
+            state = memory.read(thread, size)
+            if len(state) < size:
                 break
-            native_id, cframe, thread_next = (struct.unpack_from("<Q", state, at)[0] for at in
-                                              (layout.native_thread_id, layout.cframe, layout.thread_next))
-            frame = memory.pointer(cframe + layout.current_frame)
+            native_id, frame_word, thread_next = (struct.unpack_from("<Q", state, at)[0] for at in
+                                                  (layout.native_thread_id, frame_at, layout.thread_next))
+            if layout.cframe is None:
+                frame = frame_word if 4096 <= frame_word < _USER_SPACE_END else None
+            else:
+                frame = memory.pointer(frame_word + layout.current_frame)
             if native_id:
                 stacks[native_id] = _frames(memory, frame, layout, codes, lines)
             thread = thread_next if 4096 <= thread_next < _USER_SPACE_END else None
@@ -317,8 +373,9 @@ def _frames(memory: _Memory, frame: int | None, layout: PythonLayout, codes: dic
 
 
 def _code(memory: _Memory, address: int, layout: PythonLayout) -> _Code | None:
-    raw = memory.read(address, layout.code_instructions)
-    if len(raw) < layout.code_instructions:
+    size = max(layout.code_filename, layout.code_qualname, layout.code_linetable, layout.code_firstlineno) + 8
+    raw = memory.read(address, size)
+    if len(raw) < size:
         return None
 
     def pointer_at(offset: int) -> int | None:
@@ -327,7 +384,7 @@ def _code(memory: _Memory, address: int, layout: PythonLayout) -> _Code | None:
 
     qualname = memory.text(pointer_at(layout.code_qualname), layout)
     filename = memory.text(pointer_at(layout.code_filename), layout)
-    linetable = memory.bytes_object(pointer_at(layout.code_linetable), MAX_LINETABLE_BYTES)
+    linetable = memory.bytes_object(pointer_at(layout.code_linetable), MAX_LINETABLE_BYTES, layout)
     if qualname is None or filename is None:
         return None
     first_line = struct.unpack_from("<i", raw, layout.code_firstlineno)[0]

@@ -243,7 +243,7 @@ THREAD_CENSUS = Table("thread_census", (
     Field("fd_kind", "string", True, "for a syscall on a descriptor: socket, dns (a UDP socket to port 53), pipe, "
                                      "file, directory, device, anon (eventfd, epoll, ...) or unknown"),
     Field("site", "string", True, "the function of the program they wait in: the first frame outside libc and Go's "
-          "syscall plumbing of the stack above each thread's stack pointer; in CPython 3.11 and 3.12, the innermost "
+          "syscall plumbing of the stack above each thread's stack pointer; in CPython 3.11 to 3.13, the innermost "
           "Python frame outside the standard library, 'hold_pipe (loader.py:12)'; the C library's DNS lookup "
           "(null: not found, or not blocked)"),
     Field("threads", "int64", False, "threads of the process in that state"),
