@@ -46,7 +46,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
         engine: ``"pandas"`` loads every table into DataFrames (a ``Recording``); ``"duckdb"``
             leaves them in Parquet and queries them out of core; ``"spark"`` queries them in
             Apache Spark; ``"auto"``: pandas below 5 M rows of events and samples (their
-            footers' row counts), DuckDB above.
+            footers' row counts) that fit in a quarter of the memory available, DuckDB above.
             The engine recordings (``EngineRecording``) answer every function here and
             ``recording.sql(...)``; they hold no events in memory.
         spark_master: with ``engine="spark"``, the cluster (``spark://HOST:7077``); ``local[2]``

@@ -18,10 +18,12 @@ from fdtrace.recording.fleet import Fleet, find_fleet
 from fdtrace.recording.layout import TABLES
 from fdtrace.recording.reader import load_fleet, open_part, part_rows, read_table
 
-#: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly;
-#: about 1 GiB in pandas), and uses DuckDB above. Bytes on disk would not tell: a merged file of a
-#: long ``--rotate`` recording compresses 10 to 50 times.
+#: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly),
+#: and only while they fit in a quarter of the memory available; it uses DuckDB above. Bytes on disk
+#: would not tell: a merged file of a long ``--rotate`` recording compresses 10 to 50 times.
 AUTO_PANDAS_ROWS = 5_000_000
+#: What pandas holds per row of events and samples loaded (a 16-host fleet of 6.4 M events: 3.3 GB).
+PANDAS_BYTES_PER_ROW = 520
 
 #: Tables small enough to read into pandas whole, whatever the fleet's size (one row per round
 #: and host, or bounded per host).
@@ -156,8 +158,28 @@ def _chosen(fleet: Fleet, engine: str) -> str:
     if engine not in (*ENGINES, "auto"):
         raise FdtraceError(f"unknown engine {engine!r}: one of auto, {', '.join(ENGINES)}")
     if engine == "auto":
-        return "pandas" if _rows(fleet) < AUTO_PANDAS_ROWS else "duckdb"
+        return "pandas" if pandas_fits(_rows(fleet), memory_available()) else "duckdb"
     return engine
+
+
+def pandas_fits(rows: int, available: int | None) -> bool:
+    """Whether ``rows`` of events and samples go into pandas: below AUTO_PANDAS_ROWS, and in a
+    quarter of ``available`` bytes of memory (None: unknown, the row count alone decides)."""
+    if rows >= AUTO_PANDAS_ROWS:
+        return False
+    return available is None or rows * PANDAS_BYTES_PER_ROW <= available // 4
+
+
+def memory_available() -> int | None:
+    """This host's MemAvailable, in bytes (None where /proc/meminfo does not say)."""
+    from fdtrace.procfs.memory import meminfo_kb
+
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as file:
+            kib = meminfo_kb(file.read())["mem_available_kb"]
+    except OSError:
+        return None
+    return None if kib is None else kib * 1024
 
 
 def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") -> str:
