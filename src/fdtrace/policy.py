@@ -111,17 +111,36 @@ def thread_reason(frames: Any) -> str:
     return next((reason for function, reason in GO_THREAD_REASONS if function in functions), "")
 
 
+#: glibc's DNS resolver: a thread stopped in one of these waits for a name server (in a Go
+#: program, a cgo lookup: one thread held per lookup in flight).
+_RESOLVER_FUNCTIONS = ("getaddrinfo", "gaih_inet", "_nss_dns_", "__res_context_", "__res_nquery", "__res_nsearch",
+                       "send_dg", "send_vc", "gethostbyname", "__libc_res_n")
+#: The site of a thread waiting in the C library's DNS resolver.
+DNS_LOOKUP_SITE = "the C library's DNS lookup (getaddrinfo)"
+
+
 def code_site(frames: Any) -> str | None:
     """The function of the program a stack is in: its first frame outside libc and Go's syscall
-    plumbing, as a name ("main.holdThread"); None where no frame is the program's own."""
+    plumbing, as a name ("main.holdThread"); DNS_LOOKUP_SITE for a stack in the C library's
+    resolver before any frame of the program's own; None where no frame is the program's own."""
     for frame in list(frames) if frames is not None else []:
         function, _, module = str(frame).partition(" ")
+        if module.startswith(_WRAPPER_MODULES) and function.startswith(_RESOLVER_FUNCTIONS):
+            return DNS_LOOKUP_SITE
         if module.startswith(_WRAPPER_MODULES) or function.startswith(_WRAPPER_FUNCTIONS):
             continue
         if function.startswith(("0x", "[")):
             return None  # an address no symbol names: not a site to group by
         return function.rsplit("+0x", 1)[0]
     return None
+
+
+def dns_advice(go_program: bool) -> str | None:
+    """What to do about threads held by DNS lookups: for a Go program, its pure-Go resolver."""
+    if not go_program:
+        return None
+    return ("cgo DNS lookups hold a thread each until the name server answers: GODEBUG=netdns=go (or "
+            "building with -tags netgo) resolves in goroutines instead")
 
 
 def _known(value: Any) -> bool:

@@ -92,6 +92,12 @@ def test_auto_chooses_by_the_rows_the_footers_give_not_by_bytes(tmp_path: Path,
     pq.write_table(table.append_column("noise", noise), padding, compression="none", use_dictionary=False)
     assert padding.stat().st_size > 8 << 20  # bytes on disk, the same rows
     assert dataset.choose_engine(recording) == "pandas"
+    # and only while those rows fit in a quarter of the memory this host has available
+    monkeypatch.setattr(dataset, "memory_available", lambda: 4 * dataset.PANDAS_BYTES_PER_ROW * rows)
+    assert dataset.choose_engine(recording) == "pandas"
+    monkeypatch.setattr(dataset, "memory_available", lambda: 4 * dataset.PANDAS_BYTES_PER_ROW * rows - 4)
+    assert dataset.choose_engine(recording) == "duckdb"
+    assert dataset.pandas_fits(rows, None)  # memory unknown: the rows alone decide
 
 
 def test_info_while_the_recorder_flushes_and_merges(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from fdtrace.analysis.call_sites import leaks, site_name
-from fdtrace.policy import code_site, thread_reason, to_thread_start
+from fdtrace.policy import DNS_LOOKUP_SITE, code_site, thread_reason, to_thread_start
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.threads import ThreadState, describe_state, thread_census
 from fdtrace.tui.state import ProcessView
@@ -71,6 +71,12 @@ def test_the_code_a_blocked_thread_waits_in_is_its_first_frame_of_its_own() -> N
     assert code_site(["read+0x12 [libc.so.6]", "fetch_one+0x30 [app]", "main+0x10 [app]"]) == "fetch_one"
     assert code_site(["runtime.futex.abi0+0x23 [hold]", "runtime.mstart0+0x79 [hold]"]) is None  # the runtime's
     assert code_site(["read+0x12 [libc.so.6]", "0x7f00deadbeef"]) is None
+    # a thread in the C library's resolver waits on DNS, whatever called it (a cgo lookup here)
+    resolver = ["poll+0x4f [libc.so.6]", "send_dg+0x24d [libc.so.6]", "__res_context_send+0x1fb [libc.so.6]",
+                "_nss_dns_gethostbyname4_r+0x251 [libc.so.6]"]
+    assert code_site(resolver) == DNS_LOOKUP_SITE == "the C library's DNS lookup (getaddrinfo)"
+    assert code_site([*resolver, "_cgo_Cfunc_getaddrinfo+0x10 [server]"]) == DNS_LOOKUP_SITE
+    assert code_site(["getaddrinfo+0x10 [app]", "main+0x1 [app]"]) == "getaddrinfo"  # the program's own, not libc's
 
 
 def test_the_census_groups_blocked_threads_by_the_code_they_wait_in(tmp_path: Path) -> None:
@@ -81,17 +87,17 @@ def test_the_census_groups_blocked_threads_by_the_code_they_wait_in(tmp_path: Pa
                53: "0 0x4 0x1 0x1 0 0 0 0x7ffd3000 0x402000", 54: "running", 55: "0 0x3 0x1 0x1 0 0 0 0x7ffd4000 0x0"}
     write_files(tmp_path, {f"50/task/{tid}/syscall": text + "\n" for tid, text in threads.items()})
     sites = {0x401000: "main.holdThread", 0x402000: "net.serve"}
-    asked: list[tuple[int, int, int]] = []
+    asked: list[tuple[int, int, int, int]] = []
 
-    def site_of(pid: int, pc: int, sp: int) -> str | None:
-        asked.append((pid, pc, sp))
+    def site_of(pid: int, tid: int, pc: int, sp: int) -> str | None:
+        asked.append((pid, tid, pc, sp))
         return sites.get(pc)
 
     census = thread_census(ProcFS(tmp_path), 50, lambda number: {0: "read"}.get(number, str(number)), site_of)
     assert census == [ThreadState("read", "pipe", 2, "main.holdThread"), ThreadState("read", "pipe", 1, None),
                       ThreadState("read", "socket", 1, "net.serve"), ThreadState("running", None, 1)]
-    assert sorted(asked) == [(50, 0x0, 0x7ffd4000), (50, 0x401000, 0x7ffd1000), (50, 0x401000, 0x7ffd2000),
-                             (50, 0x402000, 0x7ffd3000)]
+    assert sorted(asked) == [(50, 51, 0x401000, 0x7ffd1000), (50, 52, 0x401000, 0x7ffd2000),
+                             (50, 53, 0x402000, 0x7ffd3000), (50, 55, 0x0, 0x7ffd4000)]
 
 
 def go_view(counts: list[int], limit: int = 10_000) -> ProcessView:
@@ -107,7 +113,11 @@ def go_view(counts: list[int], limit: int = 10_000) -> ProcessView:
 def test_steady_thread_growth_alerts_with_the_time_to_the_limit_and_the_dominant_syscall() -> None:
     view = go_view([1000, 1500, 2000, 2500, 3000])  # 100 threads a second, 7000 to go
     assert view.seconds_to_thread_limit() == 70.0
-    assert "thread limit (Go default) in 70s: 2990 threads blocked in read() on regular files" in view.alerts
+    assert view.thread_growth() == 100.0
+    assert ("2990 threads blocked in read() on regular files, 100 new per second, thread limit (Go default) in 70s"
+            in view.alerts)
+    slow = go_view([1000, 1002, 1004, 1006, 1008], limit=1010)  # 0.4 a second, 2 to go
+    assert "0.4 new per second, thread limit (Go default) in 5s" in " ".join(slow.alerts)
 
 
 def test_no_alert_for_threads_that_also_shrink_or_hold() -> None:

@@ -14,22 +14,19 @@ import pandas as pd
 
 from fdtrace.analysis import binning as _rates
 from fdtrace.analysis import call_sites as _sites
-from fdtrace.analysis import clock as _clock
 from fdtrace.analysis import destinations as _destinations
 from fdtrace.analysis import failures as _incidents
 from fdtrace.analysis import fleet as _fleet
 from fdtrace.analysis import headroom_series as _headroom
 from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
-from fdtrace.analysis.engines.dataset import EngineRecording, engine_for, load_with_engine, thread_starts
+from fdtrace.analysis.engines.dataset import Dataset, EngineRecording, engine_for, open_dataset, thread_starts
 from fdtrace.analysis.memory import memory_needs, oom_victims
 from fdtrace.recording import Recording
-from fdtrace.recording import load as load_frames
-from fdtrace.recording.layout import TABLES
 
-__all__ = ["EngineRecording", "Recording", "align", "cascade", "destinations", "failures", "fleet_heat", "headroom",
-           "incidents", "least_headroom", "leaks", "load", "memory_needs", "oom_victims", "phase_stats", "rates",
-           "spikes", "thread_sites", "threads"]
+__all__ = ["Dataset", "EngineRecording", "Recording", "align", "cascade", "destinations", "failures", "fleet_heat",
+           "headroom", "incidents", "least_headroom", "leaks", "load", "memory_needs", "oom_victims", "open_dataset",
+           "phase_stats", "rates", "spikes", "thread_sites", "threads"]
 
 
 def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
@@ -46,7 +43,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
         engine: ``"pandas"`` loads every table into DataFrames (a ``Recording``); ``"duckdb"``
             leaves them in Parquet and queries them out of core; ``"spark"`` queries them in
             Apache Spark; ``"auto"``: pandas below 5 M rows of events and samples (their
-            footers' row counts), DuckDB above.
+            footers' row counts) that fit in a quarter of the memory available, DuckDB above.
             The engine recordings (``EngineRecording``) answer every function here and
             ``recording.sql(...)``; they hold no events in memory.
         spark_master: with ``engine="spark"``, the cluster (``spark://HOST:7077``); ``local[2]``
@@ -58,31 +55,12 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
             (``fdtrace.analysis.clock``; the estimates are in ``clock_offsets``). False: each
             host's times as its clock gave them.
     """
-    if engine == "pandas" or (engine == "auto" and (columns or phases)):
-        loaded = load_frames(paths, columns=columns, phases=phases)
-        return _on_one_clock(loaded, clock_correction)
-    if columns or phases:
-        raise ValueError(f"load(engine={engine!r}) reads columns as queries need them and takes no phases= "
-                         "(load with engine='pandas' for those)")
-    return load_with_engine(paths, engine=engine, spark_master=spark_master, memory_limit=memory_limit,
-                            clock_correction=clock_correction)
-
-
-def _on_one_clock(recording: Recording, correct: bool) -> Recording:
-    """A loaded recording of several hosts with its clock offsets, and its times corrected."""
-    connections = recording.connections
-    if len(recording.meta) < 2 or connections is None or not len(connections):
-        return recording
-    with engine_for(recording) as engine:
-        offsets = _clock.host_offsets(engine)
-    recording.clock_offsets = offsets
-    shifts = _clock.corrections(offsets)
-    if correct and shifts:
-        tables = {name: getattr(recording, name) for name in TABLES}
-        for name, frame in _clock.corrected(tables, shifts).items():
-            setattr(recording, name, frame)
-        recording.clock_corrected = True
-    return recording
+    if engine not in ("pandas", "auto") and columns:
+        raise ValueError(f"load(engine={engine!r}) reads columns as queries need them (load with "
+                         "engine='pandas' for columns=)")
+    return open_dataset(paths, "pandas" if engine == "auto" and (columns or phases) else engine, columns=columns,
+                        phases=phases, spark_master=spark_master, memory_limit=memory_limit,
+                        clock_correction=clock_correction)
 
 
 def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",

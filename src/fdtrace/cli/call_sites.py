@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -203,13 +204,16 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         sites = traced.thread_sites(pid)
     from fdtrace.kernel.stacks import BlockedCode
     from fdtrace.kernel.syscalls import syscall_name
+    from fdtrace.policy import dns_advice
     from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+    from fdtrace.procfs.golang import is_go_binary
     from fdtrace.procfs.sampler import ProcSampler
     from fdtrace.procfs.thread_limits import binding_limit
-    from fdtrace.procfs.threads import describe_state, thread_census
+    from fdtrace.procfs.threads import describe_state, dns_waiters, thread_census
 
+    blocked_code = BlockedCode()
     try:
-        census = thread_census(ProcFS(), pid, syscall_name, site_of=BlockedCode())
+        census = thread_census(ProcFS(), pid, syscall_name, site_of=blocked_code)
     except ProcessGoneError:
         if traced is None or pid not in traced.census:
             fail(FdtraceError(f"process {pid} is gone"))
@@ -219,12 +223,15 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     sample = ProcSampler().sample(pid)
     limit = binding_limit(sample) if sample is not None else None
     total = sum(state.threads for state in census)
+    python = blocked_code.python_stacks(pid)
     if as_json:
         out: dict[str, Any] = {
             "pid": pid, "comm": comm, "threads": total,
             "limit": None if limit is None else {"name": limit[0], "count": limit[1], "limit": limit[2]},
             "census": [{"syscall": s.syscall, "fd_kind": s.fd_kind, "site": s.site, "threads": s.threads}
                        for s in census]}
+        if python is not None:
+            out["python"] = {"version": ".".join(map(str, python.version or ())), "frames_unread": python.unread}
         if sites is not None:
             out["creation_sites"] = _records(sites)
         json.dump(out, sys.stdout)
@@ -235,6 +242,11 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     say(f"pid {pid} ({shown(comm)}): {total} threads; {limit_text}")
     for state in census:
         say(f"  {shown(describe_state(state))}")
+    if python is not None and python.unread:
+        say(f"  ({shown(python.unread)}: the sites above are the interpreter's C code)")
+    advice = dns_advice(is_go_binary(Path(f"/proc/{pid}/exe"))) if dns_waiters(census) else None
+    if advice:
+        say(f"{dns_waiters(census)} threads wait on DNS: {advice}")
     if sites is not None:
         _print_thread_sites(sites, duration)
 

@@ -262,17 +262,16 @@ def engine_options(command: Any) -> Any:
 
 
 def open_recordings(directories: tuple[str, ...], engine: str, spark_master: str | None,
-                    memory_limit: str | None, no_clock_correction: bool = False, **pandas_options: Any) -> Any:
-    """Recordings or a fleet, opened in the chosen engine (``fdtrace.analysis.load``); a bad
-    recording fails with one line."""
-    from fdtrace.analysis import load
-    from fdtrace.analysis.engines.dataset import choose_engine
+                    memory_limit: str | None, no_clock_correction: bool = False,
+                    columns: dict[str, list[str]] | None = None, phases: list[str] | None = None) -> Any:
+    """Recordings or a fleet, opened once in the chosen engine
+    (``fdtrace.analysis.engines.dataset.open_dataset``); a bad recording, or an engine that cannot
+    do what is asked, fails with one line."""
+    from fdtrace.analysis.engines.dataset import open_dataset
 
     try:
-        chosen = choose_engine(list(directories), engine)
-        if chosen == "pandas":
-            return load(list(directories), clock_correction=not no_clock_correction, **pandas_options)
-        return load(list(directories), engine=chosen, spark_master=spark_master, memory_limit=memory_limit,
-                    clock_correction=not no_clock_correction)
+        return open_dataset(list(directories), engine, columns=columns, phases=list(phases or ()) or None,
+                            spark_master=spark_master, memory_limit=memory_limit,
+                            clock_correction=not no_clock_correction)
     except FdtraceError as error:
         fail(error)

@@ -17,12 +17,8 @@ def info(directories: tuple[str, ...], engine: str, spark_master: str | None, me
     hosts with their spans, events and losses, least FD and thread headroom, OOM kills."""
     from fdtrace.analysis.summary import summary
 
-    recording = open_recordings(directories, engine, spark_master, memory_limit, no_clock_correction)
-    try:
-        say(summary(recording))
-    except FdtraceError as error:
-        fail(error)
-    finally:
-        close = getattr(recording, "close", None)
-        if close is not None:
-            close()
+    with open_recordings(directories, engine, spark_master, memory_limit, no_clock_correction) as recording:
+        try:
+            say(summary(recording))
+        except FdtraceError as error:
+            fail(error)

@@ -32,16 +32,12 @@ def report(directories: tuple[str, ...], output: str, fmt: str | None, phase_fil
     fmt = fmt or ("md" if output.endswith(".md") else "html")
     if phase_files and engine not in ("auto", "pandas"):
         fail(FdtraceError(f"--phases needs --engine pandas (the {engine} engine reads phases from the recordings)"))
-    recording = open_recordings(directories, "pandas" if phase_files else engine, spark_master, memory_limit,
-                                no_clock_correction, columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files))
-    try:
-        content = build(recording)
-    except FdtraceError as error:
-        fail(error)
-    finally:
-        close = getattr(recording, "close", None)
-        if close is not None:
-            close()
+    with open_recordings(directories, engine, spark_master, memory_limit, no_clock_correction,
+                         columns={"events": list(EVENT_COLUMNS)}, phases=list(phase_files)) as recording:
+        try:
+            content = build(recording)
+        except FdtraceError as error:
+            fail(error)
     from fdtrace.analysis.summary import named_problems
 
     for line in named_problems(recording):

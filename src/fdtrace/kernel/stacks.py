@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fdtrace.policy import THREAD_ENTRY_FUNCTIONS
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.elf import ElfError, ModuleSymbols, demangled, read_module
+from fdtrace.procfs.python_frames import PythonStackReader, PythonStacks, waiting_in
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
 
@@ -348,8 +349,10 @@ def blocked_frames(symbolizer: Symbolizer, pid: int, pc: int, sp: int) -> list[s
 
 class BlockedCode:
     """Names the code a blocked thread waits in (``fdtrace.procfs.threads.thread_census``'s
-    ``site_of``): the first frame of its stack outside the C library and the Go runtime's syscall
-    plumbing, as a function name ("main.holdThread"), or None where every frame is theirs."""
+    ``site_of``). In a CPython process, the Python function of the thread's own code it waits in
+    ("hold_pipe (loader.py:12)", ``fdtrace.procfs.python_frames``); elsewhere, or for a thread with
+    no Python frames, the first frame of its native stack outside the C library and the Go
+    runtime's syscall plumbing ("main.holdThread"); None where every frame is theirs."""
 
     #: Threads whose site is remembered: one still blocked where it was costs a lookup next round.
     MAX_REMEMBERED = 65536
@@ -357,14 +360,27 @@ class BlockedCode:
     def __init__(self, symbolizer: Symbolizer | None = None) -> None:
         self.symbolizer = symbolizer or Symbolizer()
         self._known: OrderedDict[tuple[int, int, int], str | None] = OrderedDict()
+        self._python_reader = PythonStackReader()
+        self._python: dict[int, PythonStacks | None] = {}  # this round's, by pid
 
     def begin(self) -> None:
-        """Once per census round: mappings change with dlopen and exec."""
+        """Once per census round: mappings change with dlopen and exec, Python stacks with time."""
         self.symbolizer.begin()
+        self._python.clear()
 
-    def __call__(self, pid: int, pc: int, sp: int) -> str | None:
+    def python_stacks(self, pid: int) -> PythonStacks | None:
+        """The Python stacks of ``pid`` this round (read once a round), None if it runs no CPython."""
+        if pid not in self._python:
+            self._python[pid] = self._python_reader.stacks(pid)
+        return self._python[pid]
+
+    def __call__(self, pid: int, tid: int, pc: int, sp: int) -> str | None:
         from fdtrace.policy import code_site
 
+        python = self.python_stacks(pid)
+        if python is not None and python.stacks.get(tid):
+            frame = waiting_in(python.stacks[tid])
+            return None if frame is None else str(frame)  # read each round: one C stack serves many Python ones
         key = (pid, pc, sp)
         if key in self._known:
             self._known.move_to_end(key)
@@ -378,3 +394,4 @@ class BlockedCode:
         """Let go of the cached symbols."""
         self.symbolizer.close()
         self._known.clear()
+        self._python.clear()

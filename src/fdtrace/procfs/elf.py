@@ -231,9 +231,11 @@ class ElfFile:
             raise ElfError(f"{name}: {exc}") from None
         return raw
 
-    def object_address(self, name: str) -> int | None:
-        """The address of a data symbol (a variable) of .symtab."""
-        table = next((s for s in self.sections if s.kind == _SHT_SYMTAB), None)
+    def object_address(self, name: str, dynamic: bool = False) -> int | None:
+        """The address of a data symbol (a variable) of .symtab, or of .dynsym with ``dynamic``
+        (what a stripped binary still exports)."""
+        kind = _SHT_DYNSYM if dynamic else _SHT_SYMTAB
+        table = next((s for s in self.sections if s.kind == kind), None)
         if table is None or not 0 <= table.link < len(self.sections):
             return None
         strings = self.sections[table.link]

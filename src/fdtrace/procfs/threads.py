@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fdtrace.procfs.reader import ProcFS
+from fdtrace.procfs.reader import READ_ERRORS, ProcFS
 
 #: Syscalls whose first argument is the descriptor they wait on.
 FD_SYSCALLS: frozenset[str] = frozenset({
@@ -26,8 +26,9 @@ class ThreadState:
     Attributes:
         syscall: the syscall's name, "running" (on a CPU), or "user" (blocked outside any syscall,
             a page fault for instance).
-        fd_kind: for syscalls on a descriptor: socket, pipe, file, directory, device, anon:<name>
-            (eventfd, eventpoll, ...) or unknown; None otherwise.
+        fd_kind: for syscalls on a descriptor: socket, dns (a UDP socket connected to port 53),
+            pipe, file, directory, device, anon:<name> (eventfd, eventpoll, ...) or unknown; None
+            otherwise.
         threads: how many threads are in it.
         site: the function of the program its threads wait in (``thread_census``'s ``site_of``),
             None where not looked for or not found.
@@ -71,16 +72,17 @@ MAX_SITE_THREADS = 2048
 
 
 def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str],
-                  site_of: Callable[[int, int, int], str | None] | None = None) -> list[ThreadState]:
+                  site_of: Callable[[int, int, int, int], str | None] | None = None) -> list[ThreadState]:
     """The process's threads grouped by what they are in, largest group first.
 
-    ``syscall_name`` names a syscall number of this machine's architecture. ``site_of(pid, pc,
-    sp)``, when given, names the code a thread blocked in a syscall waits in, from the program
+    ``syscall_name`` names a syscall number of this machine's architecture. ``site_of(pid, tid,
+    pc, sp)``, when given, names the code a thread blocked in a syscall waits in, from the program
     counter and stack pointer its syscall file gives (for the first MAX_SITE_THREADS threads).
     Raises ProcessGoneError or ProcessAccessDeniedError for the process; threads that end while
     they are read are left out."""
     groups: Counter[tuple[str, str | None, str | None]] = Counter()
     kinds: dict[int, str] = {}
+    dns: set[int] | None = None  # inodes of its UDP sockets to port 53, read at its first socket
     looked = 0
     for tid in procfs.thread_ids(pid):
         text = procfs.thread_syscall(pid, tid)
@@ -104,18 +106,53 @@ def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str],
                 fd = int(fields[1], 16)
             except ValueError:
                 fd = -1
-            if 0 <= fd < 1 << 31:
-                kind = kinds.get(fd) or kinds.setdefault(fd, fd_kind(procfs, pid, fd))
+            if 0 <= fd < 1 << 31 and fd not in kinds:
+                kinds[fd] = fd_kind(procfs, pid, fd)
+                if kinds[fd] == "socket":
+                    dns = dns_socket_inodes(procfs, pid) if dns is None else dns
+                    if _inode(procfs.fd_target(pid, fd)) in dns:
+                        kinds[fd] = "dns"
+            kind = kinds.get(fd)
         site = None
         if site_of is not None and len(fields) >= 9 and looked < MAX_SITE_THREADS:
             looked += 1
             try:
-                site = site_of(pid, int(fields[-1], 16), int(fields[-2], 16))
+                site = site_of(pid, tid, int(fields[-1], 16), int(fields[-2], 16))
             except ValueError:
                 site = None
         groups[name, kind, site] += 1
     return [ThreadState(name, kind, n, site) for (name, kind, site), n in
             sorted(groups.items(), key=lambda item: (-item[1], item[0][0], item[0][1] or "", item[0][2] or ""))]
+
+
+def dns_socket_inodes(procfs: ProcFS, pid: int) -> set[int]:
+    """The inodes of the UDP sockets connected to port 53 (a name server) in ``pid``'s network
+    namespace (its /proc/PID/net/udp and udp6); empty where unreadable."""
+    found = set()
+    for table in ("net/udp", "net/udp6"):
+        try:
+            lines = procfs.read_bytes(pid, table).decode(errors="replace").splitlines()[1:]
+        except READ_ERRORS:  # gone, denied, no IPv6: no DNS sockets seen there
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[2].endswith(":0035") and fields[9].isdigit():
+                found.add(int(fields[9]))
+    return found
+
+
+def _inode(target: str | None) -> int | None:
+    if target is None or not target.startswith("socket:[") or not target[8:-1].isdigit():
+        return None
+    return int(target[8:-1])
+
+
+def dns_waiters(census: list[ThreadState]) -> int:
+    """How many threads of a census wait on DNS: in the C library's resolver, or on a UDP socket to
+    a name server."""
+    from fdtrace.policy import DNS_LOOKUP_SITE
+
+    return sum(s.threads for s in census if s.site == DNS_LOOKUP_SITE or s.fd_kind == "dns")
 
 
 def describe_state(state: ThreadState) -> str:
@@ -134,4 +171,5 @@ def _plural(kind: str) -> str:
     if kind.startswith("anon:"):
         return kind[len("anon:"):] + " descriptors"
     return {"file": "regular files", "directory": "directories", "device": "devices",
-            "unknown": "descriptors of unknown kind"}.get(kind, kind + "s")
+            "unknown": "descriptors of unknown kind",
+            "dns": "UDP sockets to name servers (port 53)"}.get(kind, kind + "s")

@@ -81,6 +81,15 @@ class Recording:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def close(self) -> None:
+        """Nothing to let go of (the frames are this object's): the Dataset protocol's."""
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 #: A metadata file is read up to this size.
 MAX_META_BYTES = 4 << 20

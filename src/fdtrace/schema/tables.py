@@ -240,10 +240,12 @@ THREAD_CENSUS = Table("thread_census", (
     Field("pid", "int32", False, "process id"),
     Field("comm", "string", False, "task name"),
     Field("syscall", "string", False, "what its threads are in: a syscall's name, 'running', or 'user' (no syscall)"),
-    Field("fd_kind", "string", True, "for a syscall on a descriptor: socket, pipe, file, directory, device, anon "
-                                     "(eventfd, epoll, ...) or unknown"),
+    Field("fd_kind", "string", True, "for a syscall on a descriptor: socket, dns (a UDP socket to port 53), pipe, "
+                                     "file, directory, device, anon (eventfd, epoll, ...) or unknown"),
     Field("site", "string", True, "the function of the program they wait in: the first frame outside libc and Go's "
-          "syscall plumbing of the stack above each thread's stack pointer (null: not found, or not blocked)"),
+          "syscall plumbing of the stack above each thread's stack pointer; in CPython 3.11 to 3.13, the innermost "
+          "Python frame outside the standard library, 'hold_pipe (loader.py:12)'; the C library's DNS lookup "
+          "(null: not found, or not blocked)"),
     Field("threads", "int64", False, "threads of the process in that state"),
     _TIME,
 ), "threads of the processes nearest a thread limit, by the syscall they are blocked in and the code they wait in, "

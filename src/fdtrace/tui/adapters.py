@@ -10,8 +10,17 @@ from rich.text import Text
 
 from fdtrace.display import shown
 from fdtrace.integrations.phases.live import PhaseNow
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN, kib, memory_advice, need_of, with_margin
-from fdtrace.procfs.threads import describe_state
+from fdtrace.policy import (
+    FD_EXHAUSTION_ERRNOS,
+    USAGE_CRITICAL,
+    USAGE_WARN,
+    dns_advice,
+    kib,
+    memory_advice,
+    need_of,
+    with_margin,
+)
+from fdtrace.procfs.threads import describe_state, dns_waiters
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
 
 #: (key, label, width) of the process table's columns, in order.
@@ -311,6 +320,9 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.census:
         text.append("\nthreads now: ", style="bold")
         text.append(shown("; ".join(describe_state(state) for state in view.census[:4])) + "\n")
+        advice = dns_advice(view.thread_limit is not None and view.thread_limit[0].startswith("Go"))
+        if advice and dns_waiters(view.census):
+            text.append(f"{dns_waiters(view.census)} threads wait on DNS: {advice}\n", style="bold")
         to_limit = view.seconds_to_thread_limit()
         if to_limit is not None:
             text.append(f"threads reach their limit in {duration(to_limit)} at the growth of the last minute\n",

@@ -79,12 +79,11 @@ class ProcessView:
     fd_sites: dict[int | None, tuple[int, float | None]] = field(default_factory=dict)  # stack -> (open, growth/min)
     fd_site_history: dict[int | None, deque[tuple[int, int]]] = field(default_factory=dict)
 
-    def seconds_to_thread_limit(self, window_ns: int = 60_000_000_000) -> float | None:
-        """At the thread growth of the last ``window_ns``, seconds until the binding thread limit;
-        None unless the threads grew at every sample of at least 10 s of that window (steadily)."""
-        if self.thread_limit is None or len(self.thread_history) < 3:
+    def thread_growth(self, window_ns: int = 60_000_000_000) -> float | None:
+        """Threads started per second over the last ``window_ns``; None unless the threads grew at
+        every sample of at least 10 s of that window (steadily)."""
+        if len(self.thread_history) < 3:
             return None
-        _kind, count, limit = self.thread_limit
         end_t = self.thread_history[-1][0]
         recent = [(t, v) for t, v in self.thread_history if t >= end_t - window_ns]
         if len(recent) < 3 or recent[-1][0] - recent[0][0] < 10_000_000_000:
@@ -94,7 +93,15 @@ class ProcessView:
         grown = recent[-1][1] - recent[0][1]
         if grown <= 0:
             return None
-        slope = grown / ((recent[-1][0] - recent[0][0]) / 1e9)
+        return grown / ((recent[-1][0] - recent[0][0]) / 1e9)
+
+    def seconds_to_thread_limit(self, window_ns: int = 60_000_000_000) -> float | None:
+        """At the thread growth of the last ``window_ns`` (``thread_growth``), seconds until the
+        binding thread limit."""
+        slope = self.thread_growth(window_ns)
+        if self.thread_limit is None or slope is None:
+            return None
+        _kind, count, limit = self.thread_limit
         return max(limit - count, 0) / slope
 
     @property
@@ -191,13 +198,19 @@ class ProcessView:
             found.append(f"threads +{self.rates['thread_start']:.0f}/s")
         to_limit = self.seconds_to_thread_limit()
         if to_limit is not None and to_limit <= THREAD_LIMIT_ALERT_S and self.thread_limit is not None:
-            when = f"in {duration(to_limit)}" if to_limit > 0 else "reached"
-            alert = f"thread limit ({self.thread_limit[0]}) {when}"
-            dominant = next((s for s in self.census if s.syscall not in ("running", "user")), None)
-            if dominant is not None:
-                alert += f": {describe_state(dominant)}"
-            found.append(alert)
+            found.append(self._thread_limit_alert(to_limit))
         return found
+
+    def _thread_limit_alert(self, to_limit: float) -> str:
+        """"412 threads blocked in read() on pipes at fetch.dialSingle, 3 new per second, thread limit
+        (Go default) in 2m": what the threads wait in, how fast they come, when the limit is hit."""
+        assert self.thread_limit is not None
+        when = f"in {duration(to_limit)}" if to_limit > 0 else "reached"
+        slope = self.thread_growth() or 0.0
+        rate = f"{slope:.0f}" if slope >= 1.5 else f"{slope:.1f}"
+        limit = f"{rate} new per second, thread limit ({self.thread_limit[0]}) {when}"
+        dominant = next((s for s in self.census if s.syscall not in ("running", "user")), None)
+        return f"{describe_state(dominant)}, {limit}" if dominant is not None else limit
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
+from fdtrace.analysis.clock import corrected, corrections, host_offsets
 from fdtrace.analysis.engines import ENGINES, Engine
 from fdtrace.errors import FdtraceError
 from fdtrace.recording import Recording
@@ -18,10 +19,12 @@ from fdtrace.recording.fleet import Fleet, find_fleet
 from fdtrace.recording.layout import TABLES
 from fdtrace.recording.reader import load_fleet, open_part, part_rows, read_table
 
-#: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly;
-#: about 1 GiB in pandas), and uses DuckDB above. Bytes on disk would not tell: a merged file of a
-#: long ``--rotate`` recording compresses 10 to 50 times.
+#: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly),
+#: and only while they fit in a quarter of the memory available; it uses DuckDB above. Bytes on disk
+#: would not tell: a merged file of a long ``--rotate`` recording compresses 10 to 50 times.
 AUTO_PANDAS_ROWS = 5_000_000
+#: What pandas holds per row of events and samples loaded (a 16-host fleet of 6.4 M events: 3.3 GB).
+PANDAS_BYTES_PER_ROW = 520
 
 #: Tables small enough to read into pandas whole, whatever the fleet's size (one row per round
 #: and host, or bounded per host).
@@ -77,8 +80,6 @@ class EngineRecording:
             frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             frame["host"] = frame["host"].astype(str).astype("category")
             if self.clock_corrected:  # on the views' clock
-                from fdtrace.analysis.clock import corrected, corrections
-
                 frame = corrected({name: frame}, corrections(self.clock_offsets))[name]
             self._small[name] = frame
         return self._small[name]
@@ -138,6 +139,12 @@ class EngineRecording:
         """Stop the engine."""
         self.engine.close()
 
+    def __enter__(self) -> EngineRecording:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 def _rows(fleet: Fleet) -> int:
     """Rows of events and samples, from the part files' footers (a file that cannot tell counts 0:
@@ -156,8 +163,28 @@ def _chosen(fleet: Fleet, engine: str) -> str:
     if engine not in (*ENGINES, "auto"):
         raise FdtraceError(f"unknown engine {engine!r}: one of auto, {', '.join(ENGINES)}")
     if engine == "auto":
-        return "pandas" if _rows(fleet) < AUTO_PANDAS_ROWS else "duckdb"
+        return "pandas" if pandas_fits(_rows(fleet), memory_available()) else "duckdb"
     return engine
+
+
+def pandas_fits(rows: int, available: int | None) -> bool:
+    """Whether ``rows`` of events and samples go into pandas: below AUTO_PANDAS_ROWS, and in a
+    quarter of ``available`` bytes of memory (None: unknown, the row count alone decides)."""
+    if rows >= AUTO_PANDAS_ROWS:
+        return False
+    return available is None or rows * PANDAS_BYTES_PER_ROW <= available // 4
+
+
+def memory_available() -> int | None:
+    """This host's MemAvailable, in bytes (None where /proc/meminfo does not say)."""
+    from fdtrace.procfs.memory import meminfo_kb
+
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as file:
+            kib = meminfo_kb(file.read())["mem_available_kb"]
+    except OSError:
+        return None
+    return None if kib is None else kib * 1024
 
 
 def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") -> str:
@@ -165,15 +192,68 @@ def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") ->
     return engine if engine != "auto" else _chosen(find_fleet(paths), engine)
 
 
-def load_with_engine(paths: str | Path | list[str | Path], engine: str = "pandas", spark_master: str | None = None,
-                     memory_limit: str | None = None, clock_correction: bool = True) -> Recording | EngineRecording:
-    """``fdtrace.analysis.load``: see there."""
+class Dataset(Protocol):
+    """What every command and analysis takes: recordings (one host's, several, a fleet) opened in
+    one engine, their hosts on one clock. ``Recording`` holds its tables as DataFrames;
+    ``EngineRecording`` leaves them in Parquet behind DuckDB or Spark. Both close as context
+    managers."""
+
+    meta: dict[str, dict[str, Any]]
+    skipped: list[str]
+    notes: list[str]
+    clock_offsets: pd.DataFrame | None
+    clock_corrected: bool
+
+    def close(self) -> None:
+        """Let go of what it holds (an engine's connection, its temporary files)."""
+
+    def __enter__(self) -> Dataset: ...
+
+    def __exit__(self, *_exc: object) -> None: ...
+
+
+def open_dataset(paths: str | Path | list[str | Path], engine: str = "auto", *,
+                 columns: dict[str, list[str]] | None = None, phases: list[str | Path] | None = None,
+                 spark_master: str | None = None, memory_limit: str | None = None,
+                 clock_correction: bool = True) -> Recording | EngineRecording:
+    """The one way into recordings: the fleet found once (one walk), the engine chosen once
+    (``auto``: by the rows the Parquet footers count against the memory available, never by
+    bytes on disk), the hosts put on one clock once. ``columns`` reads only those columns when
+    the tables go into pandas (an engine reads what each query needs); ``phases`` (phase files
+    to add) need pandas. Raises FdtraceError for recordings that cannot be opened and for an
+    engine that cannot do what is asked."""
     fleet = find_fleet(paths)
-    engine = _chosen(fleet, engine)
-    if engine == "pandas":
-        fleet.refresh()  # listed again when read: the listing for the choice may be old by now
-        return load_fleet(fleet)
-    from fdtrace.analysis.clock import corrections, host_offsets
+    if phases and engine not in ("auto", "pandas"):
+        raise FdtraceError(f"phase files need the pandas engine (the {engine} engine reads phases from the "
+                           "recordings)")
+    chosen = "pandas" if phases else _chosen(fleet, engine)
+    if chosen == "pandas":
+        if engine == "auto" and not phases:
+            fleet.refresh()  # listed again when read: a live recorder may have merged parts since
+        return on_one_clock(load_fleet(fleet, columns, phases), clock_correction)
+    return _over_engine(fleet, chosen, spark_master, memory_limit, clock_correction)
+
+
+def on_one_clock(recording: Recording, correct: bool) -> Recording:
+    """A loaded recording of several hosts with its clock offsets, and its times corrected."""
+    connections = recording.connections
+    if len(recording.meta) < 2 or connections is None or not len(connections):
+        return recording
+    with engine_for(recording) as engine:
+        offsets = host_offsets(engine)
+    recording.clock_offsets = offsets
+    shifts = corrections(offsets)
+    if correct and shifts:
+        tables = {name: getattr(recording, name) for name in TABLES}
+        for name, frame in corrected(tables, shifts).items():
+            setattr(recording, name, frame)
+        recording.clock_corrected = True
+    return recording
+
+
+def _over_engine(fleet: Fleet, engine: str, spark_master: str | None, memory_limit: str | None,
+                 clock_correction: bool) -> EngineRecording:
+    """The fleet's tables as views of DuckDB or Spark, on the reference host's clock."""
 
     def views(shifts: dict[str, int] | None) -> Engine:
         if engine == "duckdb":
