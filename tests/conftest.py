@@ -80,8 +80,11 @@ class LiveTracer:
         return ChildRun(pid, returncode, mine, totals, stdout)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def live_tracer() -> Iterator[LiveTracer]:
+    """A tracer of the whole host for one test module: it keeps every event it sees, so it must
+    not outlive the tests that read them (session-wide, it grew the suite's own memory by the
+    events of everything the host did after, and the memory bounds of later tests measured that)."""
     if os.geteuid() != 0:
         pytest.skip("attaching BPF programs needs root")
     from fdtrace.kernel.session import KernelSession
