@@ -1,5 +1,5 @@
 """`fdtrace report`: one self-contained HTML file (or Markdown) a postmortem reader can open
-without Python: summary, timeline, spikes, headroom, incidents, losses and the limits to change."""
+without Python: summary, the limits to change, timeline, spikes, headroom, incidents and losses."""
 
 from __future__ import annotations
 
@@ -524,6 +524,7 @@ def to_html(report: Report) -> str:
              f"<h2>{SECTIONS[0]}</h2><table>"]
     parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.summary]
     parts.append("</table>")
+    parts += [f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations), "</ul>"]
     parts += _fleet_html(report)
     parts += [f"<h2>{SECTIONS[1]}</h2>", figure_html(report)]
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
@@ -537,9 +538,7 @@ def to_html(report: Report) -> str:
               f"<h2>{SECTIONS[9]}</h2>", _frame_html(report.leaks, NO_SITES),
               f"<h2>{SECTIONS[10]}</h2>", _frame_html(report.threads, NO_CENSUS),
               *([_frame_html(report.thread_sites, "")] if len(report.thread_sites) else []),
-              f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES),
-              f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
-              "</ul></body></html>"]
+              f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES), "</body></html>"]
     return "".join(parts)
 
 
@@ -547,6 +546,7 @@ def to_markdown(report: Report) -> str:
     """The report as Markdown (the timeline as a table of per-second counts)."""
     parts = [f"# {markdown_shown(report.title)}", "", f"## {SECTIONS[0]}", ""]
     parts += [f"- **{markdown_shown(k)}**: {markdown_shown(v)}" for k, v in report.summary]
+    parts += ["", f"## {SECTIONS[8]}", "", *(f"- {markdown_shown(r)}" for r in report.recommendations)]
     parts += _fleet_md(report)
     timeline = report.socket_rate.join(report.error_rate.rename(columns={"count": "EMFILE+ENFILE"}), how="outer")
     parts += ["", f"## {SECTIONS[1]}", "", _frame_md(timeline.fillna(0).astype(int).reset_index(), "No events."),
@@ -561,9 +561,7 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[9]}", "", _frame_md(report.leaks, NO_SITES),
               "", f"## {SECTIONS[10]}", "", _frame_md(report.threads, NO_CENSUS),
               *(["", _frame_md(report.thread_sites, "")] if len(report.thread_sites) else []),
-              "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES),
-              "", f"## {SECTIONS[8]}", ""]
-    parts += [f"- {markdown_shown(r)}" for r in report.recommendations]
+              "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES)]
     return "\n".join(parts) + "\n"
 
 
