@@ -328,9 +328,16 @@ def go_limit_advice(engine: Engine) -> list[str]:
     the only place a limit set by debug.SetMaxThreads shows)."""
     said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit FROM events "
                         "WHERE kind = 'go_thread_limit' GROUP BY host, pid ORDER BY host, pid")
-    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said 'program exceeds {r.thread_limit}-thread "
-            f"limit' and the program exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read "
-            f"from that message only); {GO_THREADS_ADVICE}." for r in said.itertuples()]
+    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said {_go_said(r.thread_limit)} and the program "
+            f"exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read from that message only); "
+            f"{GO_THREADS_ADVICE}." for r in said.itertuples()]
+
+
+def _go_said(limit: Any) -> str:
+    """The runtime's message with the N its event holds, as an integer; in words when none is held."""
+    if limit is None or pd.isna(limit):
+        return "it exceeded its thread limit (the number was not recorded)"
+    return f"'program exceeds {int(limit)}-thread limit'"
 
 
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
