@@ -28,13 +28,15 @@ from fdtrace.analysis.spike_finder import spikes
 from fdtrace.analysis.summary import incident_windows
 from fdtrace.display import markdown_shown
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
-from fdtrace.schema import STATS
+from fdtrace.schema import NOT_FAILURES, STATS
 
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "ret", "errno", "signal",
                  "exit_code", "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid",
                  "stack_id", "limit_target", "limit_resource", "limit_soft", "limit_hard")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
+#: The calls whose bursts are spikes (with failed calls of any syscall): close() is not one of them.
+SPIKE_KINDS = ["socket", "accept", "connect"]
 #: Programs the spikes are looked for among (the busiest; the others are summed as one).
 SPIKE_COLUMNS = 50
 
@@ -174,7 +176,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     if notes:
         summary.append(("files read in part", f"{len(notes)} (values cut, rows left out or copies read once: "
                                               "fdtrace report names them on stderr)"))
-    spike_table = spikes(pivot_rates(counted, kind=SOCKET_KINDS, by="comm", top=SPIKE_COLUMNS))
+    spike_table = spikes(pivot_rates(spike_calls(counted), by="comm", top=SPIKE_COLUMNS))
     phases = getattr(recording, "phases", pd.DataFrame())
     stats = pd.DataFrame()
     if len(phases):
@@ -203,6 +205,14 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         cascade=cascade_from(found) if several else pd.DataFrame(),
         clocks=clocks if several and clocks is not None else pd.DataFrame(),
     )
+
+
+def spike_calls(counted: pd.DataFrame) -> pd.DataFrame:
+    """The binned counts spikes are looked for in: socket, accept and connect calls and failed
+    calls of any syscall. close() is left out: every program closes files all day (a shell
+    loop's grep closes a dozen), and a burst of it is no sign of descriptors running out."""
+    failed = ~counted["errno"].astype("string").fillna("").isin(NOT_FAILURES)
+    return counted[counted["kind"].isin(SPIKE_KINDS) | failed]
 
 
 def _memory_series(engine: Engine, chosen: pd.DataFrame, several: bool) -> dict[str, pd.DataFrame]:
@@ -499,7 +509,7 @@ def first_failure(report: Report) -> str:
             f"({row['count']:,} in all). Below, every program's failures, the most severe first.")
 
 
-SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", "FD headroom",
+SECTIONS = ("Summary", "Timeline", "Spikes in socket, accept and connect calls and failures", "Training phases", "FD headroom",
             "Incidents: failures by program, most severe first", "Connect destinations", "Losses during the recording",
             "What to change", "Open descriptors by call site", "What the threads were doing",
             "Memory headroom and OOM kills")
@@ -513,7 +523,8 @@ SITE_COLUMNS = ["pid", "comm", "site", "open", "opened", "closed", "oldest_age_s
 NO_DESTINATIONS = "No connect() with a destination in this recording."
 NO_PHASES = "No training phases in this recording (record with fdtrace run --record to have them)."
 HEADROOM_COLUMNS = ["comm", "pid", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom", "usage", "time"]
-NO_SPIKES = "No spike: no bin rose far above its recent baseline."
+NO_SPIKES = ("No spike: no bin of socket, accept and connect calls and failed calls rose far above its "
+             "baseline.")
 NO_INCIDENTS = "No EMFILE, ENFILE, OOM kill or abnormal exit."
 NO_LOSSES = "No event was lost."
 FLEET_SECTIONS = ("Fleet: hosts by time", "Fleet: the cascade (first failure of each host, in order)",
