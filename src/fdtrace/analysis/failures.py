@@ -23,8 +23,8 @@ _BAD_EXIT = "kind = 'process_exit' AND coalesce(exit_code, 0) <> 0"
 
 #: What each failure is called, the first that applies (a kill also has a non-zero exit code).
 FAILURE_SQL = (f"CASE WHEN {_FD} THEN concat(syscall, ' ', errno) WHEN kind = 'oom_kill' THEN 'OOM kill' "
-               "WHEN kind = 'go_thread_limit' THEN concat('Go thread limit ', coalesce(concat(CAST(ret AS VARCHAR), ' '), ''), "
-               "'exceeded') "
+               "WHEN kind = 'go_thread_limit' AND ret IS NULL THEN 'Go thread limit exceeded' "
+               "WHEN kind = 'go_thread_limit' THEN concat('Go thread limit ', CAST(ret AS VARCHAR), ' exceeded') "
                f"WHEN {_KILLED} THEN concat('killed by ', signal) "
                f"WHEN {_BAD_EXIT} THEN concat('exit ', CAST(exit_code AS VARCHAR)) END")
 IS_FAILURE = f"({_FD}) OR kind IN ('oom_kill', 'go_thread_limit') OR ({_KILLED}) OR ({_BAD_EXIT})"

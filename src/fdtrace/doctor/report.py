@@ -51,7 +51,7 @@ class FromRecording:
 
 
 def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
-              gone: bool = False, go_limits: dict[tuple[int, int], int] | None = None) -> RecordedProcess:
+              gone: bool = False, go_limits: dict[tuple[int, int], int | None] | None = None) -> RecordedProcess:
     def number(value: Any) -> int | None:
         return None if pd.isna(value) else int(value)
     mine = threads[(threads["pid"] == row.pid) & (threads["start_ns"] == row.start_ns)] if len(threads) else threads
