@@ -69,6 +69,7 @@ class Report:
     failure_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
     call_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
     thread_series: dict[str, pd.DataFrame] = field(default_factory=dict)
+    thread_notes: list[str] = field(default_factory=list)  # the limits the threads panel says in words
     markers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["time", "marker", "text"]))
     phase_marks: pd.DataFrame = field(default_factory=pd.DataFrame)
     # Memory: each process's headroom and need (analysis.memory), its OOM kills with the victim's
@@ -146,8 +147,8 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     by_threads = headroom_module.least_headroom_on(engine, resource="threads")
     limited = by_threads["thread_limit"].notna()
     chosen = pd.concat([by_threads[limited], by_threads[~limited].sort_values("threads", ascending=False)]).head(top)
-    thread_series = _series_of(engine, chosen, ["threads", "thread_count", "thread_limit", "thread_limit_kind"],
-                               several)
+    thread_series, thread_notes = thread_panel(_series_of(
+        engine, chosen, ["threads", "thread_count", "thread_limit", "thread_limit_kind"], several))
     kinds = every.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
     kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
     total = int(kinds["n"].sum()) if len(kinds) else 0
@@ -195,6 +196,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         spikes=spike_table, headroom=least, incidents=incidents, losses=loss_rows,
         failure_rate=_per_process(counted, 5, several, errno=sorted(FD_EXHAUSTION_ERRNOS)),
         call_rate=_per_process(counted, 5, several, kind=SOCKET_KINDS), thread_series=thread_series,
+        thread_notes=thread_notes,
         markers=_markers(found, incidents, several),
         phase_marks=marks[["rank", "phase", "start_wall_ns", "end_wall_ns"]] if len(marks) else pd.DataFrame(),
         recommendations=recommendations(recording, least, engine, memory, victims, needs), phase_stats=stats,
@@ -205,6 +207,32 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         cascade=cascade_from(found) if several else pd.DataFrame(),
         clocks=clocks if several and clocks is not None else pd.DataFrame(),
     )
+
+
+#: Thread limits that count a program's own threads: always drawn as its line in the threads panel.
+OWN_THREAD_LIMITS = ("Go default", "Go SetMaxThreads")
+
+
+def thread_panel(series: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The threads panel scaled to the programs' own figures: each process's own ``threads``, and
+    its binding ``thread_limit`` as a line only where that limit counts its own threads (Go's) or
+    lies within twice their peak. A limit shared with others (threads-max, RLIMIT_NPROC, a pids.max)
+    far above them would flatten the chart: it is left out of the line and said in words."""
+    drawn, notes = {}, []
+    for label, frame in series.items():
+        peak = int(frame["threads"].max()) if frame["threads"].notna().any() else 0
+        limit = frame["thread_limit"].astype("Float64")
+        kind = frame["thread_limit_kind"]
+        kept = (kind.isin(OWN_THREAD_LIMITS) | (limit <= 2 * max(peak, 1))).fillna(False).astype(bool)
+        drawn[label] = frame.assign(thread_limit=limit.where(kept).astype("float64"))
+        hidden = frame[limit.notna().to_numpy() & ~kept.to_numpy()]
+        if len(hidden):
+            last = hidden.iloc[-1]
+            counted = THREADS_COUNTED.get(str(last["thread_limit_kind"]), "threads")
+            notes.append(f"{label}: its binding thread limit is {last['thread_limit_kind']} "
+                         f"{int(last['thread_limit']):,} ({int(hidden['thread_count'].max()):,} {counted} at most), "
+                         f"not drawn: its own threads peaked at {peak:,}.")
+    return drawn, notes
 
 
 def spike_calls(counted: pd.DataFrame) -> pd.DataFrame:
@@ -509,7 +537,8 @@ def first_failure(report: Report) -> str:
             f"({row['count']:,} in all). Below, every program's failures, the most severe first.")
 
 
-SECTIONS = ("Summary", "Timeline", "Spikes in socket, accept and connect calls and failures", "Training phases", "FD headroom",
+SECTIONS = ("Summary", "Timeline", "Spikes in socket, accept and connect calls and failures", "Training phases",
+            "FD headroom",
             "Incidents: failures by program, most severe first", "Connect destinations", "Losses during the recording",
             "What to change", "Open descriptors by call site", "What the threads were doing",
             "Memory headroom and OOM kills")
@@ -544,7 +573,8 @@ def to_html(report: Report) -> str:
     parts.append("</table>")
     parts += [f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations), "</ul>"]
     parts += _fleet_html(report)
-    parts += [f"<h2>{SECTIONS[1]}</h2>", figure_html(report)]
+    parts += [f"<h2>{SECTIONS[1]}</h2>", figure_html(report),
+              *(f"<p>{html.escape(note)}</p>" for note in report.thread_notes)]
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
               f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
               f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
@@ -568,6 +598,7 @@ def to_markdown(report: Report) -> str:
     parts += _fleet_md(report)
     timeline = report.socket_rate.join(report.error_rate.rename(columns={"count": "EMFILE+ENFILE"}), how="outer")
     parts += ["", f"## {SECTIONS[1]}", "", _frame_md(timeline.fillna(0).astype(int).reset_index(), "No events."),
+              *(f"\n{markdown_shown(n)}" for n in report.thread_notes),
               "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
               "", f"## {SECTIONS[3]}", "", _frame_md(report.phase_stats, NO_PHASES),
               "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
