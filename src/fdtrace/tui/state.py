@@ -341,7 +341,9 @@ class IncidentState:
             view.totals[kind] += count
             if kind in RATE_KINDS:
                 self._window[(pid, kind)] += count
-        failed = pc.not_equal(events["errno"].cast(pa.string()), "")
+        # Failed calls: an errno but those of a non-blocking socket's normal answers (NOT_FAILURES).
+        failed = pc.invert(pc.is_in(pc.fill_null(events["errno"].cast(pa.string()), ""),
+                                    value_set=pa.array(list(NOT_FAILURES))))
         if pc.any(failed).as_py():
             errors = events.filter(failed).select(["pid", "syscall", "errno", "time"])
             keys = list(zip(errors["pid"].to_pylist(), _strings(errors["syscall"]), _strings(errors["errno"]),

@@ -1,0 +1,65 @@
+"""Pilot tests of what issue 25's newcomer met in `top`, driven by a replay of tests/data/newcomer
+(made by fdtrace's own recorder): failed processes that ended, a never-sampled process's limits,
+the filter and escape, and the failed calls a process's detail lists."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Static
+
+from fdtrace.analysis import load
+from fdtrace.sources.replay import ReplaySource
+from fdtrace.tui.app import FdtraceApp, make_app
+from fdtrace.tui.screens import ProcessScreen
+from tests.helpers import replay_to_end
+
+NEWCOMER = Path(__file__).parents[1] / "data" / "newcomer"
+RECORDING = load(NEWCOMER)
+EVENTS = RECORDING.events
+PIDS = {comm: int(EVENTS[EVENTS["comm"] == comm]["pid"].iloc[0])
+        for comm in ("burst-64", "go-threads", "clean-90", "haproxy", "steady-web")}
+#: A grep of the loop: it lived between two /proc rounds, never sampled.
+GREP = int(EVENTS[EVENTS["comm"] == "grep"]["pid"].iloc[-1])
+
+Scenario = Callable[[FdtraceApp, Pilot[None]], Awaitable[None]]
+
+
+def run_to_end(scenario: Scenario) -> None:
+    clock = [0]
+    feed = ReplaySource(NEWCOMER, clock=lambda: clock[0])
+    app = make_app(feed)
+
+    async def main() -> None:
+        async with app.run_test(size=(180, 40)) as pilot:
+            await replay_to_end(pilot, feed, clock, step_ns=1_000_000_000)
+            await scenario(app, pilot)
+
+    asyncio.run(main())
+
+
+def table_pids(app: FdtraceApp) -> list[int]:
+    table = app.query_one("#processes", DataTable)
+    return [int(table.get_row_at(i)[0]) for i in range(table.row_count)]
+
+
+async def detail_of(app: FdtraceApp, pilot: Pilot[None], pid: int) -> str:
+    app.push_screen(ProcessScreen(pid))
+    await pilot.pause(0.3)
+    text = str(app.screen.query_one("#detail", Static).render())
+    await pilot.press("escape")
+    await pilot.pause(0.1)
+    return text
+
+
+def test_the_failed_calls_listed_are_failures_only() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None]) -> None:
+        text = await detail_of(app, pilot, PIDS["haproxy"])
+        listed = text.split("failed calls by syscall", 1)[1].split("\n\n", 1)[0]
+        assert "accept4        EMFILE" in listed and "socket         EMFILE" in listed
+        assert "EAGAIN" not in listed and "EINPROGRESS" not in listed
+
+    run_to_end(scenario)
