@@ -55,6 +55,24 @@ async def detail_of(app: FdtraceApp, pilot: Pilot[None], pid: int) -> str:
     return text
 
 
+def test_processes_that_failed_rank_first_ended_or_not() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None]) -> None:
+        views = app.state.processes
+        order = table_pids(app)
+        assert views[PIDS["burst-64"]].ended == "exit 1" and views[PIDS["clean-90"]].ended == "exit 0"
+        assert views[PIDS["go-threads"]].ended.startswith("exit 2")  # type: ignore[union-attr]
+        live = [pid for pid in order if views[pid].ended is None and pid != PIDS["haproxy"]]
+        assert live, "the driver of the recording is live at its end"
+        # ended after EMFILE, and after Go's thread limit: with the failing ones, above every live row
+        for failed in (PIDS["burst-64"], PIDS["go-threads"], PIDS["haproxy"]):
+            assert order.index(failed) < order.index(live[0]), app.state.processes[failed]
+        # a clean exit 0 at 90 % of its FDs ranks below a real failure, and below the live rows
+        assert order.index(PIDS["clean-90"]) > order.index(PIDS["go-threads"])
+        assert order.index(PIDS["clean-90"]) > max(order.index(pid) for pid in live)
+
+    run_to_end(scenario)
+
+
 def test_the_failed_calls_listed_are_failures_only() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None]) -> None:
         text = await detail_of(app, pilot, PIDS["haproxy"])

@@ -331,7 +331,7 @@ class FdtraceApp(App[None]):
             self.push_screen(ProcessScreen(int(message.row_key.value)))
 
     def action_reverse_sort(self) -> None:
-        """Best first instead of worst first (live processes stay above exited ones)."""
+        """Best first instead of worst first, within each group of rows (``IncidentState.rows``)."""
         self.reverse = not self.reverse
         self.redraw()
 

@@ -72,6 +72,8 @@ class ProcessView:
     # connect() calls by destination ("10.0.0.5:8080", "[::1]:443"): (calls, failed)
     destinations: dict[str, list[int]] = field(default_factory=dict)
     oom_killed: bool = False
+    sampled: bool = False  # whether a /proc round saw it (its limits are known only then)
+    signal: str | None = None  # the signal that killed it
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     ended_ns: int | None = None  # when it ended (wall)
     last_seen_ns: int = 0
@@ -165,6 +167,12 @@ class ProcessView:
             return None
         slope = (end_v - start_v) / ((end_t - start_t) / 1e9)
         return self.headroom / slope
+
+    @property
+    def failed(self) -> bool:
+        """Whether it failed as an incident does, ended or not: EMFILE/ENFILE, an OOM kill, Go's
+        thread limit, a kill by a signal (a non-zero exit alone is not: programs exit 1 all day)."""
+        return bool(self.oom_killed or self.fd_exhaustion_errors or self.go_thread_limit is not None or self.signal)
 
     @property
     def alerts(self) -> list[str]:
@@ -420,7 +428,7 @@ class IncidentState:
             self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "error"))
             return
         if row["signal"]:
-            view.ended = row["signal"]
+            view.ended = view.signal = row["signal"]
             self._log(LogEntry(time_ns, view.pid, view.comm, f"killed by {row['signal']}", "error"))
         else:
             view.ended = "exited" if row["exit_code"] is None else f"exit {row['exit_code']}"
@@ -602,20 +610,23 @@ class IncidentState:
         self.forgotten += len(gone)
     def rows(self, sort: str = "headroom", text_filter: str = "", reverse: bool = False) -> list[ProcessView]:
         """The processes to show, filtered by name or pid and sorted (worst first; ``reverse``:
-        best first). Processes that ended come after the live ones, in the same order."""
+        best first) in three groups: those that failed (``ProcessView.failed``), ended or not;
+        then the live ones; then those that ended without failing (a clean exit never ranks
+        above a failure)."""
         wanted = text_filter.strip().lower()
         views = [v for v in self.processes.values()
                  if not wanted or wanted in v.comm.lower() or wanted == str(v.pid)
                  or any(wanted in part.lower() for part in v.placement if part)]
-        live = sorted((v for v in views if v.ended is None), key=SORT_KEYS[sort], reverse=reverse)
-        ended = sorted((v for v in views if v.ended is not None), key=SORT_KEYS[sort], reverse=reverse)
-        return live + ended
+        groups: tuple[list[ProcessView], ...] = ([], [], [])
+        for view in views:
+            groups[0 if view.failed else 1 if view.ended is None else 2].append(view)
+        return [view for group in groups for view in sorted(group, key=SORT_KEYS[sort], reverse=reverse)]
 
 
 def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
     """Failed first, then the nearest to a limit: its FD table's or its memory cgroup's."""
     usage = max((u for u in (view.usage, view.memory_usage) if u is not None), default=None)
-    return (not view.oom_killed and not view.fd_exhaustion_errors, -(usage if usage is not None else -1.0), view.pid)
+    return (not view.failed, -(usage if usage is not None else -1.0), view.pid)
 
 
 def _memory_key(view: ProcessView) -> tuple[Any, ...]:
