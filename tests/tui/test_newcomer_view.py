@@ -73,6 +73,17 @@ def test_processes_that_failed_rank_first_ended_or_not() -> None:
     run_to_end(scenario)
 
 
+def test_a_never_sampled_process_has_unknown_limits_not_unlimited() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None]) -> None:
+        assert GREP not in set(RECORDING.samples["pid"])
+        text = await detail_of(app, pilot, GREP)
+        assert "soft limit unknown" in text and "not sampled" in text and "unlimited" not in text
+        sampled = await detail_of(app, pilot, PIDS["clean-90"])
+        assert "soft limit 1024  hard limit 4096" in sampled
+
+    run_to_end(scenario)
+
+
 def test_the_failed_calls_listed_are_failures_only() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None]) -> None:
         text = await detail_of(app, pilot, PIDS["haproxy"])

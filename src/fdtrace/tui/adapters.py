@@ -268,10 +268,7 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.oom_killed:
         text.append("OOM-killed" + (f"; last seen: {view.last_state}" if view.last_state else "") + "\n",
                     style="bold red")
-    soft = "unlimited" if view.fd_soft_limit is None else view.fd_soft_limit
-    hard = "unlimited" if view.fd_hard_limit is None else view.fd_hard_limit
-    text.append(f"\nopen FDs {view.open_fds if view.open_fds is not None else '-'}  soft limit {soft}  "
-                f"hard limit {hard}  ")
+    text.append(limits_line(view))
     if view.usage is not None:
         text.append(f"({view.usage:.0%})", style=usage_style(view.usage))
     text.append(f"\nheadroom {view.headroom if view.headroom is not None else '-'}  "
@@ -328,6 +325,17 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.alerts:
         text.append("\nalerts: " + shown(", ".join(view.alerts)) + "\n", style="bold red")
     return text
+
+
+def limits_line(view: ProcessView) -> str:
+    """Its open FDs and limits; "unknown" for a process no /proc round sampled (unknown is not
+    unlimited: a None limit of a sampled process is RLIM_INFINITY)."""
+    if not view.sampled:
+        return ("\nopen FDs -  soft limit unknown  hard limit unknown  (not sampled: it lived between /proc "
+                "rounds, or was not among the processes sampled)  ")
+    soft = "unlimited" if view.fd_soft_limit is None else view.fd_soft_limit
+    hard = "unlimited" if view.fd_hard_limit is None else view.fd_hard_limit
+    return f"\nopen FDs {view.open_fds if view.open_fds is not None else '-'}  soft limit {soft}  hard limit {hard}  "
 
 
 def memory_detail(view: ProcessView) -> Text:

@@ -439,6 +439,7 @@ class IncidentState:
         """Fold in a sampling round of /proc (or its recorded copy)."""
         for sample in samples:
             view = self._process(sample.pid, sample.comm, sample.start_ns)
+            view.sampled = True
             view.open_fds = sample.open_fds
             view.fd_soft_limit = sample.fd_soft_limit
             view.fd_hard_limit = sample.fd_hard_limit
