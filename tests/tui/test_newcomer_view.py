@@ -84,6 +84,22 @@ def test_a_never_sampled_process_has_unknown_limits_not_unlimited() -> None:
     run_to_end(scenario)
 
 
+def test_escape_clears_the_filter_from_the_table_and_the_header_says_it_is_on() -> None:
+    async def scenario(app: FdtraceApp, pilot: Pilot[None]) -> None:
+        everyone = len(table_pids(app))
+        await pilot.press("slash", *"burst", "enter")  # the table has the focus again, the filter stays
+        await pilot.pause(0.2)
+        header = str(app.query_one("#system", Static).render())
+        assert table_pids(app) == [PIDS["burst-64"]] and "FILTER burst (escape clears)" in header
+        assert app.query_one("#processes", DataTable).has_focus
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert app.text_filter == "" and len(table_pids(app)) == everyone
+        assert "FILTER" not in str(app.query_one("#system", Static).render())
+
+    run_to_end(scenario)
+
+
 def test_the_failed_calls_listed_are_failures_only() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None]) -> None:
         text = await detail_of(app, pilot, PIDS["haproxy"])

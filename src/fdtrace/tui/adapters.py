@@ -135,9 +135,13 @@ def process_cells(view: ProcessView) -> dict[str, object]:
     }
 
 
-def system_line(system: SystemView, status: str, sort: str, frozen: bool) -> Text:
-    """The header line: the system FD table, OOM kills, event rate, losses and the feed's state."""
+def system_line(system: SystemView, status: str, sort: str, frozen: bool, text_filter: str = "") -> Text:
+    """The header line: the filter when one is on (first: the table shows only what it matches),
+    the system FD table, OOM kills, event rate, losses and the feed's state."""
     text = Text()
+    if text_filter.strip():
+        text.append(f" FILTER {shown(text_filter.strip())} (escape clears) ", style="bold reverse")
+        text.append("  │  ")
     if system.file_nr is not None and system.file_max:
         share = system.file_nr / system.file_max
         text.append(f"file-nr {system.file_nr:,} / {system.file_max:,} ({share:.1%})", style=usage_style(share))
