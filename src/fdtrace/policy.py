@@ -21,6 +21,11 @@ FD_EXHAUSTION_ERRNOS: frozenset[str] = frozenset({"EMFILE", "ENFILE"})
 GO_THREADS_ADVICE = ("bound the goroutines blocked in syscalls or cgo (e.g. DNS: the pure-Go resolver, "
                      "netgo), or raise the limit with runtime/debug.SetMaxThreads")
 
+#: What each kind of thread limit counts (``thread_count`` in the headroom series): only Go's
+#: count the program's own threads; the others are shared with the user, the cgroup or the system.
+THREADS_COUNTED = {"Go default": "threads", "Go SetMaxThreads": "threads", "RLIMIT_NPROC": "threads of its user",
+                   "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
+
 
 def with_margin(value: int) -> int:
     """A limit that leaves room above ``value`` (x LIMIT_MARGIN, rounded up)."""

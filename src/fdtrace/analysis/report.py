@@ -27,7 +27,7 @@ from fdtrace.analysis.span import span_on
 from fdtrace.analysis.spike_finder import spikes
 from fdtrace.analysis.summary import incident_windows
 from fdtrace.display import markdown_shown
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN, with_margin
 from fdtrace.schema import NOT_FAILURES, STATS
 
 #: The event columns the report reads (a large recording is loaded with these only).
@@ -386,10 +386,6 @@ THREAD_FIXES = {
     "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
     "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
 }
-
-
-THREADS_COUNTED = {"Go default": "threads", "Go SetMaxThreads": "threads", "RLIMIT_NPROC": "threads of its user",
-                   "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
 
 
 def _thread_advice(engine: Engine) -> list[str]:

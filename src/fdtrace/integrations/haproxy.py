@@ -35,7 +35,7 @@ class HaproxyConfig:
     ulimit_n: int | None = None
     strict_limits: bool | None = None  # None: not set (HAProxy 2.6 default: strict)
     stats_sockets: list[str] = field(default_factory=list)
-    listeners: int = 0  # bind lines: each holds one FD
+    listeners: int = 0  # the bind lines' addresses (``bind_listeners``): each holds one FD
     nbthread: int | None = None
     problems: list[str] = field(default_factory=list)  # values that could not be read
 
@@ -100,8 +100,8 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
                                                       "resolvers", "peers", "userlist", "program", "cache"):
                 section = words[0]
                 continue
-            if words[0] == "bind":
-                config.listeners += 1
+            if words[0] == "bind" and len(words) > 1:
+                config.listeners += bind_listeners(words[1])
             if section != "global":
                 continue
             if words[0] == "maxconn":
@@ -117,6 +117,19 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
             elif words[:2] == ["stats", "socket"] and len(words) > 2:
                 config.stats_sockets.append(words[2])
     return config
+
+
+def bind_listeners(addresses: str) -> int:
+    """The listening sockets of a bind line's addresses: one per comma-separated address, one per
+    port of a range ("127.0.0.1:80,:443" is 2, ":8000-8009" is 10)."""
+    count = 0
+    for address in addresses.split(","):
+        low, sep, high = address.rpartition(":")[2].partition("-")
+        if sep and low.isdigit() and high.isdigit() and int(high) >= int(low):
+            count += min(int(high) - int(low) + 1, 65536)
+        else:
+            count += 1
+    return count
 
 
 class NotReadableError(Exception):
@@ -440,6 +453,14 @@ def fds_needed(maxconn: int, listeners: int, nbthread: int = 1) -> int:
     sockets), and 20 of its own. Measured against haproxy 2.6's own `show info` Maxsock for
     maxconn 1000 and 4096, 1 to 4 threads, 1 to 3 binds: the same number."""
     return 2 * maxconn + 3 * nbthread + listeners + HAPROXY_OWN_FDS
+
+
+def fds_needed_sum(maxconn: int, listeners: int, nbthread: int = 1) -> str:
+    """``fds_needed`` written out term by term, with the numbers it adds:
+    "2 x 4096 connections + 3 x 2 threads + 2 listeners + 20 of its own = 8220"."""
+    return (f"2 x {maxconn} connections + 3 x {nbthread} thread{'s' if nbthread != 1 else ''} + {listeners} "
+            f"listener{'s' if listeners != 1 else ''} + {HAPROXY_OWN_FDS} of its own = "
+            f"{fds_needed(maxconn, listeners, nbthread)}")
 
 
 def threads_of(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int:
