@@ -9,6 +9,7 @@ from typing import Any
 from rich.text import Text
 
 from fdtrace.display import shown
+from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN, kib, memory_advice, need_of, with_margin
 from fdtrace.procfs.threads import describe_state
@@ -167,7 +168,8 @@ def haproxy_line(views: list[HaproxyView], now_ns: int) -> Text:
         text.append(f"haproxy {shown(view.socket)}: ", style="bold")
         row = view.row
         if view.error is not None:
-            text.append(f"does not answer ({shown(view.error)})", style="bold red" if row else "dark_orange")
+            said = shown(view.error) if view.error.startswith(NOT_ASKED) else f"does not answer ({shown(view.error)})"
+            text.append(said, style="bold red" if row else "dark_orange")
             if not row:
                 continue
             ago = (now_ns - view.answered_ns) / 1e9 if view.answered_ns is not None else None

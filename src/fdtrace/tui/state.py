@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.kernel.descriptors import SiteRow
 from fdtrace.kernel.stacks import Stack
@@ -530,7 +531,8 @@ class IncidentState:
                     pid = int(view.row.get("haproxy_pid") or 0)
                     last = (f"; last answer: {view.row.get('curr_conns')}/{view.row.get('maxconn')} connections"
                             if view.row else "")
-                    self._log(LogEntry(time_ns, pid, "haproxy", f"stats socket {row['socket']} does not answer: "
+                    said = "" if str(row["error"]).startswith(NOT_ASKED) else "does not answer: "
+                    self._log(LogEntry(time_ns, pid, "haproxy", f"stats socket {row['socket']} {said}"
                                                                 f"{row['error']}{last}", "warning"))
                     view.unreachable_logged = True
                 continue
