@@ -32,27 +32,6 @@ def with_margin(value: int) -> int:
     return math.ceil(value * LIMIT_MARGIN)
 
 
-#: Event kinds that are incidents by themselves (besides EMFILE/ENFILE and kills by a signal).
-INCIDENT_KINDS = ("oom_kill", "go_thread_limit")
-#: Each incident's failure class, by event kind (EMFILE/ENFILE for any other kind).
-INCIDENT_CLASSES = {"oom_kill": "OOM kill", "go_thread_limit": "Go thread limit", "process_exit": "killed by a signal"}
-
-
-def incident_mask(events: Any) -> Any:
-    """Which rows of an events table (pyarrow) are incidents: EMFILE/ENFILE of any call, OOM
-    kills, Go thread limits and kills by a signal (what replay's n/N stops at and what a flight
-    recorder keeps the time around)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kind = events["kind"].cast(pa.string())
-    exhausted = pc.is_in(events["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS)))
-    signal = events["signal"].cast(pa.string())
-    killed = pc.and_(pc.equal(kind, "process_exit"), pc.and_(pc.is_valid(signal), pc.not_equal(signal, "")))
-    return pc.fill_null(pc.or_(pc.or_(exhausted, pc.is_in(kind, value_set=pa.array(INCIDENT_KINDS))),
-                               pc.fill_null(killed, False)), False)
-
-
 #: Frames of the C library and of Go's syscall plumbing: a site is named by the first frame below them.
 _WRAPPER_MODULES = ("[libc.so", "[libpthread", "[ld-linux", "[libc-")
 _WRAPPER_FUNCTIONS = ("syscall.", "runtime.", "runtime/", "internal/poll.", "internal/syscall",

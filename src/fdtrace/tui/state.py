@@ -22,6 +22,7 @@ from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import ThreadState, describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
+from fdtrace.schema.failures import INCIDENT_CLASSES, failure_class
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
 THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert
@@ -74,7 +75,7 @@ class ProcessView:
     destinations: dict[str, list[int]] = field(default_factory=dict)
     oom_killed: bool = False
     sampled: bool = False  # whether a /proc round saw it (its limits are known only then)
-    signal: str | None = None  # the signal that killed it
+    failures: set[str] = field(default_factory=set)  # its failure classes (schema.failures.failure_class)
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     ended_ns: int | None = None  # when it ended (wall)
     last_seen_ns: int = 0
@@ -171,9 +172,9 @@ class ProcessView:
 
     @property
     def failed(self) -> bool:
-        """Whether it failed as an incident does, ended or not: EMFILE/ENFILE, an OOM kill, Go's
-        thread limit, a kill by a signal (a non-zero exit alone is not: programs exit 1 all day)."""
-        return bool(self.oom_killed or self.fd_exhaustion_errors or self.go_thread_limit is not None or self.signal)
+        """Whether it failed as an incident does (``schema.failures``), ended or not: EMFILE/ENFILE,
+        an OOM kill, Go's thread limit, a kill by a signal; a non-zero exit alone is not one."""
+        return not self.failures.isdisjoint(INCIDENT_CLASSES)
 
     @property
     def alerts(self) -> list[str]:
@@ -365,6 +366,9 @@ class IncidentState:
             for (pid, syscall, errno), count in Counter(keys).items():
                 view = self.processes[pid]
                 view.errors[(syscall, errno)] += count
+                found = failure_class({"errno": errno})
+                if found is not None:
+                    view.failures.add(found)
                 if errno in FD_EXHAUSTION_ERRNOS:
                     view.fd_exhaustion_errors += count
                     self._window_errors[(pid, syscall, errno)] += count
@@ -407,6 +411,9 @@ class IncidentState:
 
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]
+        found = failure_class(row)
+        if found is not None:
+            view.failures.add(found)
         time_ns = _ns(row["time"])
         if row["kind"] == "oom_kill":
             view.oom_killed = True
@@ -429,7 +436,7 @@ class IncidentState:
             self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "error"))
             return
         if row["signal"]:
-            view.ended = view.signal = row["signal"]
+            view.ended = row["signal"]
             self._log(LogEntry(time_ns, view.pid, view.comm, f"killed by {row['signal']}", "error"))
         else:
             view.ended = "exited" if row["exit_code"] is None else f"exit {row['exit_code']}"
