@@ -50,7 +50,8 @@ def events() -> pd.DataFrame:
     parts = []
     for name in ("newcomer", "emfile"):
         recorded = load(DATA / name).events[COLUMNS]
-        parts += [recorded.astype({c: "string" for c in ("host", "comm", "kind", "syscall", "errno", "signal", "peer_addr")})]
+        texts = ("host", "comm", "kind", "syscall", "errno", "signal", "peer_addr")
+        parts += [recorded.astype(dict.fromkeys(texts, "string"))]
     merged = pd.concat([*parts, edge_rows(parts[0])], ignore_index=True)
     return merged.assign(row_id=range(len(merged)))
 

@@ -209,21 +209,24 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     )
 
 
-#: Thread limits that count a program's own threads: always drawn as its line in the threads panel.
+#: Thread limits that count a program's own threads (the others count its user's, its cgroup's or
+#: the system's tasks: not what the threads panel draws).
 OWN_THREAD_LIMITS = ("Go default", "Go SetMaxThreads")
+#: A limit is drawn when it is at most this many times the program's peak of threads.
+DRAWN_LIMIT_FACTOR = 4
 
 
 def thread_panel(series: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """The threads panel scaled to the programs' own figures: each process's own ``threads``, and
-    its binding ``thread_limit`` as a line only where that limit counts its own threads (Go's) or
-    lies within twice their peak. A limit shared with others (threads-max, RLIMIT_NPROC, a pids.max)
-    far above them would flatten the chart: it is left out of the line and said in words."""
+    its binding ``thread_limit`` as a line only where that limit counts its own threads (Go's) and
+    lies within DRAWN_LIMIT_FACTOR times their peak. Any other limit (threads-max, RLIMIT_NPROC, a
+    pids.max, or one so far above that it would flatten the chart) is said in words."""
     drawn, notes = {}, []
     for label, frame in series.items():
         peak = int(frame["threads"].max()) if frame["threads"].notna().any() else 0
         limit = frame["thread_limit"].astype("Float64")
-        kind = frame["thread_limit_kind"]
-        kept = (kind.isin(OWN_THREAD_LIMITS) | (limit <= 2 * max(peak, 1))).fillna(False).astype(bool)
+        own = frame["thread_limit_kind"].isin(OWN_THREAD_LIMITS)
+        kept = (own & (limit <= DRAWN_LIMIT_FACTOR * max(peak, 1))).fillna(False).astype(bool)
         drawn[label] = frame.assign(thread_limit=limit.where(kept).astype("float64"))
         hidden = frame[limit.notna().to_numpy() & ~kept.to_numpy()]
         if len(hidden):

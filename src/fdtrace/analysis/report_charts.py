@@ -38,7 +38,7 @@ def panels_of(report: Report) -> list[str]:
                       "first failures)")
     if report.thread_series:
         titles.append("Threads of the processes nearest a thread limit (dashed: the limit, where it counts "
-                      "their own threads or is near them)")
+                      "their own threads and is near them; others are said below the chart)")
     if report.memory_series:
         titles.append("Memory of the processes nearest their memory cgroup's limit, MiB (dashed: the limit; "
                       "its cgroup's usage, else its RSS)")
