@@ -28,7 +28,16 @@ class Silent:
         self.server.listen(64)
         self.connections = 0
         self.held: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        """Stop taking connections and close those taken (no descriptor is left to the GC)."""
+        self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+        self.thread.join(timeout=5)
+        for connection in self.held:
+            connection.close()
 
     def _serve(self) -> None:
         while True:
@@ -45,7 +54,7 @@ def silent(tmp_path: Path) -> Iterator[tuple[Silent, str]]:
     path = tmp_path / "stats.sock"
     server = Silent(path)
     yield server, str(path)
-    server.server.close()
+    server.close()
 
 
 def test_a_socket_that_does_not_answer_is_tried_again_less_and_less_often(silent: tuple[Silent, str]) -> None:
