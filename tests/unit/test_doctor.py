@@ -263,9 +263,8 @@ def test_doctor_from_does_not_call_the_systems_tasks_haproxys_peak() -> None:
 
     from click.testing import CliRunner
 
-    from fdtrace.cli import main
-
     from fdtrace.analysis import load
+    from fdtrace.cli import main
 
     recording = Path(__file__).parents[1] / "data" / "newcomer"
     events = load(recording).events
