@@ -563,7 +563,8 @@ class HaproxyWatch:
 
     def look(self, samples: list[Any]) -> list[dict[str, int | str | None]]:
         """The configuration rows of the haproxy processes first seen in ``samples``; and which
-        haproxy processes are at their FD limit now, told to the sampler."""
+        haproxy processes are at their FD limit now (or one short of it: fdtrace's connection
+        would take the last), told to the sampler."""
         rows: list[dict[str, int | str | None]] = []
         if self.sampler is not None:
             self.sampler.at_limit({s.pid: (s.open_fds, s.fd_soft_limit) for s in samples
