@@ -21,31 +21,15 @@ FD_EXHAUSTION_ERRNOS: frozenset[str] = frozenset({"EMFILE", "ENFILE"})
 GO_THREADS_ADVICE = ("bound the goroutines blocked in syscalls or cgo (e.g. DNS: the pure-Go resolver, "
                      "netgo), or raise the limit with runtime/debug.SetMaxThreads")
 
+#: What each kind of thread limit counts (``thread_count`` in the headroom series): only Go's
+#: count the program's own threads; the others are shared with the user, the cgroup or the system.
+THREADS_COUNTED = {"Go default": "threads", "Go SetMaxThreads": "threads", "RLIMIT_NPROC": "threads of its user",
+                   "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
+
 
 def with_margin(value: int) -> int:
     """A limit that leaves room above ``value`` (x LIMIT_MARGIN, rounded up)."""
     return math.ceil(value * LIMIT_MARGIN)
-
-
-#: Event kinds that are incidents by themselves (besides EMFILE/ENFILE and kills by a signal).
-INCIDENT_KINDS = ("oom_kill", "go_thread_limit")
-#: Each incident's failure class, by event kind (EMFILE/ENFILE for any other kind).
-INCIDENT_CLASSES = {"oom_kill": "OOM kill", "go_thread_limit": "Go thread limit", "process_exit": "killed by a signal"}
-
-
-def incident_mask(events: Any) -> Any:
-    """Which rows of an events table (pyarrow) are incidents: EMFILE/ENFILE of any call, OOM
-    kills, Go thread limits and kills by a signal (what replay's n/N stops at and what a flight
-    recorder keeps the time around)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kind = events["kind"].cast(pa.string())
-    exhausted = pc.is_in(events["errno"].cast(pa.string()), value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS)))
-    signal = events["signal"].cast(pa.string())
-    killed = pc.and_(pc.equal(kind, "process_exit"), pc.and_(pc.is_valid(signal), pc.not_equal(signal, "")))
-    return pc.fill_null(pc.or_(pc.or_(exhausted, pc.is_in(kind, value_set=pa.array(INCIDENT_KINDS))),
-                               pc.fill_null(killed, False)), False)
 
 
 #: Frames of the C library and of Go's syscall plumbing: a site is named by the first frame below them.

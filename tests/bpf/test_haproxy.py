@@ -120,10 +120,52 @@ def test_show_info_samples_land_in_a_recording(haproxy: tuple[subprocess.Popen[s
     assert set(answered["maxconn"]) == {1000} and set(answered["ulimit_n"]) == {64}
     assert set(answered["haproxy_pid"]) == {proc.pid} and answered["error"].isna().all()
     silent = rows[rows["socket"] == str(tmp_path / "nobody.sock")]
-    assert len(silent) == len(answered) and silent["error"].notna().all() and silent["maxconn"].isna().all()
+    # one that does not answer is tried again after 2, 4, ... intervals: fewer rows, each saying so
+    assert 1 <= len(silent) < len(answered) and silent["error"].notna().all() and silent["maxconn"].isna().all()
+    assert silent["error"].str.contains("fdtrace tries again in").all()
     # with no flag, what its configuration demands: read once, as haproxy itself could read it
     [demand] = rows[rows["source"] == "configuration"].to_dict("records")
     assert (demand["socket"], demand["haproxy_pid"], demand["maxconn"], demand["ulimit_n"]) == \
         (str(config), proc.pid, 1000, 64)
     threads = len(os.sched_getaffinity(proc.pid))  # nbthread not set: one per CPU it may run on
     assert (demand["listeners"], demand["nbthread"], demand["maxsock"]) == (2, threads, 2000 + 3 * threads + 2 + 20)
+
+
+def test_the_stats_socket_of_a_haproxy_at_its_fd_limit_is_not_connected_to(
+        haproxy: tuple[subprocess.Popen[str], int, Path]) -> None:
+    """Issue 25: each stats connection of fdtrace's to a haproxy at its FD limit failed one of its
+    accept4 with EMFILE. With haproxy filled to its 64 descriptors, its real sample tells the
+    sampler, which then does not connect, and says why; once haproxy has room it is asked again."""
+    from fdtrace.integrations.haproxy import HaproxySampler, HaproxyWatch
+    from fdtrace.procfs import ProcFS
+    from fdtrace.procfs.sampler import ProcSampler
+
+    proc, port, config = haproxy
+    stats = str(config.parent / "stats.sock")
+    samples = ProcSampler()
+    sampler = HaproxySampler([stats], interval_s=0.5, timeout=0.5)
+    [first] = sampler.sample_now()  # answered while it had room: the sampler knows its pid
+    assert first["haproxy_pid"] == proc.pid
+    clients = []
+    deadline = time.monotonic() + 30
+    while True:  # each proxied connection takes 2 of its descriptors
+        sample = samples.sample(proc.pid)
+        assert sample is not None and sample.open_fds is not None and sample.fd_soft_limit == 64
+        if sample.open_fds >= sample.fd_soft_limit - 1:
+            break
+        assert time.monotonic() < deadline, f"haproxy did not fill up: {sample.open_fds} of 64"
+        clients.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        time.sleep(0.05)
+    HaproxyWatch(ProcFS(), sampler).look([sample])
+    rows = sampler.sample_now() + sampler.sample_now()
+    assert [str(r["error"]).split(":")[0] for r in rows] == [
+        f"not asked while haproxy [{proc.pid}] is at its FD limit ({sample.open_fds} of 64)"] * 2
+    for client in clients:
+        client.close()
+    deadline = time.monotonic() + 10
+    while (room := samples.sample(proc.pid)) is not None and room.open_fds >= 63:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    HaproxyWatch(ProcFS(), sampler).look([room])
+    [answer] = sampler.sample_now()
+    assert answer["error"] is None and answer["haproxy_pid"] == proc.pid

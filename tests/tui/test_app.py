@@ -71,9 +71,11 @@ def test_processes_sorted_by_headroom_with_alerts_on_the_right_rows() -> None:
         await play_to_end(pilot, clock, feed)
         pids = table_pids(app)
         ended = ended_pids(app)
-        # the test's processes have all exited by the end: below every live one, still by headroom
+        # the test's processes have all exited by the end: the one that failed with EMFILE ranks with
+        # the failing, above every live one; those that exited cleanly below every live one, by headroom
         assert ended[:3] == [PIDS["emfile-child"], PIDS["busy-85"], PIDS["quiet-10"]]
-        assert pids[-len(ended):] == ended and not any(app.state.processes[pid].ended for pid in pids[:-len(ended)])
+        assert pids[0] == PIDS["emfile-child"] and pids[-2:] == [PIDS["busy-85"], PIDS["quiet-10"]]
+        assert not any(app.state.processes[pid].ended for pid in pids[1:-2])
         assert cell(app, PIDS["emfile-child"], "use") == "100%"
         assert "64/64" in cell(app, PIDS["emfile-child"], "fds")
         assert cell(app, PIDS["emfile-child"], "emfile") == "4"
@@ -93,7 +95,7 @@ def test_sort_by_clicking_a_header_and_by_key() -> None:
         table.post_message(DataTable.HeaderSelected(table, table.columns["fds"].key, 2, table.columns["fds"].label))
         await pilot.pause(0.2)
         assert app.sort == "fds"
-        pids = ended_pids(app)
+        pids = [pid for pid in ended_pids(app) if not app.state.processes[pid].failed]  # the clean exits
         fds = [app.state.processes[pid].open_fds or 0 for pid in pids]
         assert fds == sorted(fds, reverse=True) and pids[0] == PIDS["busy-85"]
         await pilot.press("s")
@@ -104,10 +106,14 @@ def test_sort_by_clicking_a_header_and_by_key() -> None:
         assert ended_pids(app)[0] == PIDS["emfile-child"]  # 61 sockets
         await pilot.press("r")
         await pilot.pause(0.2)
-        assert app.reverse and ended_pids(app)[-1] == PIDS["emfile-child"]  # fewest sockets first
+        clean = [pid for pid in ended_pids(app) if not app.state.processes[pid].failed]
+        sockets = [app.state.processes[pid].sockets or 0 for pid in clean]
+        assert app.reverse and sockets == sorted(sockets)  # fewest sockets first
         assert "reversed" in str(app.query_one("#system", Static).render())
-        live = [pid for pid in table_pids(app) if not app.state.processes[pid].ended]
-        assert table_pids(app) == live + ended_pids(app)  # reversed, the ended still come last
+        views = app.state.processes
+        live = [pid for pid in table_pids(app) if not views[pid].ended and not views[pid].failed]
+        # reversed within each group: the failing still come first, the clean exits last
+        assert table_pids(app) == [PIDS["emfile-child"]] + live + clean
 
     run(scenario)
 

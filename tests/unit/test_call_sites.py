@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from fdtrace.analysis.call_sites import leaks, site_name
 from fdtrace.policy import DNS_LOOKUP_SITE, code_site, thread_reason, to_thread_start
@@ -141,3 +142,30 @@ def test_a_creation_site_ends_at_the_creating_threads_start_and_says_why() -> No
          "__libc_start_main+0x85 [libc.so.6]"]
     assert to_thread_start(c) == c[:6] and thread_reason(c) == ""
     assert to_thread_start([]) == []
+
+
+NEWCOMER = Path(__file__).parents[1] / "data" / "newcomer"
+
+
+def test_leaks_keep_integers_integers_and_print_no_nan(capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/data/newcomer (record --stacks) one second into burst-64's sockets: its site beside
+    descriptors from before the tracing, which have no stack and no counts."""
+    import json
+
+    from fdtrace.analysis import load
+    from fdtrace.cli.call_sites import _emit_leaks
+
+    recording = load(NEWCOMER)
+    sites = recording.fd_sites
+    cut = int(sites[sites["comm"] == "burst-64"]["ts_ns"].min()) + S
+    table = leaks(sites[sites["ts_ns"] <= cut], recording.stacks)
+    assert {"(from before tracing)", "socket"} <= set(table["site"].str.split("+").str[0])
+    _emit_leaks(table, "leaks", {}, True, {})
+    [burst] = [site for site in json.loads(capsys.readouterr().out)["sites"] if site["comm"] == "burst-64"
+               and site["stack_id"] is not None]
+    assert isinstance(burst["stack_id"], int) and isinstance(burst["opened"], int)
+    assert burst["stack_id"] == int(recording.stacks["stack_id"][recording.stacks["stack_id"] == burst["stack_id"]]
+                                    .iloc[0])  # all 64 bits
+    _emit_leaks(table, "leaks", {}, False, {})
+    text = capsys.readouterr().out
+    assert "nan" not in text.lower() and "<NA>" not in text and "(stack may be incomplete: the walk" in text

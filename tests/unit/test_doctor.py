@@ -233,3 +233,43 @@ def test_doctor_from_a_recording_checks_a_process_that_is_gone() -> None:
         assert result.exit_code != 0 and result.output.strip().splitlines() == [f"fdtrace: error: {said}"]
     alive_only = CliRunner().invoke(main, ["doctor", "--comm", "emfile-child"])
     assert alive_only.exit_code != 0 and "give --from RECORDING" in alive_only.output
+
+
+def test_haproxy_need_is_written_with_the_numbers_it_adds(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 25: doctor said "2 per connection ... 1 listeners" while it added more. Its text now
+    writes every term it adds, and a bind line of two addresses is two listeners."""
+    import re
+
+    config = tmp_path / "haproxy.cfg"
+    config.write_text("global\n    maxconn 100\n    nbthread 2\n"
+                      f"    stats socket {tmp_path}/nobody.sock mode 600\n"
+                      "defaults\n    mode tcp\nfrontend fe\n    bind 127.0.0.1:1,127.0.0.1:3\n    default_backend be\n"
+                      "backend be\n    server s1 127.0.0.1:2\n")
+    assert parse_config(config).listeners == 2
+    fake_process(tree[0], 31, "haproxy", 20, "1024", "1024", cmdline=f"/usr/sbin/haproxy -f {config}", uid=0)
+    maxconn = by_name(doctor(tree).process_checks(31), "haproxy maxconn vs FD limit")
+    terms = re.search(r"needs ~(\d+) FDs as HAProxy counts them \(2 x (\d+) connections \+ 3 x (\d+) threads \+ "
+                      r"(\d+) listeners \+ (\d+) of its own = (\d+); the listeners: 2 bound, 1 stats socket\)",
+                      maxconn.current)
+    assert terms is not None, maxconn.current
+    need, conns, threads, listeners, own, total = map(int, terms.groups())
+    assert 2 * conns + 3 * threads + listeners + own == total == need == fds_needed(100, 3, 2) == 229
+
+
+def test_doctor_from_does_not_call_the_systems_tasks_haproxys_peak() -> None:
+    """tests/data/newcomer: haproxy's binding thread limit is threads-max, whose count is every
+    task on the system; doctor --from says so and gives haproxy's own threads."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fdtrace.analysis import load
+    from fdtrace.cli import main
+
+    recording = Path(__file__).parents[1] / "data" / "newcomer"
+    events = load(recording).events
+    pid = int(events[events["comm"] == "haproxy"]["pid"].iloc[0])  # by pid: a live haproxy may run here
+    result = CliRunner().invoke(main, ["doctor", "--from", str(recording), "--pid", str(pid), "--json"])
+    [check] = [c for c in json.loads(result.output)["checks"] if c["name"] == "threads-max (threads)"]
+    assert "tasks on the system of 192724" in check["current"] and "it ran 2 threads" in check["current"]
+    assert not check["current"].startswith("peak")

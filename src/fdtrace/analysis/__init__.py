@@ -95,8 +95,10 @@ def spikes(counts: pd.DataFrame, window: int = 30, threshold: float = 5.0, min_c
     holds at least ``min_count`` events and exceeds the baseline by ``threshold`` robust standard
     deviations. The baseline is the median of the previous ``window`` bins (not the bin itself),
     the spread 1.4826 times their median absolute deviation, never taken below 1; a bin with fewer
-    than ``max(3, window // 3)`` bins before it has no baseline and is never hot. Consecutive hot
-    bins merge into one interval.
+    than ``max(3, window // 3)`` bins before it (the first seconds of a recording) takes the
+    baseline and spread of the ``window`` bins after it instead, so that an incident at the start
+    is found; a bin with too few either way is never hot. Consecutive hot bins merge into one
+    interval.
 
     Returns:
         One row per interval: ``start``, ``end`` (exclusive), ``duration_s``, ``peak`` (the highest

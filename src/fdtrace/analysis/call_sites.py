@@ -11,6 +11,8 @@ from fdtrace.policy import thread_reason, to_thread_start
 
 LEAK_COLUMNS = ["host", "pid", "comm", "site", "open", "opened", "closed", "oldest_age_s", "growth_per_min",
                 "stack_id", "frames", "truncated"]
+LEAK_TYPES = {"host": "string", "pid": "Int64", "comm": "string", "site": "string", "open": "Int64", "opened": "Int64",
+              "closed": "Int64", "oldest_age_s": "Float64", "growth_per_min": "Float64", "stack_id": "Int64"}
 
 
 def _host_column(frame: pd.DataFrame) -> pd.Series:
@@ -80,8 +82,12 @@ def leaks(fd_sites: pd.DataFrame, stacks: pd.DataFrame | None, end_ns: int | Non
                      "oldest_age_s": oldest, "growth_per_min": None if pd.isna(row.growth_per_min)
                      else float(row.growth_per_min),
                      "stack_id": None if row.origin == "before_tracing" else int(row.stack_key) or None,
-                     "frames": stack or [], "truncated": truncated})
-    result = pd.DataFrame(rows, columns=LEAK_COLUMNS)
+                     "frames": stack or [], "truncated": truncated if isinstance(truncated, str) and truncated
+                     else None})
+    # Counts and stack ids stay integers where some are unknown (a stack id is 64 bits: through a
+    # float it would lose its last digits); a stack that is whole, or none, is None, never NaN.
+    result = pd.DataFrame({column: pd.array([row[column] for row in rows], dtype=LEAK_TYPES.get(column, "object"))
+                           for column in LEAK_COLUMNS})
     before_tracing = result["site"] == "(from before tracing)"
     return pd.concat([result[~before_tracing].sort_values(["open", "pid"], ascending=[False, True], kind="stable"),
                       result[before_tracing]], ignore_index=True)

@@ -8,32 +8,28 @@ from typing import Any
 import pandas as pd
 
 from fdtrace.analysis.binning import where
-from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
-from fdtrace.schema import NOT_FAILURES
+from fdtrace.schema.failures import BAD_EXIT_SQL, FAILURE_CLASSES, FD_SQL, KILLED_SQL, failed_call_sql
+from fdtrace.schema.failures import FAILURE_SQL as IS_FAILURE
 
 COLUMNS = ["time", "host", "pid", "start_ns", "comm", "kind", "failure"]
 INCIDENT_COLUMNS = ["severity", "host", "comm", "failure", "count", "processes", "first", "last", "first_pid",
                     "first_overall", "followed_by"]
 
-_FD = f"errno IN ({', '.join(quote(e) for e in FD_EXHAUSTION_ERRNOS)})"
-_KILLED = "kind = 'process_exit' AND signal IS NOT NULL AND signal <> ''"
-_BAD_EXIT = "kind = 'process_exit' AND coalesce(exit_code, 0) <> 0"
-
 #: What each failure is called, the first that applies (a kill also has a non-zero exit code).
-FAILURE_SQL = (f"CASE WHEN {_FD} THEN concat(syscall, ' ', errno) WHEN kind = 'oom_kill' THEN 'OOM kill' "
+FAILURE_SQL = (f"CASE WHEN {FD_SQL} THEN concat(syscall, ' ', errno) WHEN kind = 'oom_kill' THEN 'OOM kill' "
+               "WHEN kind = 'go_thread_limit' AND ret IS NULL THEN 'Go thread limit exceeded' "
                "WHEN kind = 'go_thread_limit' THEN concat('Go thread limit ', CAST(ret AS VARCHAR), ' exceeded') "
-               f"WHEN {_KILLED} THEN concat('killed by ', signal) "
-               f"WHEN {_BAD_EXIT} THEN concat('exit ', CAST(exit_code AS VARCHAR)) END")
-IS_FAILURE = f"({_FD}) OR kind IN ('oom_kill', 'go_thread_limit') OR ({_KILLED}) OR ({_BAD_EXIT})"
+               f"WHEN {KILLED_SQL} THEN concat('killed by ', signal) "
+               f"WHEN {BAD_EXIT_SQL} THEN concat('exit ', CAST(exit_code AS VARCHAR)) END")
 
 
 def is_symptom(alias: str) -> str:
     """What counts as a symptom in the other processes: any failed call (not EAGAIN and
     EINPROGRESS, the answers of non-blocking sockets), any end, any OOM kill."""
-    answers = ", ".join(quote(e) for e in NOT_FAILURES)
-    return (f"(coalesce({alias}.errno, '') NOT IN ({answers})) OR {alias}.kind IN ('process_exit', 'oom_kill')")
+    return f"{failed_call_sql(alias)} OR {alias}.kind IN ('process_exit', 'oom_kill')"
 
 
 def as_time(ns: pd.Series) -> pd.Series:
@@ -59,8 +55,7 @@ def failures(recording_or_events: Any) -> pd.DataFrame:
 
 
 #: Failure classes, most severe first.
-SEVERITIES: tuple[str, ...] = ("EMFILE/ENFILE", "OOM kill", "Go thread limit", "killed by a signal", "non-zero exit",
-                               "other")
+SEVERITIES: tuple[str, ...] = (*FAILURE_CLASSES, "other")
 
 #: Symptoms kept per incident row, the most frequent.
 SYMPTOMS_SHOWN = 3

@@ -1,5 +1,5 @@
 """`fdtrace report`: one self-contained HTML file (or Markdown) a postmortem reader can open
-without Python: summary, timeline, spikes, headroom, incidents, losses and the limits to change."""
+without Python: summary, the limits to change, timeline, spikes, headroom, incidents and losses."""
 
 from __future__ import annotations
 
@@ -27,14 +27,16 @@ from fdtrace.analysis.span import span_on
 from fdtrace.analysis.spike_finder import spikes
 from fdtrace.analysis.summary import incident_windows
 from fdtrace.display import markdown_shown
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, USAGE_WARN, with_margin
-from fdtrace.schema import STATS
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN, with_margin
+from fdtrace.schema import NOT_FAILURES, STATS
 
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "ret", "errno", "signal",
                  "exit_code", "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid",
                  "stack_id", "limit_target", "limit_resource", "limit_soft", "limit_hard")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
+#: The calls whose bursts are spikes (with failed calls of any syscall): close() is not one of them.
+SPIKE_KINDS = ["socket", "accept", "connect"]
 #: Programs the spikes are looked for among (the busiest; the others are summed as one).
 SPIKE_COLUMNS = 50
 
@@ -67,6 +69,7 @@ class Report:
     failure_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
     call_rate: pd.DataFrame = field(default_factory=pd.DataFrame)
     thread_series: dict[str, pd.DataFrame] = field(default_factory=dict)
+    thread_notes: list[str] = field(default_factory=list)  # the limits the threads panel says in words
     markers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["time", "marker", "text"]))
     phase_marks: pd.DataFrame = field(default_factory=pd.DataFrame)
     # Memory: each process's headroom and need (analysis.memory), its OOM kills with the victim's
@@ -144,8 +147,8 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     by_threads = headroom_module.least_headroom_on(engine, resource="threads")
     limited = by_threads["thread_limit"].notna()
     chosen = pd.concat([by_threads[limited], by_threads[~limited].sort_values("threads", ascending=False)]).head(top)
-    thread_series = _series_of(engine, chosen, ["threads", "thread_count", "thread_limit", "thread_limit_kind"],
-                               several)
+    thread_series, thread_notes = thread_panel(_series_of(
+        engine, chosen, ["threads", "thread_count", "thread_limit", "thread_limit_kind"], several))
     kinds = every.groupby("kind").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max")).reset_index()
     kinds = kinds.sort_values(["n", "kind"], ascending=[False, True])
     total = int(kinds["n"].sum()) if len(kinds) else 0
@@ -174,7 +177,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     if notes:
         summary.append(("files read in part", f"{len(notes)} (values cut, rows left out or copies read once: "
                                               "fdtrace report names them on stderr)"))
-    spike_table = spikes(pivot_rates(counted, kind=SOCKET_KINDS, by="comm", top=SPIKE_COLUMNS))
+    spike_table = spikes(pivot_rates(spike_calls(counted), by="comm", top=SPIKE_COLUMNS))
     phases = getattr(recording, "phases", pd.DataFrame())
     stats = pd.DataFrame()
     if len(phases):
@@ -193,6 +196,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         spikes=spike_table, headroom=least, incidents=incidents, losses=loss_rows,
         failure_rate=_per_process(counted, 5, several, errno=sorted(FD_EXHAUSTION_ERRNOS)),
         call_rate=_per_process(counted, 5, several, kind=SOCKET_KINDS), thread_series=thread_series,
+        thread_notes=thread_notes,
         markers=_markers(found, incidents, several),
         phase_marks=marks[["rank", "phase", "start_wall_ns", "end_wall_ns"]] if len(marks) else pd.DataFrame(),
         recommendations=recommendations(recording, least, engine, memory, victims, needs), phase_stats=stats,
@@ -203,6 +207,43 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         cascade=cascade_from(found) if several else pd.DataFrame(),
         clocks=clocks if several and clocks is not None else pd.DataFrame(),
     )
+
+
+#: Thread limits that count a program's own threads (the others count its user's, its cgroup's or
+#: the system's tasks: not what the threads panel draws).
+OWN_THREAD_LIMITS = ("Go default", "Go SetMaxThreads")
+#: A limit is drawn when it is at most this many times the program's peak of threads.
+DRAWN_LIMIT_FACTOR = 4
+
+
+def thread_panel(series: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The threads panel scaled to the programs' own figures: each process's own ``threads``, and
+    its binding ``thread_limit`` as a line only where that limit counts its own threads (Go's) and
+    lies within DRAWN_LIMIT_FACTOR times their peak. Any other limit (threads-max, RLIMIT_NPROC, a
+    pids.max, or one so far above that it would flatten the chart) is said in words."""
+    drawn, notes = {}, []
+    for label, frame in series.items():
+        peak = int(frame["threads"].max()) if frame["threads"].notna().any() else 0
+        limit = frame["thread_limit"].astype("Float64")
+        own = frame["thread_limit_kind"].isin(OWN_THREAD_LIMITS)
+        kept = (own & (limit <= DRAWN_LIMIT_FACTOR * max(peak, 1))).fillna(False).astype(bool)
+        drawn[label] = frame.assign(thread_limit=limit.where(kept).astype("float64"))
+        hidden = frame[limit.notna().to_numpy() & ~kept.to_numpy()]
+        if len(hidden):
+            last = hidden.iloc[-1]
+            counted = THREADS_COUNTED.get(str(last["thread_limit_kind"]), "threads")
+            notes.append(f"{label}: its binding thread limit is {last['thread_limit_kind']} "
+                         f"{int(last['thread_limit']):,} ({int(hidden['thread_count'].max()):,} {counted} at most), "
+                         f"not drawn: its own threads peaked at {peak:,}.")
+    return drawn, notes
+
+
+def spike_calls(counted: pd.DataFrame) -> pd.DataFrame:
+    """The binned counts spikes are looked for in: socket, accept and connect calls and failed
+    calls of any syscall. close() is left out: every program closes files all day (a shell
+    loop's grep closes a dozen), and a burst of it is no sign of descriptors running out."""
+    failed = ~counted["errno"].astype("string").fillna("").isin(NOT_FAILURES)
+    return counted[counted["kind"].isin(SPIKE_KINDS) | failed]
 
 
 def _memory_series(engine: Engine, chosen: pd.DataFrame, several: bool) -> dict[str, pd.DataFrame]:
@@ -328,9 +369,16 @@ def go_limit_advice(engine: Engine) -> list[str]:
     the only place a limit set by debug.SetMaxThreads shows)."""
     said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit FROM events "
                         "WHERE kind = 'go_thread_limit' GROUP BY host, pid ORDER BY host, pid")
-    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said 'program exceeds {r.thread_limit}-thread "
-            f"limit' and the program exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read "
-            f"from that message only); {GO_THREADS_ADVICE}." for r in said.itertuples()]
+    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said {_go_said(r.thread_limit)} and the program "
+            f"exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read from that message only); "
+            f"{GO_THREADS_ADVICE}." for r in said.itertuples()]
+
+
+def _go_said(limit: Any) -> str:
+    """The runtime's message with the N its event holds, as an integer; in words when none is held."""
+    if limit is None or pd.isna(limit):
+        return "it exceeded its thread limit (the number was not recorded)"
+    return f"'program exceeds {int(limit)}-thread limit'"
 
 
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
@@ -341,10 +389,6 @@ THREAD_FIXES = {
     "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
     "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
 }
-
-
-THREADS_COUNTED = {"Go default": "threads", "Go SetMaxThreads": "threads", "RLIMIT_NPROC": "threads of its user",
-                   "cgroup pids.max": "tasks in its cgroup", "threads-max": "tasks on the system"}
 
 
 def _thread_advice(engine: Engine) -> list[str]:
@@ -492,7 +536,8 @@ def first_failure(report: Report) -> str:
             f"({row['count']:,} in all). Below, every program's failures, the most severe first.")
 
 
-SECTIONS = ("Summary", "Timeline", "Spikes in socket calls", "Training phases", "FD headroom",
+SECTIONS = ("Summary", "Timeline", "Spikes in socket, accept and connect calls and failures", "Training phases",
+            "FD headroom",
             "Incidents: failures by program, most severe first", "Connect destinations", "Losses during the recording",
             "What to change", "Open descriptors by call site", "What the threads were doing",
             "Memory headroom and OOM kills")
@@ -506,7 +551,8 @@ SITE_COLUMNS = ["pid", "comm", "site", "open", "opened", "closed", "oldest_age_s
 NO_DESTINATIONS = "No connect() with a destination in this recording."
 NO_PHASES = "No training phases in this recording (record with fdtrace run --record to have them)."
 HEADROOM_COLUMNS = ["comm", "pid", "open_fds", "fd_soft_limit", "fd_hard_limit", "headroom", "usage", "time"]
-NO_SPIKES = "No spike: no bin rose far above its recent baseline."
+NO_SPIKES = ("No spike: no bin of socket, accept and connect calls and failed calls rose far above its "
+             "baseline.")
 NO_INCIDENTS = "No EMFILE, ENFILE, OOM kill or abnormal exit."
 NO_LOSSES = "No event was lost."
 FLEET_SECTIONS = ("Fleet: hosts by time", "Fleet: the cascade (first failure of each host, in order)",
@@ -524,8 +570,10 @@ def to_html(report: Report) -> str:
              f"<h2>{SECTIONS[0]}</h2><table>"]
     parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.summary]
     parts.append("</table>")
+    parts += [f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations), "</ul>"]
     parts += _fleet_html(report)
-    parts += [f"<h2>{SECTIONS[1]}</h2>", figure_html(report)]
+    parts += [f"<h2>{SECTIONS[1]}</h2>", figure_html(report),
+              *(f"<p>{html.escape(note)}</p>" for note in report.thread_notes)]
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
               f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
               f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
@@ -537,9 +585,7 @@ def to_html(report: Report) -> str:
               f"<h2>{SECTIONS[9]}</h2>", _frame_html(report.leaks, NO_SITES),
               f"<h2>{SECTIONS[10]}</h2>", _frame_html(report.threads, NO_CENSUS),
               *([_frame_html(report.thread_sites, "")] if len(report.thread_sites) else []),
-              f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES),
-              f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations),
-              "</ul></body></html>"]
+              f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES), "</body></html>"]
     return "".join(parts)
 
 
@@ -547,9 +593,11 @@ def to_markdown(report: Report) -> str:
     """The report as Markdown (the timeline as a table of per-second counts)."""
     parts = [f"# {markdown_shown(report.title)}", "", f"## {SECTIONS[0]}", ""]
     parts += [f"- **{markdown_shown(k)}**: {markdown_shown(v)}" for k, v in report.summary]
+    parts += ["", f"## {SECTIONS[8]}", "", *(f"- {markdown_shown(r)}" for r in report.recommendations)]
     parts += _fleet_md(report)
     timeline = report.socket_rate.join(report.error_rate.rename(columns={"count": "EMFILE+ENFILE"}), how="outer")
     parts += ["", f"## {SECTIONS[1]}", "", _frame_md(timeline.fillna(0).astype(int).reset_index(), "No events."),
+              *(f"\n{markdown_shown(n)}" for n in report.thread_notes),
               "", f"## {SECTIONS[2]}", "", _frame_md(report.spikes, NO_SPIKES),
               "", f"## {SECTIONS[3]}", "", _frame_md(report.phase_stats, NO_PHASES),
               "", f"## {SECTIONS[4]}", "", _frame_md(_headroom_view(report), "No samples."),
@@ -561,9 +609,7 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[9]}", "", _frame_md(report.leaks, NO_SITES),
               "", f"## {SECTIONS[10]}", "", _frame_md(report.threads, NO_CENSUS),
               *(["", _frame_md(report.thread_sites, "")] if len(report.thread_sites) else []),
-              "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES),
-              "", f"## {SECTIONS[8]}", ""]
-    parts += [f"- {markdown_shown(r)}" for r in report.recommendations]
+              "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES)]
     return "\n".join(parts) + "\n"
 
 

@@ -37,7 +37,8 @@ def panels_of(report: Report) -> list[str]:
         titles.append("EMFILE/ENFILE per second, by process (markers: OOM kills, Go thread limits, kills, "
                       "first failures)")
     if report.thread_series:
-        titles.append("Threads of the processes nearest a thread limit (dashed: the limit)")
+        titles.append("Threads of the processes nearest a thread limit (dashed: the limit, where it counts "
+                      "their own threads and is near them; others are said below the chart)")
     if report.memory_series:
         titles.append("Memory of the processes nearest their memory cgroup's limit, MiB (dashed: the limit; "
                       "its cgroup's usage, else its RSS)")
@@ -99,12 +100,10 @@ def figure(report: Report) -> go.Figure | None:
         at = next_row()
         for label, frame in report.thread_series.items():
             times = _naive(frame["time"])
-            counted = frame["thread_count"].astype("Float64").fillna(frame["threads"].astype("Float64"))
-            fig.add_trace(go.Scatter(x=times, y=counted, name=label, legendgroup=label,
+            fig.add_trace(go.Scatter(x=times, y=frame["threads"], name=label, legendgroup=label,
                                      showlegend=label not in colours, line={"color": colour(label)},
-                                     text=frame["thread_limit_kind"].fillna("its own threads, no limit known"),
-                                     hovertemplate="%{x|%H:%M:%S}<br>%{y} (%{text})<extra>" + label
-                                     + "</extra>"), row=at, col=1)
+                                     hovertemplate="%{x|%H:%M:%S}<br>%{y} threads<extra>" + label + "</extra>"),
+                          row=at, col=1)
             fig.add_trace(go.Scatter(x=times, y=frame["thread_limit"], legendgroup=label, showlegend=False,
                                      line={"color": colour(label), "dash": "dash", "width": 1}, text=frame[
                                          "thread_limit_kind"],

@@ -8,14 +8,15 @@ from typing import Any
 import pandas as pd
 
 from fdtrace.analysis.destinations import destinations_from, destinations_on
-from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import least_headroom_on
 from fdtrace.analysis.span import span_on
 from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, kib
+from fdtrace.policy import kib
 from fdtrace.schema import STATS
+from fdtrace.schema.failures import FD_SQL, INCIDENT_SQL
 
 #: Processes shown under "least headroom": those at least this close to a limit (or that failed).
 SHOWN_USAGE = 0.5
@@ -42,13 +43,10 @@ def _capped(lines: list[str], what: str) -> list[str]:
 def _failed(engine: Engine) -> pd.DataFrame:
     """In one pass over the events: EMFILE/ENFILE counted per process and syscall (``at`` null),
     and each OOM kill and kill by a signal (``at`` its time)."""
-    errnos = ", ".join(quote(e) for e in FD_EXHAUSTION_ERRNOS)
-    fd = f"errno IN ({errnos})"
     return engine.query(
-        f"SELECT host, pid, comm, kind, errno, syscall, signal, anon_rss_kb, CASE WHEN {fd} THEN NULL ELSE time_ns END "
-        f"AS at, count(*) AS n, min(time_ns) AS first FROM events WHERE {fd} "
-        "OR kind IN ('oom_kill', 'go_thread_limit') OR "
-        "(kind = 'process_exit' AND signal IS NOT NULL AND signal <> '') GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9")
+        f"SELECT host, pid, comm, kind, errno, syscall, signal, anon_rss_kb, CASE WHEN {FD_SQL} THEN NULL ELSE "
+        f"time_ns END AS at, count(*) AS n, min(time_ns) AS first FROM events WHERE {INCIDENT_SQL} "
+        "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9")
 
 
 def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,

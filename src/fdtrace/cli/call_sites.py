@@ -71,7 +71,8 @@ def _losses_line(losses: dict[str, int]) -> str:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
+    """A table's value as JSON has it: integers as integers, a missing value (NaN, NA, NaT) as null."""
+    if (isinstance(value, float) and math.isnan(value)) or type(value).__name__ in ("NAType", "NaTType"):
         return None
     if hasattr(value, "item"):
         return value.item()
@@ -84,9 +85,10 @@ def _records(frame: Any) -> list[dict[str, Any]]:
     return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict("records")]
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+def _age(value: Any) -> str:
+    if _plain(value) is None:
         return "-"
+    seconds = float(value)
     if seconds < 120:
         return f"{seconds:.1f}s"
     if seconds < 7200:
@@ -95,7 +97,7 @@ def _age(seconds: float | None) -> str:
 
 
 def _number(value: Any) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else str(int(value))
+    return "-" if _plain(value) is None else str(int(value))
 
 
 def print_leaks(table: Any, header: str, losses: dict[str, int]) -> None:
@@ -107,7 +109,7 @@ def print_leaks(table: Any, header: str, losses: dict[str, int]) -> None:
         say(f"{'OPEN':>7} {'OPENED':>7} {'CLOSED':>7} {'OLDEST':>7} {'GROWTH/MIN':>10}  SITE")
         for row in table.to_dict("records"):
             growth = row["growth_per_min"]
-            trend = "-" if growth is None or math.isnan(growth) else f"{growth:+.1f}"
+            trend = "-" if _plain(growth) is None else f"{growth:+.1f}"
             say(f"{row['open']:>7} {_number(row['opened']):>7} {_number(row['closed']):>7} "
                        f"{_age(row['oldest_age_s']):>7} {trend:>10}  {shown(row['site'])}")
             frames = list(row["frames"] or [])
@@ -115,7 +117,7 @@ def print_leaks(table: Any, header: str, losses: dict[str, int]) -> None:
                 say(f"{'':>44}at {shown(frame)}")
             if len(frames) > SHOWN_FRAMES:
                 say(f"{'':>44}... {len(frames) - SHOWN_FRAMES} more frames")
-            if row["truncated"]:
+            if isinstance(row["truncated"], str) and row["truncated"]:
                 say(f"{'':>44}(stack may be incomplete: {row['truncated']})")
     say(_losses_line(losses))
 

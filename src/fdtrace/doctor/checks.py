@@ -13,16 +13,16 @@ from typing import Any
 
 from fdtrace.analysis.needs import need_of
 from fdtrace.integrations.haproxy import (
-    HAPROXY_OWN_FDS,
     HaproxyConfig,
     config_fds,
     fds_needed,
+    fds_needed_sum,
     info_number,
     read_process_configs,
     show_info,
     threads_of,
 )
-from fdtrace.policy import GO_THREADS_ADVICE, MIB, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
+from fdtrace.policy import GO_THREADS_ADVICE, MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
@@ -324,8 +324,13 @@ class Doctor:
         elif gone.thread_limit_kind and gone.thread_limit:
             used = gone.thread_count or 0
             status = by_usage(used, gone.thread_limit)
-            checks.append(Check(scope, f"{gone.thread_limit_kind} (threads)", status,
-                                f"peak {used} of {gone.thread_limit} ({used / gone.thread_limit:.0%})",
+            counted = THREADS_COUNTED.get(gone.thread_limit_kind, "threads")
+            current = f"peak {used} of {gone.thread_limit} ({used / gone.thread_limit:.0%})"
+            if counted != "threads":  # a limit shared with others: its count is theirs too, not its peak
+                own = gone.threads if gone.threads is not None else "an unknown number of"
+                current = (f"{used} {counted} of {gone.thread_limit} ({used / gone.thread_limit:.0%}) at most, "
+                           f"not its own: it ran {own} threads")
+            checks.append(Check(scope, f"{gone.thread_limit_kind} (threads)", status, current,
                                 f">= {with_margin(used)}" if status else "",
                                 GO_THREADS_ADVICE if status and gone.thread_limit_kind == "Go default" else
                                 f"raise {gone.thread_limit_kind} to {with_margin(used)}" if status else ""))
@@ -420,8 +425,10 @@ class Doctor:
             raise_to = recommended.removeprefix(">= ") or str(with_margin(need))
             checks.append(Check(
                 scope, "haproxy maxconn vs FD limit", status,
-                f"maxconn {config.maxconn} needs ~{need} FDs as HAProxy counts them (2 per connection, 3 per thread "
-                f"x {threads}, {listeners} listeners, {HAPROXY_OWN_FDS} of its own); "
+                f"maxconn {config.maxconn} needs ~{need} FDs as HAProxy counts them "
+                f"({fds_needed_sum(config.maxconn, listeners, threads)}; the listeners: "
+                f"{config.listeners} bound, {len(config.stats_sockets)} stats socket"
+                f"{'s' if len(config.stats_sockets) != 1 else ''}); "
                 f"the process may open {limit if limit is not None else 'unlimited'}",
                 f"FD limit >= {raise_to} (RLIMIT_NOFILE soft, above), or maxconn <= {fits}" if status else "",
                 f"or keep the limit and set maxconn {fits} in {config.path}" if status else ""))

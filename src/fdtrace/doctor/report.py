@@ -16,6 +16,12 @@ from fdtrace.doctor.checks import Check, Doctor, RecordedProcess, Status
 DEFAULT_TOP = 5
 
 
+def _go_limit(failure: str) -> int | None:
+    """The N of a "Go thread limit N exceeded" failure; None when its event held no number."""
+    words = failure.split()
+    return int(words[3]) if len(words) > 4 and words[3].isdigit() else None
+
+
 def select_pids(doctor: Doctor, pids: tuple[int, ...], comms: tuple[str, ...]) -> list[int]:
     """The processes to check: those named (running or not: a recording may know them) and the
     running ones of the names given, else the top ones by open FDs and every haproxy."""
@@ -45,7 +51,7 @@ class FromRecording:
 
 
 def _recorded(row: Any, threads: pd.DataFrame, ends: dict[tuple[int, int], str],
-              gone: bool = False, go_limits: dict[tuple[int, int], int] | None = None) -> RecordedProcess:
+              gone: bool = False, go_limits: dict[tuple[int, int], int | None] | None = None) -> RecordedProcess:
     def number(value: Any) -> int | None:
         return None if pd.isna(value) else int(value)
     mine = threads[(threads["pid"] == row.pid) & (threads["start_ns"] == row.start_ns)] if len(threads) else threads
@@ -106,7 +112,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
                                   ascending=False).head(3).items()]
     ends = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): str(r.failure)
             for r in ended.itertuples() if r.kind in ("process_exit", "oom_kill")}
-    go_limits = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): int(r.failure.split()[3])
+    go_limits = {(int(r.pid), -1 if pd.isna(r.start_ns) else int(r.start_ns)): _go_limit(str(r.failure))
                  for r in ended.itertuples() if r.kind == "go_thread_limit"}
     running = {(s.pid, s.start_ns) for s in live.values() if s is not None}
     not_running = needs[pd.Series([(p, s) not in running for p, s in zip(needs["pid"], needs["start_ns"], strict=True)],

@@ -35,7 +35,7 @@ class HaproxyConfig:
     ulimit_n: int | None = None
     strict_limits: bool | None = None  # None: not set (HAProxy 2.6 default: strict)
     stats_sockets: list[str] = field(default_factory=list)
-    listeners: int = 0  # bind lines: each holds one FD
+    listeners: int = 0  # the bind lines' addresses (``bind_listeners``): each holds one FD
     nbthread: int | None = None
     problems: list[str] = field(default_factory=list)  # values that could not be read
 
@@ -100,8 +100,8 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
                                                       "resolvers", "peers", "userlist", "program", "cache"):
                 section = words[0]
                 continue
-            if words[0] == "bind":
-                config.listeners += 1
+            if words[0] == "bind" and len(words) > 1:
+                config.listeners += bind_listeners(words[1])
             if section != "global":
                 continue
             if words[0] == "maxconn":
@@ -117,6 +117,19 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
             elif words[:2] == ["stats", "socket"] and len(words) > 2:
                 config.stats_sockets.append(words[2])
     return config
+
+
+def bind_listeners(addresses: str) -> int:
+    """The listening sockets of a bind line's addresses: one per comma-separated address, one per
+    port of a range ("127.0.0.1:80,:443" is 2, ":8000-8009" is 10)."""
+    count = 0
+    for address in addresses.split(","):
+        low, sep, high = address.rpartition(":")[2].partition("-")
+        if sep and low.isdigit() and high.isdigit() and int(high) >= int(low):
+            count += min(int(high) - int(low) + 1, 65536)
+        else:
+            count += 1
+    return count
 
 
 class NotReadableError(Exception):
@@ -358,17 +371,37 @@ def info_number(info: dict[str, str], name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+#: The longest wait between two tries of a stats socket that does not answer.
+MAX_BACKOFF_S = 60.0
+NOT_ASKED = "not asked"
+#: Why a stats socket's haproxy is not asked while it is at its FD limit, and what a try costs it.
+AT_LIMIT = (NOT_ASKED + " while haproxy [{pid}] is at its FD limit ({open} of {limit}): a connection of "
+            "fdtrace's would fail its accept4 with EMFILE, counted among haproxy's failures")
+OWN_TRIES = ("; fdtrace tries again in {delay:.0f} s (each try of its own can fail one accept4 of haproxy's with "
+             "EMFILE while haproxy is at its FD limit)")
+
+
 class HaproxySampler:
     """Samples `show info` of stats sockets on its own thread, every ``interval_s``, so a slow or
     hostile socket never delays the pipeline; ``sample()`` hands out the rows taken since the
     previous call. A socket that does not answer gives a row with the error and no figures (it
-    is reported, never fatal)."""
+    is reported, never fatal).
 
-    def __init__(self, sockets: list[str], interval_s: float = 1.0, timeout: float = 1.0) -> None:
+    fdtrace's own connection must not add to haproxy's failures: a socket whose haproxy is at its
+    FD limit (``at_limit``, from the samples) is not connected to (its row says why), and one
+    that does not answer is tried again after 2, 4, 8 ... intervals, at most ``MAX_BACKOFF_S``
+    (its row's error says when)."""
+
+    def __init__(self, sockets: list[str], interval_s: float = 1.0, timeout: float = 1.0,
+                 clock: Any = time.monotonic) -> None:
         self.sockets = list(sockets)
         self.found: dict[str, int] = {}  # sockets found in configurations (not asked for): path -> haproxy pid
         self.interval_s = interval_s
         self.timeout = min(timeout, interval_s)
+        self._clock = clock
+        self._pids: dict[str, int] = {}  # path -> the haproxy pid its last answer gave
+        self._full: dict[int, tuple[int, int]] = {}  # haproxy pid at its FD limit -> (open, limit)
+        self._failures: dict[str, tuple[int, float]] = {}  # path -> (failures in a row, next try)
         self._rows: list[dict[str, int | str | None]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -406,23 +439,59 @@ class HaproxySampler:
                 self.sockets.append(path)
                 self.found[path] = pid
 
+    def at_limit(self, full: dict[int, tuple[int, int]]) -> None:
+        """The haproxy processes at their FD limit now, pid -> (open FDs, soft limit), from a round
+        of samples (replaces what was known): their stats sockets are not connected to."""
+        with self._lock:
+            self._full = dict(full)
+
+    def _held(self, path: str) -> str | None:
+        """Why ``path`` is not asked now (its haproxy is at its limit), or None."""
+        pid = self.found.get(path, self._pids.get(path))
+        if pid is None or pid not in self._full:
+            return None
+        open_fds, limit = self._full[pid]
+        return AT_LIMIT.format(pid=pid, open=open_fds, limit=limit)
+
+    def _due(self, path: str, now: float) -> bool:
+        return now >= self._failures.get(path, (0, 0.0))[1]
+
+    def _failed(self, path: str, now: float) -> str:
+        """Count a failure of ``path``; the words saying when it is tried again."""
+        failures = self._failures.get(path, (0, 0.0))[0] + 1
+        delay = min(self.interval_s * 2 ** failures, MAX_BACKOFF_S)
+        self._failures[path] = (failures, now + delay)
+        return OWN_TRIES.format(delay=delay)
+
     def sample_now(self) -> list[dict[str, int | str | None]]:
-        """One row per socket, read now."""
+        """One row per socket due now: read, or why it was not asked (its haproxy at its FD limit);
+        none for a socket waiting out its backoff."""
         rows: list[dict[str, int | str | None]] = []
         with self._lock:
             sockets = list(self.sockets)
         for path in sockets:
+            now = self._clock()
             row: dict[str, int | str | None] = {"socket": path, "error": None,
                                                 "source": "found" if path in self.found else "asked"}
-            try:
-                info = show_info(path, timeout=self.timeout)
-            except OSError as exc:
-                row["error"] = exc.strerror or str(exc)
-                info = {}
+            with self._lock:
+                held = self._held(path)
+            if held is None and not self._due(path, now):
+                continue
+            info: dict[str, str] = {}
+            if held is not None:
+                row["error"] = held
+            else:
+                try:
+                    info = show_info(path, timeout=self.timeout)
+                    self._failures.pop(path, None)
+                except OSError as exc:
+                    row["error"] = (exc.strerror or str(exc)) + self._failed(path, now)
             for name, column in HAPROXY_INFO_FIELDS:
                 row[column] = info_number(info, name)
+            if row["haproxy_pid"] is not None:
+                self._pids[path] = int(row["haproxy_pid"])
             rows.append(row)
-            if row["error"] is not None and path in self.found:
+            if held is None and row["error"] is not None and path in self.found:
                 with self._lock:  # a socket of a configuration that no longer answers: forgotten
                     self.sockets.remove(path)
                     del self.found[path]
@@ -440,6 +509,14 @@ def fds_needed(maxconn: int, listeners: int, nbthread: int = 1) -> int:
     sockets), and 20 of its own. Measured against haproxy 2.6's own `show info` Maxsock for
     maxconn 1000 and 4096, 1 to 4 threads, 1 to 3 binds: the same number."""
     return 2 * maxconn + 3 * nbthread + listeners + HAPROXY_OWN_FDS
+
+
+def fds_needed_sum(maxconn: int, listeners: int, nbthread: int = 1) -> str:
+    """``fds_needed`` written out term by term, with the numbers it adds:
+    "2 x 4096 connections + 3 x 2 threads + 2 listeners + 20 of its own = 8220"."""
+    return (f"2 x {maxconn} connections + 3 x {nbthread} thread{'s' if nbthread != 1 else ''} + {listeners} "
+            f"listener{'s' if listeners != 1 else ''} + {HAPROXY_OWN_FDS} of its own = "
+            f"{fds_needed(maxconn, listeners, nbthread)}")
 
 
 def threads_of(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int:
@@ -485,8 +562,14 @@ class HaproxyWatch:
         self._seen: dict[tuple[int, int], None] = {}
 
     def look(self, samples: list[Any]) -> list[dict[str, int | str | None]]:
-        """The configuration rows of the haproxy processes first seen in ``samples``."""
+        """The configuration rows of the haproxy processes first seen in ``samples``; and which
+        haproxy processes are at their FD limit now (or one short of it: fdtrace's connection
+        would take the last), told to the sampler."""
         rows: list[dict[str, int | str | None]] = []
+        if self.sampler is not None:
+            self.sampler.at_limit({s.pid: (s.open_fds, s.fd_soft_limit) for s in samples
+                                   if str(s.comm).startswith("haproxy") and s.open_fds is not None
+                                   and s.fd_soft_limit is not None and s.open_fds >= s.fd_soft_limit - 1})
         for sample in samples:
             if not str(sample.comm).startswith("haproxy") or (sample.pid, sample.start_ns) in self._seen:
                 continue

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
+from fdtrace.schema.failures import incident_mask
 
 SUMMARY_KEY = b"fdtrace.summary"
 VERSION = 1
@@ -80,11 +81,7 @@ def summarize(events: Any) -> dict[str, Any]:
     ends = _matches(events["kind"], ["oom_kill", "process_exit", "go_thread_limit"])
     failing = pc.or_(_matches(events["errno"], fd_errnos), ends)
     failed = rows_of(events.filter(failing))  # few rows: these are copied as text
-    signalled = pc.and_(pc.is_valid(failed["signal"]), pc.not_equal(pc.fill_null(failed["signal"], ""), ""))
-    fd = pc.is_in(failed["errno"], value_set=pa.array(fd_errnos))
-    keep = pc.or_(pc.or_(fd, pc.is_in(failed["kind"], value_set=pa.array(["oom_kill", "go_thread_limit"]))),
-                  pc.and_(pc.equal(failed["kind"], "process_exit"), signalled))
-    failed = failed.filter(pc.fill_null(keep, False))
+    failed = failed.filter(incident_mask(failed))  # the incidents (schema.failures: the one rule)
     failed = failed.append_column("at", pc.if_else(pc.is_in(failed["errno"], value_set=pa.array(fd_errnos)),
                                                    pa.scalar(None, pa.int64()), failed["time_ns"]))
     connects = events.filter(_matches(events["kind"], ["connect"]))

@@ -16,10 +16,10 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
-from fdtrace.policy import INCIDENT_CLASSES, incident_mask
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import check_directory
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, TABLES, arrow_type
+from fdtrace.schema.failures import failure_class, incident_mask
 
 
 def boot_id() -> str:
@@ -58,15 +58,18 @@ def _rows(table: str, rows: list[dict[str, Any]], offset: int) -> pa.Table:
 
 
 def incidents(events: Any) -> list[tuple[int, str]]:
-    """The incidents among events (``policy.incident_mask``), as (CLOCK_MONOTONIC ns, failure class)."""
+    """The incidents among events (``schema.failures.incident_mask``), as (CLOCK_MONOTONIC ns, failure
+    class)."""
     import pyarrow.compute as pc
 
     found = incident_mask(events)
     if not pc.any(found).as_py():
         return []
     chosen = events.filter(found)
-    return [(ts, INCIDENT_CLASSES.get(kind, "EMFILE/ENFILE")) for ts, kind in
-            zip(chosen["ts_ns"].to_pylist(), chosen["kind"].cast(pa.string()).to_pylist(), strict=True)]
+    columns = [c for c in ("kind", "errno", "signal") if c in chosen.column_names]
+    return [(ts, failure_class(row) or "") for ts, row in
+            zip(chosen["ts_ns"].to_pylist(), chosen.select(columns).cast(
+                pa.schema([(c, pa.string()) for c in columns])).to_pylist(), strict=True)]
 
 
 _SAMPLE_FIELDS = tuple(c for c in TABLES["samples"].columns if c not in ("ts_ns", "time", "cmdline"))

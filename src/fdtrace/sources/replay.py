@@ -19,11 +19,11 @@ from fdtrace.integrations.phases.live import phases_at
 from fdtrace.kernel.descriptors import SiteRow
 from fdtrace.kernel.stacks import Stack
 from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
-from fdtrace.policy import incident_mask
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.threads import ThreadState
 from fdtrace.recording import read_parts
 from fdtrace.schema import STATS, TABLES, arrow_schema
+from fdtrace.schema.failures import incident_mask
 
 
 def _with_host(events: pa.Table, host: str) -> pa.Table:

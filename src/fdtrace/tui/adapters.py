@@ -9,6 +9,7 @@ from typing import Any
 from rich.text import Text
 
 from fdtrace.display import shown
+from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.policy import (
     FD_EXHAUSTION_ERRNOS,
@@ -144,9 +145,13 @@ def process_cells(view: ProcessView) -> dict[str, object]:
     }
 
 
-def system_line(system: SystemView, status: str, sort: str, frozen: bool) -> Text:
-    """The header line: the system FD table, OOM kills, event rate, losses and the feed's state."""
+def system_line(system: SystemView, status: str, sort: str, frozen: bool, text_filter: str = "") -> Text:
+    """The header line: the filter when one is on (first: the table shows only what it matches),
+    the system FD table, OOM kills, event rate, losses and the feed's state."""
     text = Text()
+    if text_filter.strip():
+        text.append(f" FILTER {shown(text_filter.strip())} (escape clears) ", style="bold reverse")
+        text.append("  │  ")
     if system.file_nr is not None and system.file_max:
         share = system.file_nr / system.file_max
         text.append(f"file-nr {system.file_nr:,} / {system.file_max:,} ({share:.1%})", style=usage_style(share))
@@ -172,7 +177,8 @@ def haproxy_line(views: list[HaproxyView], now_ns: int) -> Text:
         text.append(f"haproxy {shown(view.socket)}: ", style="bold")
         row = view.row
         if view.error is not None:
-            text.append(f"does not answer ({shown(view.error)})", style="bold red" if row else "dark_orange")
+            said = shown(view.error) if view.error.startswith(NOT_ASKED) else f"does not answer ({shown(view.error)})"
+            text.append(said, style="bold red" if row else "dark_orange")
             if not row:
                 continue
             ago = (now_ns - view.answered_ns) / 1e9 if view.answered_ns is not None else None
@@ -277,10 +283,7 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.oom_killed:
         text.append("OOM-killed" + (f"; last seen: {view.last_state}" if view.last_state else "") + "\n",
                     style="bold red")
-    soft = "unlimited" if view.fd_soft_limit is None else view.fd_soft_limit
-    hard = "unlimited" if view.fd_hard_limit is None else view.fd_hard_limit
-    text.append(f"\nopen FDs {view.open_fds if view.open_fds is not None else '-'}  soft limit {soft}  "
-                f"hard limit {hard}  ")
+    text.append(limits_line(view))
     if view.usage is not None:
         text.append(f"({view.usage:.0%})", style=usage_style(view.usage))
     text.append(f"\nheadroom {view.headroom if view.headroom is not None else '-'}  "
@@ -340,6 +343,17 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.alerts:
         text.append("\nalerts: " + shown(", ".join(view.alerts)) + "\n", style="bold red")
     return text
+
+
+def limits_line(view: ProcessView) -> str:
+    """Its open FDs and limits; "unknown" for a process no /proc round sampled (unknown is not
+    unlimited: a None limit of a sampled process is RLIM_INFINITY)."""
+    if not view.sampled:
+        return ("\nopen FDs -  soft limit unknown  hard limit unknown  (not sampled: it lived between /proc "
+                "rounds, or was not among the processes sampled)  ")
+    soft = "unlimited" if view.fd_soft_limit is None else view.fd_soft_limit
+    hard = "unlimited" if view.fd_hard_limit is None else view.fd_hard_limit
+    return f"\nopen FDs {view.open_fds if view.open_fds is not None else '-'}  soft limit {soft}  hard limit {hard}  "
 
 
 def memory_detail(view: ProcessView) -> Text:

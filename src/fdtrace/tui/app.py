@@ -90,6 +90,7 @@ class FdtraceApp(App[None]):
         Binding("q", "quit", "Quit"),
         Binding("s", "next_sort", "Sort"),
         Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("p", "freeze", "Freeze"),
         Binding("f", "follow", "Follow"),
         Binding("home,g", "first_row", "First", show=False),
@@ -239,7 +240,7 @@ class FdtraceApp(App[None]):
         except NoMatches:  # an update that arrived while the app was closing: nothing to draw on
             return
         sort = SORT_LABELS.get(self.sort, self.sort) + (" reversed" if self.reverse else "")
-        header.update(system_line(self.state.system, status, sort, self.frozen))
+        header.update(system_line(self.state.system, status, sort, self.frozen, self.text_filter))
         haproxy = self.query_one("#haproxy", Static)
         haproxy.display = bool(self.state.haproxy)
         if self.state.haproxy:
@@ -331,7 +332,7 @@ class FdtraceApp(App[None]):
             self.push_screen(ProcessScreen(int(message.row_key.value)))
 
     def action_reverse_sort(self) -> None:
-        """Best first instead of worst first (live processes stay above exited ones)."""
+        """Best first instead of worst first, within each group of rows (``IncidentState.rows``)."""
         self.reverse = not self.reverse
         self.redraw()
 
@@ -357,12 +358,16 @@ class FdtraceApp(App[None]):
         self._log_rebuild = True  # the filter applies to the log as well
         self.redraw()
 
-    def on_key(self, event: Any) -> None:
+    def action_clear_filter(self) -> None:
+        """escape: clear the filter and hide its box, wherever the focus is on the main screen."""
         box = self.query_one("#filter", Input)
-        if event.key == "escape" and box.has_focus:
-            box.value = ""
-            box.remove_class("visible")
-            self.query_one("#processes", DataTable).focus()
+        box.value = ""
+        box.remove_class("visible")
+        self.query_one("#processes", DataTable).focus()
+        if self.text_filter:
+            self.text_filter = ""
+            self._log_rebuild = True
+            self.redraw()
 
     @on(Input.Submitted, "#filter")
     def filter_done(self) -> None:

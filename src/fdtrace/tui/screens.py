@@ -18,16 +18,18 @@ if TYPE_CHECKING:
 HELP = """\
 [b]fdtrace[/b]: who is closest to an FD limit, what fails, since when, how fast.
 
-[b]Process table[/b] (sorted by headroom: nearest an FD or memory cgroup limit first, processes with
-EMFILE/ENFILE or an OOM kill on top; processes that ended below the live ones)
+[b]Process table[/b], sorted by headroom: those that failed first (EMFILE/ENFILE, an OOM kill,
+Go's thread limit, a kill), ended or not; then the live ones, nearest an FD or memory cgroup
+limit first; then those that ended without failing
   FDS / SOFT LIMIT   open FDs against RLIMIT_NOFILE; the bar turns amber at 80 %, red at 95 %
-  MEM / CGROUP       its memory cgroup's usage against the limit (same colours); dim: RSS, no limit
+  MEM / CGROUP       its memory cgroup's usage against the limit (same colours); dim: RSS
   SOCK/s ACC/s ...   calls per second;  EMFILE  EMFILE+ENFILE failures of any syscall
   FULL IN            time until the soft limit at the FD growth of the last 30 s
-  ALERTS             FDs or memory over 80 %, any EMFILE/ENFILE, OOM kill, thread bursts, how it ended
+  ALERTS             FDs or memory over 80 %, EMFILE/ENFILE, OOM kill, thread bursts, its end
 
 [b]Keys[/b]
-  enter  details of the selected process     /  filter by name, pid, unit or container (escape clears)
+  enter  details of the selected process     /  filter by name, pid, unit or container
+  escape clears the filter (the header shows it while it is on)
   d      (in the details) doctor's checks of the process: its limits and what to change
   e      non-zero exits in the log too
   s      next sort order     r  reverse it    p  freeze the view (collection goes on)

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.kernel.descriptors import SiteRow
 from fdtrace.kernel.stacks import Stack
@@ -21,6 +22,7 @@ from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import ThreadState, describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
+from fdtrace.schema.failures import INCIDENT_CLASSES, failure_class
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
 THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert
@@ -72,6 +74,8 @@ class ProcessView:
     # connect() calls by destination ("10.0.0.5:8080", "[::1]:443"): (calls, failed)
     destinations: dict[str, list[int]] = field(default_factory=dict)
     oom_killed: bool = False
+    sampled: bool = False  # whether a /proc round saw it (its limits are known only then)
+    failures: set[str] = field(default_factory=set)  # its failure classes (schema.failures.failure_class)
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     ended_ns: int | None = None  # when it ended (wall)
     last_seen_ns: int = 0
@@ -172,6 +176,12 @@ class ProcessView:
             return None
         slope = (end_v - start_v) / ((end_t - start_t) / 1e9)
         return self.headroom / slope
+
+    @property
+    def failed(self) -> bool:
+        """Whether it failed as an incident does (``schema.failures``), ended or not: EMFILE/ENFILE,
+        an OOM kill, Go's thread limit, a kill by a signal; a non-zero exit alone is not one."""
+        return not self.failures.isdisjoint(INCIDENT_CLASSES)
 
     @property
     def alerts(self) -> list[str]:
@@ -354,7 +364,9 @@ class IncidentState:
             view.totals[kind] += count
             if kind in RATE_KINDS:
                 self._window[(pid, kind)] += count
-        failed = pc.not_equal(events["errno"].cast(pa.string()), "")
+        # Failed calls: an errno but those of a non-blocking socket's normal answers (NOT_FAILURES).
+        failed = pc.invert(pc.is_in(pc.fill_null(events["errno"].cast(pa.string()), ""),
+                                    value_set=pa.array(list(NOT_FAILURES))))
         if pc.any(failed).as_py():
             errors = events.filter(failed).select(["pid", "syscall", "errno", "time"])
             keys = list(zip(errors["pid"].to_pylist(), _strings(errors["syscall"]), _strings(errors["errno"]),
@@ -367,6 +379,9 @@ class IncidentState:
             for (pid, syscall, errno), count in Counter(keys).items():
                 view = self.processes[pid]
                 view.errors[(syscall, errno)] += count
+                found = failure_class({"errno": errno})
+                if found is not None:
+                    view.failures.add(found)
                 if errno in FD_EXHAUSTION_ERRNOS:
                     view.fd_exhaustion_errors += count
                     self._window_errors[(pid, syscall, errno)] += count
@@ -409,6 +424,9 @@ class IncidentState:
 
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]
+        found = failure_class(row)
+        if found is not None:
+            view.failures.add(found)
         time_ns = _ns(row["time"])
         if row["kind"] == "oom_kill":
             view.oom_killed = True
@@ -442,6 +460,7 @@ class IncidentState:
         """Fold in a sampling round of /proc (or its recorded copy)."""
         for sample in samples:
             view = self._process(sample.pid, sample.comm, sample.start_ns)
+            view.sampled = True
             view.open_fds = sample.open_fds
             view.fd_soft_limit = sample.fd_soft_limit
             view.fd_hard_limit = sample.fd_hard_limit
@@ -532,7 +551,8 @@ class IncidentState:
                     pid = int(view.row.get("haproxy_pid") or 0)
                     last = (f"; last answer: {view.row.get('curr_conns')}/{view.row.get('maxconn')} connections"
                             if view.row else "")
-                    self._log(LogEntry(time_ns, pid, "haproxy", f"stats socket {row['socket']} does not answer: "
+                    said = "" if str(row["error"]).startswith(NOT_ASKED) else "does not answer: "
+                    self._log(LogEntry(time_ns, pid, "haproxy", f"stats socket {row['socket']} {said}"
                                                                 f"{row['error']}{last}", "warning"))
                     view.unreachable_logged = True
                 continue
@@ -613,20 +633,23 @@ class IncidentState:
         self.forgotten += len(gone)
     def rows(self, sort: str = "headroom", text_filter: str = "", reverse: bool = False) -> list[ProcessView]:
         """The processes to show, filtered by name or pid and sorted (worst first; ``reverse``:
-        best first). Processes that ended come after the live ones, in the same order."""
+        best first) in three groups: those that failed (``ProcessView.failed``), ended or not;
+        then the live ones; then those that ended without failing (a clean exit never ranks
+        above a failure)."""
         wanted = text_filter.strip().lower()
         views = [v for v in self.processes.values()
                  if not wanted or wanted in v.comm.lower() or wanted == str(v.pid)
                  or any(wanted in part.lower() for part in v.placement if part)]
-        live = sorted((v for v in views if v.ended is None), key=SORT_KEYS[sort], reverse=reverse)
-        ended = sorted((v for v in views if v.ended is not None), key=SORT_KEYS[sort], reverse=reverse)
-        return live + ended
+        groups: tuple[list[ProcessView], ...] = ([], [], [])
+        for view in views:
+            groups[0 if view.failed else 1 if view.ended is None else 2].append(view)
+        return [view for group in groups for view in sorted(group, key=SORT_KEYS[sort], reverse=reverse)]
 
 
 def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
     """Failed first, then the nearest to a limit: its FD table's or its memory cgroup's."""
     usage = max((u for u in (view.usage, view.memory_usage) if u is not None), default=None)
-    return (not view.oom_killed and not view.fd_exhaustion_errors, -(usage if usage is not None else -1.0), view.pid)
+    return (not view.failed, -(usage if usage is not None else -1.0), view.pid)
 
 
 def _memory_key(view: ProcessView) -> tuple[Any, ...]:
