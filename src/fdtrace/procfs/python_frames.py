@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 
 from fdtrace.procfs.elf import ElfError, ElfFile
-from fdtrace.procfs.reader import ProcFS
+from fdtrace.procfs.reader import READ_ERRORS, ProcFS
 
 #: Thread states walked per interpreter, frames per thread, interpreters per process, at most.
 MAX_THREADS = 4096
@@ -169,7 +169,7 @@ class PythonStackReader:
         sense gives stacks left out or ``unread``."""
         try:
             runtime = self._runtime(pid)
-        except OSError:
+        except READ_ERRORS:  # gone (it may end while its threads are counted), denied
             return None
         if runtime is None:
             return None
