@@ -65,7 +65,10 @@ class RingReader:
         busy = np.flatnonzero(lengths & BUSY_BIT)
         ready = int(busy[0]) if len(busy) else count
         lengths = lengths[:ready]
-        records = slots["record"][:ready][(lengths & DISCARD_BIT) == 0].copy()
+        kept = (lengths & DISCARD_BIT) == 0
+        # One copy out of the ring: a slice when nothing was discarded (the usual case), else the
+        # selection (which copies by itself).
+        records = slots["record"][:ready].copy() if kept.all() else slots["record"][:ready][kept]
         # Release the space only after copying out of it.
         self._consumer_pos[0] = consumer + ready * self.slot.itemsize
         return np.asarray(records)

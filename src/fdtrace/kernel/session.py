@@ -31,7 +31,7 @@ from fdtrace.kernel.features import (
 from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carries_accept_peer, carries_close_fd
 from fdtrace.kernel.stacks import Stack, Symbolizer, symbolize
 from fdtrace.procfs import StartTimeResolver
-from fdtrace.schema import RAW_EVENT_DTYPE, arrow_schema
+from fdtrace.schema import RAW_EVENT_DTYPE, Kind, arrow_schema
 
 
 @dataclass
@@ -256,7 +256,7 @@ class KernelSession:
         raw, established = split_connections(raw)
         connections = decode_connections(established, offsets) if len(established) else None
         table = decode(raw, self.host, offsets, self._resolver)
-        table = self._programs_started(table)
+        table = self._programs_started(table, raw)
         stacks: list[Stack] = []
         if self._symbolizer is not None:
             self._symbolizer.begin()
@@ -264,18 +264,19 @@ class KernelSession:
         return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks,
                           connections=connections)
 
-    def _programs_started(self, events: Any) -> Any:
+    def _programs_started(self, events: Any, raw: np.ndarray) -> Any:
         """Each program exec'd in this batch is looked at as it starts: a Go binary gets its
         thread-limit uprobe at once (one that dies of its limit within a second is still heard).
-        Under --errors-only the exec events, sent for this alone, are dropped."""
-        import pyarrow.compute as pc
-
-        execs = pc.equal(events["kind"].cast("string"), "process_exec")
-        if not pc.any(execs).as_py():
+        Under --errors-only the exec events, sent for this alone, are dropped. ``raw``: the
+        records ``events`` were decoded from, row for row (their kinds are read there)."""
+        execs = raw["kind"] == Kind.PROCESS_EXEC
+        if not execs.any():
             return events
-        for pid in set(events.filter(execs)["pid"].to_pylist()):
+        import pyarrow as pa
+
+        for pid in sorted(set(raw["pid"][execs].tolist())):
             self.watch_go_runtime(pid)
-        return events.filter(pc.invert(execs)) if self.options.errors_only else events
+        return events.filter(pa.array(~execs)) if self.options.errors_only else events
 
     def _new_stacks(self, events: Any, mono_ns: int) -> tuple[Any, list[Stack]]:
         """The events with their stack ids as sites (see ``_site_of``), and the stacks they name
