@@ -162,6 +162,13 @@ def check_nofile(features: KernelFeatures, options: TraceOptions | None = None) 
 
 #: Notes kept at most (the Go binaries that cannot be watched add one each).
 MAX_NOTES = 64
+#: A read of at least this many records is a flood: its records are held to be decoded with the
+#: next reads' (``KernelSession.poll``) ...
+HOLD_FROM = 1024
+#: ... until this many are held ...
+DECODE_AT = 32768
+#: ... or the first of them was read this long ago (CLOCK_MONOTONIC ns).
+HOLD_NS = 50_000_000
 
 
 class KernelSession:
@@ -192,6 +199,9 @@ class KernelSession:
         self._site_ids: OrderedDict[int, int | None] = OrderedDict()  # kernel stack id -> site
         self._frames_seen: OrderedDict[tuple[int, tuple[str, ...], str | None], int] = OrderedDict()
         self._pending_stacks: list[Stack] = []
+        self._held: list[np.ndarray] = []  # records read but not decoded yet (a flood: see poll)
+        self._held_count = 0
+        self._held_since_ns = 0
 
     def start(self, on_stage: Callable[[str], None] | None = None) -> None:
         """Check the environment, compile and attach (``on_stage`` hears each step's name as it
@@ -244,15 +254,31 @@ class KernelSession:
         if note is not None and len(self.notes) < MAX_NOTES:
             self.notes.append(note)
 
-    def poll(self) -> EventBatch:
-        """Read and decode the events waiting in the ring buffer."""
+    def poll(self, final: bool = False) -> EventBatch:
+        """Read the events waiting in the ring buffer and decode them. Under a flood (a read of
+        at least ``HOLD_FROM`` records) they are held and decoded together, up to ``DECODE_AT``
+        records or ``HOLD_NS`` after the first was read: a decode costs about 0.45 ms of CPU
+        whatever its size (34 columns made), which at a decode per 10 ms poll was 0.18 µs of
+        each event at 250,000 events a second. ``final``: decode everything held (the last
+        poll)."""
         raw = self.tracer.poll()
-        if not len(raw):  # the common case when idle: keep it cheap
-            now = time.monotonic_ns()
-            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
-        offsets = sample_offsets()
         if isinstance(raw, bytes | bytearray | memoryview):
             raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+        if len(raw):
+            if not self._held:
+                self._held_since_ns = time.monotonic_ns()
+            self._held.append(raw)
+            self._held_count += len(raw)
+        if not self._held_count:  # the common case when idle: keep it cheap
+            now = time.monotonic_ns()
+            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
+        if (not final and len(raw) >= HOLD_FROM and self._held_count < DECODE_AT
+                and time.monotonic_ns() - self._held_since_ns < HOLD_NS):
+            now = time.monotonic_ns()
+            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
+        raw = self._held[0] if len(self._held) == 1 else np.concatenate(self._held)
+        self._held, self._held_count = [], 0
+        offsets = sample_offsets()
         raw, established = split_connections(raw)
         connections = decode_connections(established, offsets) if len(established) else None
         table = decode(raw, self.host, offsets, self._resolver)

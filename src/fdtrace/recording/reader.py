@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import UNBOUNDED, TABLES, host_dir, lock_path, part_names, part_range
+from fdtrace.recording.layout import TABLES, UNBOUNDED, host_dir, lock_path, part_names, part_range
 from fdtrace.recording.upgrade import stored_names, upgrade
 from fdtrace.safe_files import read_regular
 from fdtrace.schema import COUNTERS, META_FIELDS, SCHEMA_VERSION, STATS, VERSIONS

@@ -414,8 +414,8 @@ class RecordingWriter:
                 self._rotate_out(reserve=sum(part.size for part in merging), keep=tuple(merging))
             name = part_name(merging[0].first, merging[-1].last)
             folder = self._folders[table]
-            size = self._guard(functools.partial(folder.write_file, name,
-                                                 functools.partial(_merge_parts, table, folder, merging), self.file_mode))
+            merge = functools.partial(_merge_parts, table, folder, merging)
+            size = self._guard(functools.partial(folder.write_file, name, merge, self.file_mode))
             for part in merging:
                 self._guard(functools.partial(folder.unlink, part.name))
             rows = sum(part.rows for part in merging)
