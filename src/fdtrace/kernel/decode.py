@@ -132,6 +132,10 @@ def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Arra
     first = slot(Kind.CONNECT, "sockaddr0")
     assert slot(Kind.ACCEPT, "sockaddr0") == first
     rows = np.flatnonzero(_HAS_PEER[kinds])  # only these rows hold a sockaddr
+    if not len(rows):
+        none = pa.nulls(n, pa.int32())
+        return (pa.DictionaryArray.from_arrays(none, _FAMILY_VALUES),
+                pa.DictionaryArray.from_arrays(none, pa.array([], pa.string())), none)
     family = np.zeros(n, dtype=np.int32)
     port = np.zeros(n, dtype=np.int32)
     codes = np.zeros(n, dtype=np.int32)
@@ -265,8 +269,11 @@ def _slot(extra: np.ndarray, kind: Kind, name: str, dtype: type = np.int32) -> n
 
 def _stack_ids(raw: np.ndarray, kinds: np.ndarray) -> pa.Array:
     """--stacks: the stack id in the last slot of the kinds that have one (0: none)."""
+    stacked = _HAS_STACK[kinds]
+    if not stacked.any():
+        return pa.nulls(len(kinds), pa.int64())
     ids = np.ascontiguousarray(raw["extra"][:, STACK_SLOT]).view(np.int64)
-    return _masked(ids, _HAS_STACK[kinds] & (ids != 0), pa.int64())
+    return _masked(ids, stacked & (ids != 0), pa.int64())
 
 
 def decode(
@@ -284,15 +291,12 @@ def decode(
     if isinstance(raw, bytes):
         raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
     n = len(raw)
-    kinds = raw["kind"]
+    kinds = np.ascontiguousarray(raw["kind"])  # read by most columns: once out of the records
     extra = raw["extra"]
     is_syscall = _IS_SYSCALL[kinds]
-    is_limit = kinds == Kind.LIMIT_CHANGE
-    is_oom = kinds == Kind.OOM_KILL
-    is_exit = kinds == Kind.PROCESS_EXIT
-    exit_known = is_exit & (extra[:, slot(Kind.PROCESS_EXIT, "exit_known")] == 1)
-    exit_signal = extra[:, slot(Kind.PROCESS_EXIT, "signal")]
-    signaled = exit_known & (exit_signal != 0)
+    is_limit = kinds == _LIMIT_CHANGE
+    is_oom = kinds == _OOM_KILL
+    exit_known, exit_signal, signaled = _exits(extra, kinds == _PROCESS_EXIT)
     ts = raw["ts_ns"].astype(np.int64)
     family, peer_addr, peer_port = _peer_columns(raw, kinds)
     pids = raw["pid"]
@@ -321,7 +325,8 @@ def decode(
         "exit_code": _masked(_slot(extra, Kind.PROCESS_EXIT, "exit_code"), exit_known & ~signaled, pa.int32()),
         "signal": _dictionary(np.minimum(exit_signal, 64), _SIGNAL_VALUES, mask=~signaled),
         **{name: _slot_column(extra, kinds, Kind.OOM_KILL, name, is_oom) for name in _OOM_SLOTS},
-        "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()),
+        "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()) if is_oom.any()
+        else pa.nulls(n, pa.int16()),
         "stack_id": _stack_ids(raw, kinds),
         **_limit_columns(extra, is_limit),
         **placements,
@@ -329,6 +334,16 @@ def decode(
     return pa.Table.from_arrays([columns[name] for name in _EVENT_NAMES], schema=_EVENT_SCHEMA)
 
 
+def _exits(extra: np.ndarray, is_exit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """process_exit: the rows whose exit is known, the signal slot, and the rows killed by a signal."""
+    if not is_exit.any():
+        return is_exit, np.zeros(len(is_exit), dtype=np.uint64), is_exit
+    exit_known = is_exit & (extra[:, slot(Kind.PROCESS_EXIT, "exit_known")] == 1)
+    exit_signal = extra[:, slot(Kind.PROCESS_EXIT, "signal")]
+    return exit_known, exit_signal, exit_known & (exit_signal != 0)
+
+
+_LIMIT_CHANGE, _OOM_KILL, _PROCESS_EXIT = int(Kind.LIMIT_CHANGE), int(Kind.OOM_KILL), int(Kind.PROCESS_EXIT)
 _TIME = pa.timestamp("ns", tz="UTC")
 _EVENT_SCHEMA = arrow_schema()
 _EVENT_NAMES = _EVENT_SCHEMA.names
@@ -343,7 +358,7 @@ def _slot_column(extra: np.ndarray, kinds: np.ndarray, kind: Kind, name: str,
                  rows: np.ndarray | None = None) -> pa.Array:
     """One kind's named extra slot as a column, null in the other kinds' rows (int32, or int64
     for the OOM figures)."""
-    valid = kinds == kind if rows is None else rows
+    valid = kinds == int(kind) if rows is None else rows
     arrow_type = pa.int64() if kind == Kind.OOM_KILL else pa.int32()
     if not valid.any():
         return pa.nulls(len(kinds), arrow_type)
