@@ -394,7 +394,9 @@ def split_connections(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     is_connection = raw["kind"] == Kind.TCP_ESTABLISHED
     if not is_connection.any():
         return raw, raw[:0]
-    return raw[~is_connection], raw[is_connection]
+    # Selected as rows of bytes: numpy selects records field by field, several times slower.
+    rows = np.ascontiguousarray(raw).view(np.uint8).reshape(len(raw), raw.dtype.itemsize)
+    return rows[~is_connection].view(raw.dtype).reshape(-1), rows[is_connection].view(raw.dtype).reshape(-1)
 
 
 def decode_connections(raw: np.ndarray, offsets: ClockOffsets) -> pa.Table:

@@ -276,7 +276,9 @@ class KernelSession:
                 and time.monotonic_ns() - self._held_since_ns < HOLD_NS):
             now = time.monotonic_ns()
             return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
-        raw = self._held[0] if len(self._held) == 1 else np.concatenate(self._held)
+        # Joined as bytes: numpy joins records field by field, nine times slower.
+        raw = self._held[0] if len(self._held) == 1 else np.concatenate(
+            [np.ascontiguousarray(held).view(np.uint8) for held in self._held]).view(RAW_EVENT_DTYPE)
         self._held, self._held_count = [], 0
         offsets = sample_offsets()
         raw, established = split_connections(raw)

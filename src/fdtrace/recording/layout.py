@@ -41,13 +41,14 @@ def parquet_options(table: str, columns: Iterable[str]) -> dict[str, Any]:
     the CPU and of the bytes of plain values, for a million distinct stamps a second); every
     other column dictionary-encoded as pyarrow does by default; statistics only of the columns
     a reader checks (``checked_statistics``): the others, mostly null, cost as much to sum up
-    as to write."""
+    as to write; values encoded 8,192 at a time (pyarrow's 1,024 cost a fifth more CPU)."""
     names = list(columns)
     growing = [name for name in names if name in GROWING]
     return {"compression": "zstd",
             "use_dictionary": [name for name in names if name not in GROWING],
             "column_encoding": dict.fromkeys(growing, "DELTA_BINARY_PACKED"),
-            "write_statistics": [name for name in checked_statistics(table) if name in names]}
+            "write_statistics": [name for name in checked_statistics(table) if name in names],
+            "write_batch_size": 8192}
 PART_GLOB = "part-*.parquet"
 _PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 
