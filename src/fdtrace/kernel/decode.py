@@ -139,14 +139,12 @@ def _peer_columns(raw: np.ndarray, kinds: np.ndarray) -> tuple[pa.Array, pa.Arra
     family = np.zeros(n, dtype=np.int32)
     port = np.zeros(n, dtype=np.int32)
     codes = np.zeros(n, dtype=np.int32)
-    values: list[str] = []
-    if len(rows):
-        sockaddr = np.ascontiguousarray(raw["extra"][rows, first:first + 3]).view(np.uint8).reshape(len(rows), 24)
-        family[rows] = sockaddr[:, 0].astype(np.int32) | (sockaddr[:, 1].astype(np.int32) << 8)
-        port[rows] = (sockaddr[:, 2].astype(np.int32) << 8) | sockaddr[:, 3].astype(np.int32)
-        row_family = family[rows]
-        row_inet = (row_family == socket.AF_INET) | (row_family == socket.AF_INET6)
-        codes[rows], values = _inet_texts(sockaddr, np.where(row_inet, row_family, 0), ipv4_at=4, ipv6_at=8)
+    sockaddr = np.ascontiguousarray(raw["extra"][rows, first:first + 3]).view(np.uint8).reshape(len(rows), 24)
+    family[rows] = sockaddr[:, 0].astype(np.int32) | (sockaddr[:, 1].astype(np.int32) << 8)
+    port[rows] = (sockaddr[:, 2].astype(np.int32) << 8) | sockaddr[:, 3].astype(np.int32)
+    row_family = family[rows]
+    row_inet = (row_family == socket.AF_INET) | (row_family == socket.AF_INET6)
+    codes[rows], values = _inet_texts(sockaddr, np.where(row_inet, row_family, 0), ipv4_at=4, ipv6_at=8)
     known = _HAS_PEER[kinds] & (family != 0) & (family < 256)
     inet = known & ((family == socket.AF_INET) | (family == socket.AF_INET6))
     return (_dictionary(np.where(known, family, 0), _FAMILY_VALUES, mask=~known),
