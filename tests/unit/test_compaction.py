@@ -54,7 +54,7 @@ def test_compact_while_the_recorder_writes(tmp_path: Path) -> None:
     compactor running all the while: every row still in the recording is there exactly once,
     and those rotated out are counted."""
     writer = RecordingWriter(tmp_path, "live", {"schema_version": SCHEMA_VERSION, "host": "live"},
-                             max_size=400_000)
+                             max_size=170_000)
     host = find_fleet(tmp_path).hosts[0]
     stop = threading.Event()
     merges = []
@@ -63,7 +63,7 @@ def test_compact_while_the_recorder_writes(tmp_path: Path) -> None:
     def compactor() -> None:
         try:
             while not stop.is_set():
-                merges.append(compact_host(host, target=150_000))
+                merges.append(compact_host(host, target=65_000))
         except BaseException as exc:  # the test fails below, with it
             errors.append(exc)
 
@@ -83,7 +83,7 @@ def test_compact_while_the_recorder_writes(tmp_path: Path) -> None:
         stop.set()
         thread.join()
     assert not errors
-    compact_host(host, target=150_000)
+    compact_host(host, target=65_000)
     events = load(tmp_path).events
     rotated = writer.rotated_out["rows"]["events"]
     assert rotated > 0 and sum(m.rows for m in merges) > 0

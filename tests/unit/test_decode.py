@@ -88,6 +88,28 @@ def test_pid_reused_within_one_batch_gets_each_start() -> None:
     assert rows[0]["start_ns"] == rows[1]["start_ns"] != rows[2]["start_ns"] == rows[3]["start_ns"]
 
 
+def test_rows_between_a_reused_pids_starts_and_exits_take_the_process_they_belong_to(tmp_path: Path) -> None:
+    """A pid running before the batch, exiting, started again, its rows among another pid's: each
+    row gets the start of the process that made it (from /proc before the exit, from the start
+    event after it)."""
+    (tmp_path / "77").mkdir()
+    fields = ["S"] + ["0"] * 18 + ["4242"] + ["0"] * 10
+    (tmp_path / "77" / "stat").write_text("77 (old) " + " ".join(fields) + "\n")
+    close = {"syscall": SYSCALL_IDS["close"], "fd": 5}
+    rows = decode_records(
+        *[record(Kind.CLOSE, pid=77, ts=1_000 + i, **close) for i in range(3)],
+        record(Kind.CLOSE, pid=88, ts=2_000, **close),
+        record(Kind.PROCESS_EXIT, pid=77, ts=3_000, extra=[1, 0, 0, 0]),
+        record(Kind.CLOSE, pid=88, ts=3_500, **close),
+        record(Kind.PROCESS_START, pid=77, ts=9_000_000_000),
+        *[record(Kind.CLOSE, pid=77, ts=9_000_001_000 + i, **close) for i in range(3)],
+        record(Kind.PROCESS_EXIT, pid=77, ts=9_100_000_000, extra=[1, 0, 0, 0]),
+        procfs_root=tmp_path,
+    )
+    new = (9_000_000_000 + OFFSETS.boottime_offset_ns) // TICK_NS * TICK_NS
+    assert [row["start_ns"] for row in rows] == [4242 * TICK_NS] * 3 + [None, 4242 * TICK_NS, None] + [new] * 5
+
+
 def test_each_row_carries_its_process_placement_read_once_a_second_and_again_after_exec(tmp_path: Path) -> None:
     ident = "ab" * 32
     (tmp_path / "77").mkdir()

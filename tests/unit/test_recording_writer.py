@@ -140,3 +140,41 @@ def test_incident_windows_past_their_budget_drop_the_oldest_first(tmp_path: Path
     assert writer.size <= writer.max_size + writer.keep_incidents  # type: ignore[operator]
     assert incident_window_lines(meta)[-1] == ("  incident windows dropped (more than --keep-incidents holds): "
                                                "2 windows, 2 incidents, the oldest first")
+
+
+def test_an_events_part_reads_back_as_written_and_engines_read_it_as_it_is(tmp_path: Path) -> None:
+    """The part a flush writes (times delta-encoded, statistics only where a reader checks them)
+    holds the decoded rows unchanged, and its footer shows an engine may read it without the
+    reader's checks of every value."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from fdtrace.kernel.clock import ClockOffsets
+    from fdtrace.kernel.decode import decode
+    from fdtrace.procfs import ProcFS, StartTimeResolver
+    from fdtrace.recording.reader import doubts, open_part
+    from fdtrace.schema import RAW_EVENT_DTYPE, SYSCALL_IDS, Kind
+
+    raw = np.zeros(5000, dtype=RAW_EVENT_DTYPE)
+    raw["ts_ns"] = 10**12 + np.cumsum(np.arange(5000) % 7 + 1)
+    raw["pid"], raw["tid"], raw["comm"] = 4242, 4243, b"worker"
+    raw["kind"], raw["syscall"], raw["ret"], raw["errno"], raw["fd"] = Kind.CLOSE, SYSCALL_IDS["close"], -9, 9, -1
+    raw["kind"][::100], raw["ret"][::100], raw["errno"][::100] = Kind.SOCKET, -24, 24
+    offsets = ClockOffsets(mono_ns=0, realtime_offset_ns=1_700_000_000 * 10**9, boottime_offset_ns=0)
+    events = decode(raw, "h1", offsets, StartTimeResolver(ProcFS("/nonexistent"))).drop_columns(["host"])
+    writer = RecordingWriter(tmp_path, "h1", META)
+    writer.add("events", events)
+    writer.flush()
+    writer.close()
+    [path] = part_files(host_dir(tmp_path, "events", "h1"))
+    stored = pq.read_table(path)
+    assert stored.equals(events.replace_schema_metadata(stored.schema.metadata))
+    footer = pq.read_metadata(path).row_group(0)
+    columns = {footer.column(i).path_in_schema: footer.column(i) for i in range(footer.num_columns)}
+    assert "DELTA_BINARY_PACKED" in columns["ts_ns"].encodings and "DELTA_BINARY_PACKED" in columns["time"].encodings
+    assert columns["pid"].is_stats_set and not columns["peer_port"].is_stats_set
+    part = open_part(path)
+    try:
+        assert doubts(part, "events", SCHEMA_VERSION) == ""
+    finally:
+        part.file.close()

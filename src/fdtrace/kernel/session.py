@@ -31,7 +31,7 @@ from fdtrace.kernel.features import (
 from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carries_accept_peer, carries_close_fd
 from fdtrace.kernel.stacks import Stack, Symbolizer, symbolize
 from fdtrace.procfs import StartTimeResolver
-from fdtrace.schema import RAW_EVENT_DTYPE, arrow_schema
+from fdtrace.schema import RAW_EVENT_DTYPE, Kind, arrow_schema
 
 
 @dataclass
@@ -162,6 +162,13 @@ def check_nofile(features: KernelFeatures, options: TraceOptions | None = None) 
 
 #: Notes kept at most (the Go binaries that cannot be watched add one each).
 MAX_NOTES = 64
+#: A read of at least this many records is a flood: its records are held to be decoded with the
+#: next reads' (``KernelSession.poll``) ...
+HOLD_FROM = 1024
+#: ... until this many are held ...
+DECODE_AT = 32768
+#: ... or the first of them was read this long ago (CLOCK_MONOTONIC ns).
+HOLD_NS = 50_000_000
 
 
 class KernelSession:
@@ -192,6 +199,9 @@ class KernelSession:
         self._site_ids: OrderedDict[int, int | None] = OrderedDict()  # kernel stack id -> site
         self._frames_seen: OrderedDict[tuple[int, tuple[str, ...], str | None], int] = OrderedDict()
         self._pending_stacks: list[Stack] = []
+        self._held: list[np.ndarray] = []  # records read but not decoded yet (a flood: see poll)
+        self._held_count = 0
+        self._held_since_ns = 0
 
     def start(self, on_stage: Callable[[str], None] | None = None) -> None:
         """Check the environment, compile and attach (``on_stage`` hears each step's name as it
@@ -244,19 +254,37 @@ class KernelSession:
         if note is not None and len(self.notes) < MAX_NOTES:
             self.notes.append(note)
 
-    def poll(self) -> EventBatch:
-        """Read and decode the events waiting in the ring buffer."""
+    def poll(self, final: bool = False) -> EventBatch:
+        """Read the events waiting in the ring buffer and decode them. Under a flood (a read of
+        at least ``HOLD_FROM`` records) they are held and decoded together, up to ``DECODE_AT``
+        records or ``HOLD_NS`` after the first was read: a decode costs about 0.45 ms of CPU
+        whatever its size (34 columns made), which at a decode per 10 ms poll was 0.18 µs of
+        each event at 250,000 events a second. ``final``: decode everything held (the last
+        poll)."""
         raw = self.tracer.poll()
-        if not len(raw):  # the common case when idle: keep it cheap
-            now = time.monotonic_ns()
-            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
-        offsets = sample_offsets()
         if isinstance(raw, bytes | bytearray | memoryview):
             raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+        if len(raw):
+            if not self._held:
+                self._held_since_ns = time.monotonic_ns()
+            self._held.append(raw)
+            self._held_count += len(raw)
+        if not self._held_count:  # the common case when idle: keep it cheap
+            now = time.monotonic_ns()
+            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
+        if (not final and len(raw) >= HOLD_FROM and self._held_count < DECODE_AT
+                and time.monotonic_ns() - self._held_since_ns < HOLD_NS):
+            now = time.monotonic_ns()
+            return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
+        # Joined as bytes: numpy joins records field by field, nine times slower.
+        raw = self._held[0] if len(self._held) == 1 else np.concatenate(
+            [np.ascontiguousarray(held).view(np.uint8) for held in self._held]).view(RAW_EVENT_DTYPE)
+        self._held, self._held_count = [], 0
+        offsets = sample_offsets()
         raw, established = split_connections(raw)
         connections = decode_connections(established, offsets) if len(established) else None
         table = decode(raw, self.host, offsets, self._resolver)
-        table = self._programs_started(table)
+        table = self._programs_started(table, raw)
         stacks: list[Stack] = []
         if self._symbolizer is not None:
             self._symbolizer.begin()
@@ -264,18 +292,19 @@ class KernelSession:
         return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks,
                           connections=connections)
 
-    def _programs_started(self, events: Any) -> Any:
+    def _programs_started(self, events: Any, raw: np.ndarray) -> Any:
         """Each program exec'd in this batch is looked at as it starts: a Go binary gets its
         thread-limit uprobe at once (one that dies of its limit within a second is still heard).
-        Under --errors-only the exec events, sent for this alone, are dropped."""
-        import pyarrow.compute as pc
-
-        execs = pc.equal(events["kind"].cast("string"), "process_exec")
-        if not pc.any(execs).as_py():
+        Under --errors-only the exec events, sent for this alone, are dropped. ``raw``: the
+        records ``events`` were decoded from, row for row (their kinds are read there)."""
+        execs = raw["kind"] == Kind.PROCESS_EXEC
+        if not execs.any():
             return events
-        for pid in set(events.filter(execs)["pid"].to_pylist()):
+        import pyarrow as pa
+
+        for pid in sorted(set(raw["pid"][execs].tolist())):
             self.watch_go_runtime(pid)
-        return events.filter(pc.invert(execs)) if self.options.errors_only else events
+        return events.filter(pa.array(~execs)) if self.options.errors_only else events
 
     def _new_stacks(self, events: Any, mono_ns: int) -> tuple[Any, list[Stack]]:
         """The events with their stack ids as sites (see ``_site_of``), and the stacks they name

@@ -18,7 +18,16 @@ from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import HostRecording
-from fdtrace.recording.layout import TABLES, count_compaction, host_folder, lock_name, part_name, part_names, part_range
+from fdtrace.recording.layout import (
+    TABLES,
+    count_compaction,
+    host_folder,
+    lock_name,
+    parquet_options,
+    part_name,
+    part_names,
+    part_range,
+)
 from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import HeldDirectory
@@ -64,7 +73,7 @@ def _merge(table: str, version: int, folder: HeldDirectory, parts: list[str], ou
     rows = 0
     pending: list[pa.Table] = []
     summaries = []
-    with pq.ParquetWriter(out, schema, compression="zstd") as merged:
+    with pq.ParquetWriter(out, schema, **parquet_options(table, schema.names)) as merged:
         def write() -> None:
             merged.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
             pending.clear()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, host_dir, lock_path, part_names, part_range
+from fdtrace.recording.layout import TABLES, UNBOUNDED, host_dir, lock_path, part_names, part_range
 from fdtrace.recording.upgrade import stored_names, upgrade
 from fdtrace.safe_files import read_regular
 from fdtrace.schema import COUNTERS, META_FIELDS, SCHEMA_VERSION, STATS, VERSIONS
@@ -117,8 +117,6 @@ INT_LIMIT = 1 << 62
 NON_NEGATIVE = {"losses": frozenset(STATS) | {f"{name}_total" for name in STATS},
                 "counters": frozenset(COUNTERS)}
 TIME_COLUMNS = ("time", "ts_ns")
-#: Integers that are ids over all 64 bits (a stack's hash), so any value is possible.
-UNBOUNDED = frozenset({"stack_id"})
 #: How long a reader waits for a host's lock (a writer merging parts) before it lists without it.
 LOCK_WAIT_S = 5.0
 #: How many times one host's parts are listed again when a merge moved a file meanwhile.

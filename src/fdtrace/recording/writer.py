@@ -26,6 +26,7 @@ from fdtrace.recording.layout import (
     host_folder,
     lock_name,
     meta_name,
+    parquet_options,
     part_name,
     part_names,
     part_range,
@@ -328,7 +329,7 @@ class RecordingWriter:
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
             name = part_name(number, number)
             size = self._guard(functools.partial(self._folders[table].write_file, name,
-                                                 functools.partial(_write_parquet, data), self.file_mode))
+                                                 functools.partial(_write_parquet, table, data), self.file_mode))
             self._insert(table, _Part(number, number, name, data.num_rows, size, start_ns, asked_ns))
             self._unmerged[table] += 1
             self.rows_written[table] += data.num_rows
@@ -413,8 +414,8 @@ class RecordingWriter:
                 self._rotate_out(reserve=sum(part.size for part in merging), keep=tuple(merging))
             name = part_name(merging[0].first, merging[-1].last)
             folder = self._folders[table]
-            size = self._guard(functools.partial(folder.write_file, name,
-                                                 functools.partial(_merge_parts, folder, merging), self.file_mode))
+            merge = functools.partial(_merge_parts, table, folder, merging)
+            size = self._guard(functools.partial(folder.write_file, name, merge, self.file_mode))
             for part in merging:
                 self._guard(functools.partial(folder.unlink, part.name))
             rows = sum(part.rows for part in merging)
@@ -516,11 +517,11 @@ def _stored_span(metadata: Any, wall_offset_ns: int | None) -> tuple[int, int]:
     return (0, 0) if low is None or high is None else (low - offset, high - offset)
 
 
-def _write_parquet(data: pa.Table, out: BinaryIO) -> None:
-    pq.write_table(data, out, compression="zstd")
+def _write_parquet(table: str, data: pa.Table, out: BinaryIO) -> None:
+    pq.write_table(data, out, **parquet_options(table, data.column_names))
 
 
-def _merge_parts(folder: HeldDirectory, parts: list[_Part], out: BinaryIO) -> None:
+def _merge_parts(table: str, folder: HeldDirectory, parts: list[_Part], out: BinaryIO) -> None:
     """Copy part files into one Parquet stream, one part (one row group) at a time; a merge of
     events gets the summary of its rows (``fdtrace.recording.summaries``). A flush gets none:
     summing up a second of a million events would take the writer a tenth of a second it needs
@@ -528,7 +529,7 @@ def _merge_parts(folder: HeldDirectory, parts: list[_Part], out: BinaryIO) -> No
     with folder.open_file(parts[0].name) as first:
         schema = without_summary(pq.read_schema(first))
     summaries = []
-    with pq.ParquetWriter(out, schema, compression="zstd") as merged:
+    with pq.ParquetWriter(out, schema, **parquet_options(table, schema.names)) as merged:
         for part in parts:
             with folder.open_file(part.name) as file:
                 data = pq.read_table(file)
@@ -550,5 +551,5 @@ def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
         ranges = [part_range(Path(name)) for name in part_names(folder.names())]
         last = max((covered[1] for covered in ranges if covered is not None), default=0)
         name = part_name(last + 1, last + 1)
-        folder.write_file(name, lambda out: pq.write_table(rows, out, compression="zstd"))
+        folder.write_file(name, lambda out: pq.write_table(rows, out, **parquet_options(table, rows.column_names)))
     return Path(root) / table / host_folder(host) / name

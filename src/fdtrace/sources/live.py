@@ -132,7 +132,7 @@ class LiveSource:
         return update
 
     def finish(self) -> Update:
-        update = self._events()
+        update = self._events(final=True)
         self._round(update)
         update.final = True
         return update
@@ -142,8 +142,8 @@ class LiveSource:
             self.haproxy.close()
         self.kernel.stop(exiting=self.options.exiting)
 
-    def _events(self) -> Update:
-        batch = self.kernel.poll()
+    def _events(self, final: bool = False) -> Update:
+        batch = self.kernel.poll(final=final)
         events = keep_comms(batch.events, self.options.comms)
         if events.num_rows:
             self._pids_with_events.update(events["pid"].unique().to_pylist())
