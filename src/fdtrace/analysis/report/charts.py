@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from fdtrace.integrations.phases.collect import PHASE_COLOURS
 
 if TYPE_CHECKING:
-    from fdtrace.analysis.report import Report
+    from fdtrace.analysis.report.model import Report
 
 #: One colour per process, the same in every panel.
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
