@@ -4,6 +4,7 @@ rule has one wording wherever it is read."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -14,6 +15,77 @@ from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
 from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN, with_margin
+
+# The words of each fix: one function per rule, read by the report's lines below and by doctor's
+# checks (doctor/checks.py), so that the two never say one change in two ways.
+
+
+def soft_hard(soft: int, hard: int | None) -> str:
+    """systemd's LimitNOFILE value: SOFT:HARD, or one number when they are equal (no hard limit:
+    infinity)."""
+    if hard is None:
+        return f"{soft}:infinity"
+    return str(soft) if soft == hard else f"{soft}:{hard}"
+
+
+def fd_hard_to_set(target: int, hard: int | None) -> int | None:
+    """The hard limit to go with a soft limit of ``target``: the one in force where it allows
+    the target (None: unlimited), else the target itself."""
+    return hard if hard is None or target <= hard else target
+
+
+def fd_limit_ways(soft: int, hard: int | None) -> str:
+    """The ways to set an RLIMIT_NOFILE of ``soft`` (and ``hard``) for good, where the process is
+    started: the report's line and doctor's change say them in these words."""
+    return (f"ulimit -n {soft} in its start script, LimitNOFILE={soft_hard(soft, hard)} in its systemd unit, "
+            "or /etc/security/limits.conf for logins")
+
+
+def fd_limit_fix(soft: int, hard: int | None, who: str = "the process") -> str:
+    """Doctor's change where no unit or configuration is known to set the limit."""
+    return f"raise it where {who} is started ({fd_limit_ways(soft, hard)})"
+
+
+#: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
+THREAD_FIXES: dict[str, Callable[[int], str]] = {
+    "Go default": lambda need: f"{GO_THREADS_ADVICE}({need})",
+    "Go SetMaxThreads": lambda need: f"{GO_THREADS_ADVICE}({need})",
+    "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
+    "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
+    "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
+}
+
+
+def thread_fix(kind: str, need: int | None = None) -> str:
+    """How to raise a thread limit of ``kind`` to ``need``; a Go limit without a number (its
+    program's threads are not known) is the advice alone."""
+    if need is None:
+        if kind.startswith("Go "):
+            return GO_THREADS_ADVICE
+        return f"raise {kind}"
+    return THREAD_FIXES[kind](need) if kind in THREAD_FIXES else f"raise {kind} to {need}"
+
+
+def listen_fix(refused: str | None) -> str:
+    """What to do about a listen queue that overflowed: when listeners (``refused``, named) were
+    failing accept() with EMFILE meanwhile, the overflow was their symptom and their FD limit the
+    fix; otherwise somaxconn and the backlog."""
+    if refused:
+        return (f"a symptom: accept() failed with EMFILE in {refused} during the recording, so the queue filled "
+                "while the listener could not take connections; raise its FD limit (its RLIMIT_NOFILE change), "
+                "not somaxconn")
+    return "a listen queue overflowed: raise somaxconn (65535) and the listener's backlog, or accept faster"
+
+
+def go_said(limit: Any) -> str:
+    """The Go runtime's message with the N its event holds, as an integer; in words when none is held."""
+    if limit is None or pd.isna(limit):
+        return "it exceeded its thread limit (the number was not recorded)"
+    return f"'program exceeds {int(limit)}-thread limit'"
+
+
+# The rules over a recording: the report's "What to change" (and ``info``'s, for the FD and
+# memory lines).
 
 
 def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None = None,
@@ -57,9 +129,10 @@ def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
         where = f" on {row.host}" if several else ""
         failed = f", failed {row.emfile:,} times with EMFILE" if row.emfile else ""
         limit = soft if soft is not None else "unlimited"
+        hard = None if pd.isna(row.fd_hard_limit) else int(row.fd_hard_limit)
         text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}: soft limit {limit}{failed}; it needed at least "
-                f"{row.need} ({row.basis}); set it to {row.recommended} (LimitNOFILE= in its systemd unit, or "
-                "ulimit -n).")
+                f"{row.need} ({row.basis}); set it to {row.recommended} "
+                f"({fd_limit_ways(row.recommended, fd_hard_to_set(row.recommended, hard))}).")
         if not pd.isna(row.maxsock) and soft is not None and row.maxsock > soft:
             text += (f" HAProxy sized itself for {int(row.maxsock)} descriptors (Maxsock) but was given {soft}: "
                      "raise the limit, or lower maxconn until Maxsock fits.")
@@ -81,11 +154,8 @@ def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
                            "ORDER BY n DESC, pid LIMIT 3")
     if len(refused):
         who = ", ".join(f"{r.comm} [{r.pid}] ({r.n:,} times)" for r in refused.itertuples())
-        return (f"Listen queues: {moved} during the recording, while accept() failed with EMFILE in {who}: the "
-                "queue filled because the listener could not take connections. Raise its FD limit (above); "
-                "somaxconn is not the cause.")
-    return (f"net.core.somaxconn: {moved} during the recording (a listen queue overflowed); raise somaxconn "
-            "(65535) and the listeners' backlog, or accept faster.")
+        return f"Listen queues: {moved} during the recording; {listen_fix(who)}."
+    return f"net.core.somaxconn: {moved} during the recording; {listen_fix(None)}."
 
 
 def go_limit_advice(engine: Engine) -> list[str]:
@@ -93,26 +163,9 @@ def go_limit_advice(engine: Engine) -> list[str]:
     the only place a limit set by debug.SetMaxThreads shows)."""
     said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit FROM events "
                         "WHERE kind = 'go_thread_limit' GROUP BY host, pid ORDER BY host, pid")
-    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said {_go_said(r.thread_limit)} and the program "
+    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said {go_said(r.thread_limit)} and the program "
             f"exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read from that message only); "
-            f"{GO_THREADS_ADVICE}." for r in said.itertuples()]
-
-
-def _go_said(limit: Any) -> str:
-    """The runtime's message with the N its event holds, as an integer; in words when none is held."""
-    if limit is None or pd.isna(limit):
-        return "it exceeded its thread limit (the number was not recorded)"
-    return f"'program exceeds {int(limit)}-thread limit'"
-
-
-#: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
-THREAD_FIXES = {
-    "Go default": lambda need: f"{GO_THREADS_ADVICE}({need})",
-    "Go SetMaxThreads": lambda need: f"{GO_THREADS_ADVICE}({need})",
-    "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
-    "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
-    "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
-}
+            f"{thread_fix('Go default')}." for r in said.itertuples()]
 
 
 def _thread_advice(engine: Engine) -> list[str]:
@@ -125,5 +178,5 @@ def _thread_advice(engine: Engine) -> list[str]:
         need = with_margin(row.thread_count)
         counted = THREADS_COUNTED[row.thread_limit_kind]
         advice.append(f"{row.thread_limit_kind} of {row.comm} [{row.pid}]: peak {row.thread_count:.0f} {counted} of "
-                      f"{row.thread_limit:.0f}; {THREAD_FIXES[row.thread_limit_kind](need)}.")
+                      f"{row.thread_limit:.0f}; {thread_fix(row.thread_limit_kind, need)}.")
     return advice
