@@ -96,20 +96,20 @@ def figure(report: Report) -> go.Figure | None:
                                      text=marks["text"], hovertemplate="%{x|%H:%M:%S.%L}<br>%{text}<extra></extra>"),
                           row=at, col=1)
         fig.update_yaxes(title_text="failures / s", row=at, col=1)
-    if report.thread_series:
+    # Threads, then memory: each process's line and its limit dashed; (series, axis title, (column,
+    # hover), (limit column, hover), the column naming the limit in its hover).
+    for series, unit, value, limit, named in (
+            (report.thread_series, "threads", ("threads", "%{x|%H:%M:%S}<br>%{y} threads"),
+             ("thread_limit", "%{text} %{y}"), "thread_limit_kind"),
+            (report.memory_series, "MiB", ("memory_mib", "%{x|%H:%M:%S}<br>%{y:.1f} MiB"),
+             ("limit_mib", "cgroup limit %{y:.0f} MiB"), None)):
+        if not series:
+            continue
         at = next_row()
-        for label, frame in report.thread_series.items():
+        for label, frame in series.items():
             legend = label not in colours
-            _with_limit(fig, at, label, colour(label), legend, frame, ("threads", "%{x|%H:%M:%S}<br>%{y} threads"),
-                        ("thread_limit", "%{text} %{y}"), frame["thread_limit_kind"])
-        fig.update_yaxes(title_text="threads", row=at, col=1)
-    if report.memory_series:
-        at = next_row()
-        for label, frame in report.memory_series.items():
-            legend = label not in colours
-            _with_limit(fig, at, label, colour(label), legend, frame, ("memory_mib", "%{x|%H:%M:%S}<br>%{y:.1f} MiB"),
-                        ("limit_mib", "cgroup limit %{y:.0f} MiB"))
-        fig.update_yaxes(title_text="MiB", row=at, col=1)
+            _with_limit(fig, at, label, colour(label), legend, frame, value, limit, frame[named] if named else None)
+        fig.update_yaxes(title_text=unit, row=at, col=1)
     if len(report.call_rate.columns):
         at = next_row()
         times = _naive(report.call_rate.index)
