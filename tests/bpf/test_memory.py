@@ -169,7 +169,7 @@ def test_doctor_from_names_the_limit_and_the_need(recorded: dict[str, Any]) -> N
 def test_the_report_has_the_same_advice_and_the_kill(recorded: dict[str, Any], tmp_path: Path) -> None:
     from fdtrace.analysis.memory import memory_advice_lines
     from fdtrace.analysis.report import build
-    from fdtrace.analysis.report_charts import panels_of
+    from fdtrace.analysis.report.charts import panels_of
 
     rec = load(recorded["out"])
     report = build(rec)

@@ -14,7 +14,7 @@ from PIL import Image
 
 from fdtrace.analysis import load
 from fdtrace.analysis.report import build, to_html
-from fdtrace.analysis.report_charts import PALETTE, panels_of
+from fdtrace.analysis.report.charts import PALETTE, panels_of
 
 DATA = Path(__file__).parents[1] / "data"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

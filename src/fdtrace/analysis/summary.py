@@ -185,7 +185,7 @@ def summary_on(recording: Any, engine: Engine) -> str:
     lines = headline(engine, least, several_hosts=several, failed=failed)
     from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
     from fdtrace.analysis.needs import fd_needs_on
-    from fdtrace.analysis.report import fd_advice
+    from fdtrace.analysis.report.advice import fd_advice
 
     needs = fd_needs_on(engine)
     advice = fd_advice(needs, several=several)  # the numbers doctor and the report give

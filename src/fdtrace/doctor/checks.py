@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.analysis.needs import need_of
+from fdtrace.analysis.report.advice import fd_limit_fix, go_said, listen_fix, soft_hard, thread_fix
 from fdtrace.integrations.haproxy import (
     HaproxyConfig,
     config_fds,
@@ -22,7 +23,7 @@ from fdtrace.integrations.haproxy import (
     show_info,
     threads_of,
 )
-from fdtrace.policy import GO_THREADS_ADVICE, MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
+from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.sampler import ProcessSample, ProcSampler
@@ -102,13 +103,6 @@ def _unit_soft(shown: str | None) -> int | None:
         if name == "LimitNOFILESoft":
             return int(value) if value.isdigit() else None
     return None
-
-
-def _soft_hard(soft: int, hard: int | None) -> str:
-    """systemd's LimitNOFILE value: SOFT:HARD, or one number when they are equal."""
-    if hard is None:
-        return f"{soft}:infinity"
-    return str(soft) if soft == hard else f"{soft}:{hard}"
 
 
 class Doctor:
@@ -220,7 +214,7 @@ class Doctor:
         current = self._unit_limit(unit) if unit else None
         if unit:
             def by_unit(new_soft: int, hard: int | None) -> str:
-                return (f"set LimitNOFILE={_soft_hard(new_soft, hard)} in [Service] of {unit}, "
+                return (f"set LimitNOFILE={soft_hard(new_soft, hard)} in [Service] of {unit}, "
                         f"then systemctl daemon-reload && systemctl restart {unit}")
             unit_soft = _unit_soft(current)
             if current is None or unit_soft is None or unit_soft == soft:
@@ -237,11 +231,8 @@ class Doctor:
                         "start names which)"), by_config
         ppid = self._status_field(pid, "PPid")
         parent = self.sampler.sample(int(ppid)) if ppid and ppid.isdigit() and ppid != "0" else None
-        start_script = ("raise it where the process is started (ulimit -n {soft} in its start script, "
-                        "LimitNOFILE={both} in its systemd unit, or /etc/security/limits.conf for logins)")
-
         def by_start(new_soft: int, hard: int | None) -> str:
-            return start_script.format(soft=new_soft, both=_soft_hard(new_soft, hard))
+            return fd_limit_fix(new_soft, hard)
         if parent is not None and parent.fd_soft_limit == soft:
             return f"inherited from its parent pid {ppid} ({parent.comm}), whose soft limit is the same", by_start
         unit_text = f"; its unit {unit} says {current}" if unit and current else ""
@@ -313,14 +304,13 @@ class Doctor:
             status = Status.FAIL if gone.emfile or need > soft else by_usage(peak, soft)
 
             def how(new_soft: int, hard: int | None) -> str:
-                return (f"raise it where {gone.comm} is started (ulimit -n {new_soft} in its start script, or "
-                        f"LimitNOFILE={_soft_hard(new_soft, hard)} in its systemd unit)")
+                return fd_limit_fix(new_soft, hard, gone.comm)
             checks += self._raise_fd_limit(scope, None, soft, gone.fd_hard_limit, need, basis, status,
                                            f"{soft} ({seen}, {peak / soft:.0%})", how)
         if gone.go_thread_limit is not None:
             checks.append(Check(scope, "Go thread limit", Status.FAIL,
-                                f"exceeded: the runtime said 'program exceeds {gone.go_thread_limit}-thread limit' "
-                                "and exited 2", "fewer threads blocked in syscalls", GO_THREADS_ADVICE))
+                                f"exceeded: the runtime said {go_said(gone.go_thread_limit)} and exited 2",
+                                "fewer threads blocked in syscalls", thread_fix("Go default")))
         elif gone.thread_limit_kind and gone.thread_limit:
             used = gone.thread_count or 0
             status = by_usage(used, gone.thread_limit)
@@ -332,8 +322,7 @@ class Doctor:
                            f"not its own: it ran {own} threads")
             checks.append(Check(scope, f"{gone.thread_limit_kind} (threads)", status, current,
                                 f">= {with_margin(used)}" if status else "",
-                                GO_THREADS_ADVICE if status and gone.thread_limit_kind == "Go default" else
-                                f"raise {gone.thread_limit_kind} to {with_margin(used)}" if status else ""))
+                                thread_fix(gone.thread_limit_kind, with_margin(used)) if status else ""))
         return checks + self._memory_checks(scope, None, gone)
 
     @staticmethod
@@ -379,12 +368,12 @@ class Doctor:
             checks.append(Check(scope, f"RLIMIT_NPROC (threads of uid {uid})", status,
                                 f"{user_threads} of {sample.nproc_soft_limit}",
                                 f">= {with_margin(user_threads)}" if status else "",
-                                "raise LimitNPROC= / ulimit -u for the user" if status else ""))
+                                thread_fix("RLIMIT_NPROC", with_margin(user_threads)) if status else ""))
         if sample.pids_max is not None and sample.pids_current is not None:
             status = by_usage(sample.pids_current, sample.pids_max)
             checks.append(Check(scope, "cgroup pids.max", status, f"{sample.pids_current} tasks of {sample.pids_max}",
                                 f">= {with_margin(sample.pids_current)}" if status else "",
-                                "raise TasksMax= of its unit (or pids.max of its cgroup)" if status else ""))
+                                thread_fix("cgroup pids.max", with_margin(sample.pids_current)) if status else ""))
         if sample.go_max_threads is not None:
             limit = sample.go_max_threads
             status = by_usage(threads, limit)
@@ -406,9 +395,10 @@ class Doctor:
                 current += f", growing {growth:.0f}/s in the recording: the limit in {eta:.0f} s"
                 if eta < 600:
                     status = max(status, Status.WARN)
+            # No number: a limit nearing by its growth (or one said exceeded) is not one to set at its peak.
             checks.append(Check(scope, "Go thread limit", status, current,
                                 "fewer threads blocked in syscalls" if status else "",
-                                GO_THREADS_ADVICE if status else ""))
+                                thread_fix("Go default") if status else ""))
         return checks
 
     def _haproxy_checks(self, pid: int, scope: str, soft: int | None, config: HaproxyConfig,
@@ -515,13 +505,7 @@ class Doctor:
             "ListenOverflows": system["listen_overflows"] or 0, "ListenDrops": system["listen_drops"] or 0}
         when = "during the recording" if listen_moved is not None else "since boot"
         status = Status.WARN if any(moved.values()) else Status.OK
-        change = ""
-        if status and self.accept_failures:
-            change = (f"a symptom: accept() failed with EMFILE in {', '.join(self.accept_failures)} during the "
-                      "recording, so the queue filled while the listener could not take connections; raise its "
-                      "FD limit (its RLIMIT_NOFILE change), not somaxconn")
-        elif status:
-            change = "a listen queue overflowed: raise somaxconn and the listener's backlog, or accept faster"
+        change = listen_fix(", ".join(self.accept_failures) or None) if status else ""
         checks.append(Check("system", f"TcpExt {' / '.join(moved)} {when}", status,
                             ", ".join(f"{count} {name}" for name, count in moved.items()), "0" if status else "",
                             change))
@@ -530,5 +514,6 @@ class Doctor:
             status = by_usage(threads, limit)
             checks.append(Check("system", f"{name} vs threads", status, f"{threads} of {limit}",
                                 f">= {with_margin(threads) * 2}" if status else "",
-                                f"sysctl -w {name}={with_margin(threads) * 2}" if status else ""))
+                                (thread_fix("threads-max", with_margin(threads) * 2) if name == "kernel.threads-max"
+                                 else f"sysctl -w {name}={with_margin(threads) * 2}") if status else ""))
         return checks

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from fdtrace.integrations.phases.collect import PHASE_COLOURS
 
 if TYPE_CHECKING:
-    from fdtrace.analysis.report import Report
+    from fdtrace.analysis.report.model import Report
 
 #: One colour per process, the same in every panel.
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
@@ -96,32 +96,20 @@ def figure(report: Report) -> go.Figure | None:
                                      text=marks["text"], hovertemplate="%{x|%H:%M:%S.%L}<br>%{text}<extra></extra>"),
                           row=at, col=1)
         fig.update_yaxes(title_text="failures / s", row=at, col=1)
-    if report.thread_series:
+    # Threads, then memory: each process's line and its limit dashed; (series, axis title, (column,
+    # hover), (limit column, hover), the column naming the limit in its hover).
+    for series, unit, value, limit, named in (
+            (report.thread_series, "threads", ("threads", "%{x|%H:%M:%S}<br>%{y} threads"),
+             ("thread_limit", "%{text} %{y}"), "thread_limit_kind"),
+            (report.memory_series, "MiB", ("memory_mib", "%{x|%H:%M:%S}<br>%{y:.1f} MiB"),
+             ("limit_mib", "cgroup limit %{y:.0f} MiB"), None)):
+        if not series:
+            continue
         at = next_row()
-        for label, frame in report.thread_series.items():
-            times = _naive(frame["time"])
-            fig.add_trace(go.Scatter(x=times, y=frame["threads"], name=label, legendgroup=label,
-                                     showlegend=label not in colours, line={"color": colour(label)},
-                                     hovertemplate="%{x|%H:%M:%S}<br>%{y} threads<extra>" + label + "</extra>"),
-                          row=at, col=1)
-            fig.add_trace(go.Scatter(x=times, y=frame["thread_limit"], legendgroup=label, showlegend=False,
-                                     line={"color": colour(label), "dash": "dash", "width": 1}, text=frame[
-                                         "thread_limit_kind"],
-                                     hovertemplate="%{text} %{y}<extra>" + label + "</extra>"), row=at, col=1)
-        fig.update_yaxes(title_text="threads", row=at, col=1)
-    if report.memory_series:
-        at = next_row()
-        for label, frame in report.memory_series.items():
-            times = _naive(frame["time"])
-            fig.add_trace(go.Scatter(x=times, y=frame["memory_mib"], name=label, legendgroup=label,
-                                     showlegend=label not in colours, line={"color": colour(label)},
-                                     hovertemplate="%{x|%H:%M:%S}<br>%{y:.1f} MiB<extra>" + label + "</extra>"),
-                          row=at, col=1)
-            fig.add_trace(go.Scatter(x=times, y=frame["limit_mib"], legendgroup=label, showlegend=False,
-                                     line={"color": colour(label), "dash": "dash", "width": 1},
-                                     hovertemplate="cgroup limit %{y:.0f} MiB<extra>" + label + "</extra>"),
-                          row=at, col=1)
-        fig.update_yaxes(title_text="MiB", row=at, col=1)
+        for label, frame in series.items():
+            legend = label not in colours
+            _with_limit(fig, at, label, colour(label), legend, frame, value, limit, frame[named] if named else None)
+        fig.update_yaxes(title_text=unit, row=at, col=1)
     if len(report.call_rate.columns):
         at = next_row()
         times = _naive(report.call_rate.index)
@@ -140,6 +128,19 @@ def figure(report: Report) -> go.Figure | None:
                       legend={"orientation": "h", "x": 0, "y": 1 + 70 / height, "yanchor": "bottom"},
                       template="plotly_white")
     return fig
+
+
+def _with_limit(fig: go.Figure, at: int, label: str, colour: str, legend: bool, frame: pd.DataFrame,
+                value: tuple[str, str], limit: tuple[str, str], limit_text: Any = None) -> None:
+    """One process's line in the panel ``at`` and its limit dashed in the same colour: ``value``
+    and ``limit`` are (column, hover template)."""
+    times = _naive(frame["time"])
+    fig.add_trace(go.Scatter(x=times, y=frame[value[0]], name=label, legendgroup=label, showlegend=legend,
+                             line={"color": colour}, hovertemplate=value[1] + "<extra>" + label + "</extra>"),
+                  row=at, col=1)
+    fig.add_trace(go.Scatter(x=times, y=frame[limit[0]], legendgroup=label, showlegend=False,
+                             line={"color": colour, "dash": "dash", "width": 1}, text=limit_text,
+                             hovertemplate=limit[1] + "<extra>" + label + "</extra>"), row=at, col=1)
 
 
 def _phase_bands(fig: go.Figure, marks: pd.DataFrame, at: int) -> None:

@@ -1,0 +1,182 @@
+"""What to change, said once: the rules that turn a recording's figures into advice and the
+words of each fix, used by the report (its "What to change"), ``info`` and doctor, so that one
+rule has one wording wherever it is read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from fdtrace.analysis import headroom_series as headroom_module
+from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines.dataset import engine_for
+from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
+from fdtrace.analysis.needs import fd_needs_on
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN, with_margin
+
+# The words of each fix: one function per rule, read by the report's lines below and by doctor's
+# checks (doctor/checks.py), so that the two never say one change in two ways.
+
+
+def soft_hard(soft: int, hard: int | None) -> str:
+    """systemd's LimitNOFILE value: SOFT:HARD, or one number when they are equal (no hard limit:
+    infinity)."""
+    if hard is None:
+        return f"{soft}:infinity"
+    return str(soft) if soft == hard else f"{soft}:{hard}"
+
+
+def fd_hard_to_set(target: int, hard: int | None) -> int | None:
+    """The hard limit to go with a soft limit of ``target``: the one in force where it allows
+    the target (None: unlimited), else the target itself."""
+    return hard if hard is None or target <= hard else target
+
+
+def fd_limit_ways(soft: int, hard: int | None) -> str:
+    """The ways to set an RLIMIT_NOFILE of ``soft`` (and ``hard``) for good, where the process is
+    started: the report's line and doctor's change say them in these words."""
+    return (f"ulimit -n {soft} in its start script, LimitNOFILE={soft_hard(soft, hard)} in its systemd unit, "
+            "or /etc/security/limits.conf for logins")
+
+
+def fd_limit_fix(soft: int, hard: int | None, who: str = "the process") -> str:
+    """Doctor's change where no unit or configuration is known to set the limit."""
+    return f"raise it where {who} is started ({fd_limit_ways(soft, hard)})"
+
+
+#: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
+THREAD_FIXES: dict[str, Callable[[int], str]] = {
+    "Go default": lambda need: f"{GO_THREADS_ADVICE}({need})",
+    "Go SetMaxThreads": lambda need: f"{GO_THREADS_ADVICE}({need})",
+    "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
+    "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
+    "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
+}
+
+
+def thread_fix(kind: str, need: int | None = None) -> str:
+    """How to raise a thread limit of ``kind`` to ``need``; a Go limit without a number (its
+    program's threads are not known) is the advice alone."""
+    if need is None:
+        if kind.startswith("Go "):
+            return GO_THREADS_ADVICE
+        return f"raise {kind}"
+    return THREAD_FIXES[kind](need) if kind in THREAD_FIXES else f"raise {kind} to {need}"
+
+
+def listen_fix(refused: str | None) -> str:
+    """What to do about a listen queue that overflowed: when listeners (``refused``, named) were
+    failing accept() with EMFILE meanwhile, the overflow was their symptom and their FD limit the
+    fix; otherwise somaxconn and the backlog."""
+    if refused:
+        return (f"a symptom: accept() failed with EMFILE in {refused} during the recording, so the queue filled "
+                "while the listener could not take connections; raise its FD limit (its RLIMIT_NOFILE change), "
+                "not somaxconn")
+    return "a listen queue overflowed: raise somaxconn (65535) and the listener's backlog, or accept faster"
+
+
+def go_said(limit: Any) -> str:
+    """The Go runtime's message with the N its event holds, as an integer; in words when none is held."""
+    if limit is None or pd.isna(limit):
+        return "it exceeded its thread limit (the number was not recorded)"
+    return f"'program exceeds {int(limit)}-thread limit'"
+
+
+# The rules over a recording: the report's "What to change" (and ``info``'s, for the FD and
+# memory lines).
+
+
+def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None = None,
+                    memory: pd.DataFrame | None = None, victims: pd.DataFrame | None = None,
+                    needs: pd.DataFrame | None = None) -> list[str]:
+    """The configuration values to change, with the numbers the recording justifies (``memory``,
+    ``victims`` and ``needs``: computed by the caller already, else here)."""
+    if engine is None:
+        with engine_for(recording) as own:
+            return recommendations(recording, least, own, memory, victims, needs)
+    several = least["host"].nunique() > 1 if len(least) else False
+    needs = fd_needs_on(engine) if needs is None else needs
+    advice = fd_advice(needs, several=several)
+    advice += memory_advice_lines(memory_needs_on(engine, needs) if memory is None else memory,
+                                  oom_victims_on(engine) if victims is None else victims, several=several)
+    system = recording.system
+    if len(system) and "file_nr" in system.columns:
+        peak, file_max = int(system["file_nr"].max()), int(system["file_max"].min())
+        if peak * 2 > file_max:
+            advice.append(f"fs.file-max: file-nr peaked at {peak:,} of {file_max:,}; set fs.file-max to at least "
+                          f"{peak * 3:,} (sysctl -w fs.file-max=...).")
+    listen = listen_advice(system, engine)
+    if listen:
+        advice.append(listen)
+    advice += _thread_advice(engine)
+    advice += go_limit_advice(engine)
+    if not advice:
+        advice.append("No limit was approached in this recording: nothing to change.")
+    return advice
+
+
+def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
+    """One line per process that failed with EMFILE or came near its FD limit: the soft limit to
+    set, from what it needed (``fd_needs()``), never from a peak its limit capped."""
+    advice = []
+    for row in needs.itertuples():
+        soft = None if pd.isna(row.fd_soft_limit) else int(row.fd_soft_limit)
+        near = soft is not None and row.need >= soft * USAGE_WARN
+        if not row.emfile and not near:
+            continue
+        where = f" on {row.host}" if several else ""
+        failed = f", failed {row.emfile:,} times with EMFILE" if row.emfile else ""
+        limit = soft if soft is not None else "unlimited"
+        hard = None if pd.isna(row.fd_hard_limit) else int(row.fd_hard_limit)
+        text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}: soft limit {limit}{failed}; it needed at least "
+                f"{row.need} ({row.basis}); set it to {row.recommended} "
+                f"({fd_limit_ways(row.recommended, fd_hard_to_set(row.recommended, hard))}).")
+        if not pd.isna(row.maxsock) and soft is not None and row.maxsock > soft:
+            text += (f" HAProxy sized itself for {int(row.maxsock)} descriptors (Maxsock) but was given {soft}: "
+                     "raise the limit, or lower maxconn until Maxsock fits.")
+        advice.append(text)
+    return advice
+
+
+def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
+    """One line when a listen queue overflowed during the recording; when a listener was failing
+    accept() with EMFILE then, the overflow was its symptom and the FD limit is the fix."""
+    grew = {name: int(system[column].max() - system[column].min())
+            for column, name in (("listen_overflows", "ListenOverflows"), ("listen_drops", "ListenDrops"))
+            if column in system.columns and len(system) and system[column].max() > system[column].min()}
+    if not grew:
+        return None
+    moved = " and ".join(f"TcpExt {name} grew by {count:,}" for name, count in grew.items())
+    refused = engine.query(f"SELECT comm, pid, count(*) AS n FROM events WHERE kind = 'accept' AND errno IN "
+                           f"({', '.join(quote(e) for e in sorted(FD_EXHAUSTION_ERRNOS))}) GROUP BY comm, pid "
+                           "ORDER BY n DESC, pid LIMIT 3")
+    if len(refused):
+        who = ", ".join(f"{r.comm} [{r.pid}] ({r.n:,} times)" for r in refused.itertuples())
+        return f"Listen queues: {moved} during the recording; {listen_fix(who)}."
+    return f"net.core.somaxconn: {moved} during the recording; {listen_fix(None)}."
+
+
+def go_limit_advice(engine: Engine) -> list[str]:
+    """A line per Go program that said it exceeded its thread limit (the runtime's own message:
+    the only place a limit set by debug.SetMaxThreads shows)."""
+    said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit FROM events "
+                        "WHERE kind = 'go_thread_limit' GROUP BY host, pid ORDER BY host, pid")
+    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said {go_said(r.thread_limit)} and the program "
+            f"exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read from that message only); "
+            f"{thread_fix('Go default')}." for r in said.itertuples()]
+
+
+def _thread_advice(engine: Engine) -> list[str]:
+    """A line per process whose threads came within 20 % of the limit binding them."""
+    fullest = headroom_module.least_headroom_on(engine, resource="threads")
+    advice = []
+    for row in fullest.itertuples():
+        if not isinstance(row.thread_limit_kind, str) or not row.thread_usage >= USAGE_WARN:
+            continue
+        need = with_margin(row.thread_count)
+        counted = THREADS_COUNTED[row.thread_limit_kind]
+        advice.append(f"{row.thread_limit_kind} of {row.comm} [{row.pid}]: peak {row.thread_count:.0f} {counted} of "
+                      f"{row.thread_limit:.0f}; {thread_fix(row.thread_limit_kind, need)}.")
+    return advice

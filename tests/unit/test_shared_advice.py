@@ -1,0 +1,73 @@
+"""One rule, one wording: the report's "What to change" and doctor's changes take the words of
+each fix from ``fdtrace.analysis.report.advice``, so the same recording reads the same in both."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+
+from fdtrace.analysis import least_headroom, load
+from fdtrace.analysis.needs import fd_needs
+from fdtrace.analysis.report import build, recommendations
+from fdtrace.analysis.report.advice import fd_hard_to_set, fd_limit_ways, listen_fix, thread_fix
+from fdtrace.doctor.checks import Doctor, Status
+from fdtrace.doctor.report import apply_recording
+from fdtrace.recording import Recording
+from tests import fakeproc
+from tests.fakeproc import write_files
+
+EMFILE = Path(__file__).parents[1] / "data" / "emfile"
+fake_process = partial(fakeproc.fake_process, cgroup="0::/app.slice/app.service", exe=b"\x7fELF plain")
+
+
+def doctor_on(tmp_path: Path) -> Doctor:
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    write_files(proc, {
+        "sys/fs/file-nr": "900\t0\t100000\n", "sys/fs/nr_open": "1048576\n", "sys/kernel/threads-max": "100000\n",
+        "sys/kernel/pid_max": "32768\n", "sys/net/core/somaxconn": "4096\n",
+        "net/netstat": "TcpExt: ListenOverflows ListenDrops\nTcpExt: 5 0\n",
+    })
+    cgroups.mkdir(parents=True)
+    return Doctor(proc, systemctl=None, cgroupfs=cgroups)
+
+
+def test_the_fd_limit_to_set_reads_the_same_in_the_report_and_doctor(tmp_path: Path) -> None:
+    [row] = fd_needs(load(EMFILE)).query("pid == 15007").itertuples()
+    target = int(row.recommended)
+    hard = None if pd.isna(row.fd_hard_limit) else int(row.fd_hard_limit)
+    ways = fd_limit_ways(target, fd_hard_to_set(target, hard))
+    [line] = [r for r in build(load(EMFILE)).recommendations if r.startswith("RLIMIT_NOFILE of emfile-child [15007]")]
+    assert f"set it to {target} ({ways})." in line
+    doctor = doctor_on(tmp_path)  # the process is gone: doctor --from knows it from the recording only
+    apply_recording(EMFILE, doctor, [15007])
+    [check] = [c for c in doctor.process_checks(15007) if c.name == "RLIMIT_NOFILE soft"]
+    assert check.status == Status.FAIL and check.recommended == f">= {target}"
+    assert f"raise it where emfile-child is started ({ways})" in check.change
+
+
+def test_a_thread_limit_fix_reads_the_same_in_the_report_and_doctor(tmp_path: Path) -> None:
+    seconds = range(6)
+    start = pd.Timestamp("2026-11-30 04:00:00", tz="UTC")
+    samples = pd.DataFrame({
+        "ts_ns": [i * 1_000_000_000 for i in seconds], "time": [start + pd.Timedelta(seconds=i) for i in seconds],
+        "host": "h", "pid": 5, "start_ns": 99, "comm": "gopher", "open_fds": 10, "fd_soft_limit": 1024,
+        "fd_hard_limit": 4096, "threads": 3500, "sockets": 0, "go_max_threads": None,
+        "nproc_soft_limit": 4000, "user_threads": 3500, "pids_max": None, "pids_current": None,
+    })
+    recording = Recording(events=pd.DataFrame(), samples=samples, system=pd.DataFrame(), losses=pd.DataFrame(),
+                          counters=pd.DataFrame(), clock=pd.DataFrame(), haproxy=pd.DataFrame(),
+                          phases=pd.DataFrame())
+    fix = thread_fix("RLIMIT_NPROC", 4200)  # 3500 threads of the user, with the margin
+    assert f"RLIMIT_NPROC of gopher [5]: peak 3500 threads of its user of 4000; {fix}." in recommendations(
+        recording, least_headroom(recording))
+    doctor = doctor_on(tmp_path)
+    fake_process(tmp_path / "proc", 5, "gopher", 10, "1024", "4096", threads=3500, nproc="4000")
+    [check] = [c for c in doctor.process_checks(5) if c.name.startswith("RLIMIT_NPROC")]
+    assert (check.status, check.recommended, check.change) == (Status.WARN, ">= 4200", fix)
+
+
+def test_a_listen_queue_overflow_is_said_in_the_shared_words(tmp_path: Path) -> None:
+    [check] = [c for c in doctor_on(tmp_path).system_checks() if c.name.startswith("TcpExt")]
+    assert check.change == listen_fix(None)
