@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from textual import on, work
@@ -13,7 +12,7 @@ from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
 from fdtrace.display import shown
-from fdtrace.pipeline import Controls, Pipeline, SourceInfo, Update
+from fdtrace.pipeline import Controls, Pipeline, SourceInfo, Stop, Update
 from fdtrace.tui.adapters import (
     COLUMNS,
     SORT_LABELS,
@@ -128,7 +127,6 @@ class FdtraceApp(App[None]):
         self._log_rebuild = False
         self.show_exits = False
         self._last_roll_ns: int | None = None
-        self._closed = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="system")
@@ -156,29 +154,20 @@ class FdtraceApp(App[None]):
         self.poll_feed()
 
     def on_unmount(self) -> None:
-        with self.pipeline.lock:
-            self._closed = True
-            self.pipeline.close()
+        self.pipeline.close()  # the poll below stops at its next turn
 
-    # The pipeline, on a thread; updates come back as messages.
+    # The pipeline, polled on a thread; updates come back as messages.
 
     @work(thread=True, exclusive=True, group="feed")
     def poll_feed(self) -> None:
-        """Poll the pipeline every 100 ms; the view's sink posts what it gives."""
+        """Poll the pipeline every 100 ms until the view quits; the view's sink posts what it gives."""
         from textual.worker import get_current_worker
 
         worker = get_current_worker()
-        while not worker.is_cancelled:
-            started = time.monotonic()
-            try:
-                with self.pipeline.lock:
-                    if self._closed:
-                        return
-                    self.pipeline.step()
-            except Exception as exc:  # the source died: say so in the UI rather than vanish
-                self.post_message(FeedFailed(" ".join(str(exc).split()) or type(exc).__name__))
-                return
-            time.sleep(max(0.0, POLL_INTERVAL_S - (time.monotonic() - started)))
+        try:
+            self.pipeline.poll_until(Stop(condition=lambda: worker.is_cancelled, signals=False), POLL_INTERVAL_S)
+        except Exception as exc:  # the source died: say so in the UI rather than vanish
+            self.post_message(FeedFailed(" ".join(str(exc).split()) or type(exc).__name__))
 
     @on(FeedUpdated)
     def apply_update(self, message: FeedUpdated) -> None:
