@@ -1,4 +1,5 @@
-"""Test helpers that touch the system: memory and pids cgroups (v1 and v2)."""
+"""Test helpers that touch the system: memory and pids cgroups (v1 and v2); and the view built
+as `fdtrace top` and `fdtrace replay` build it."""
 
 from __future__ import annotations
 
@@ -86,6 +87,28 @@ def started(argv: list[str], says: str) -> subprocess.Popen[str]:
         if says in line:
             break
     return process
+
+
+def replay_app(feed: Any, keep_exited_s: float = 300.0) -> Any:
+    """The view over a started ReplaySource, its pipeline and controls built as `fdtrace replay`
+    builds them."""
+    from fdtrace.pipeline import Pipeline
+    from fdtrace.sources.replay import ReplayControls
+    from fdtrace.tui.app import make_app
+
+    pipeline = Pipeline(feed, source_started=True)
+    return make_app(pipeline, ReplayControls(pipeline, feed), keep_exited_s=keep_exited_s)
+
+
+def live_app(source: Any, record_dir: Path | None = None) -> Any:
+    """The view over a started LiveSource, its pipeline and controls (R records to
+    ``record_dir``) built as `fdtrace top` builds them."""
+    from fdtrace.pipeline import Pipeline
+    from fdtrace.sinks.recorder import LiveControls
+    from fdtrace.tui.app import make_app
+
+    pipeline = Pipeline(source, source_started=True)
+    return make_app(pipeline, LiveControls(pipeline, record_dir))
 
 
 async def replay_to_end(pilot: Any, feed: Any, clock: list[int], step_ns: int = 250_000_000,

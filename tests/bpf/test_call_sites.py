@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from fdtrace.analysis import leaks, load
-from tests.helpers import replay_to_end
+from tests.helpers import replay_app, replay_to_end
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")]
 FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
@@ -234,7 +234,6 @@ def test_replay_shows_a_recorded_leak_in_the_process_detail(sites_binary: Path, 
     from textual.widgets import Static
 
     from fdtrace.sources.replay import ReplaySource
-    from fdtrace.tui.app import make_app
     from fdtrace.tui.screens import ProcessScreen
 
     out = tmp_path / "rec"
@@ -265,7 +264,7 @@ def test_replay_shows_a_recorded_leak_in_the_process_detail(sites_binary: Path, 
 
     now = [0]
     feed = ReplaySource(out, clock=lambda: now[0])
-    app = make_app(feed)
+    app = replay_app(feed)
 
     async def main() -> None:
         async with app.run_test(size=(180, 50)) as pilot:

@@ -22,7 +22,7 @@ import pytest
 from fdtrace.policy import with_margin
 from tests.bpf.test_haproxy import free_port
 from tests.conftest import needs_root
-from tests.helpers import replay_to_end, started
+from tests.helpers import replay_app, replay_to_end, started
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
@@ -123,12 +123,11 @@ def test_the_same_number_everywhere_and_never_below_haproxy_s_own_demand(inciden
     from textual.widgets import Static
 
     from fdtrace.sources.replay import ReplaySource
-    from fdtrace.tui.app import make_app
     from fdtrace.tui.screens import ProcessScreen
 
     clock = [0]
     feed = ReplaySource(out, clock=lambda: clock[0])
-    app = make_app(feed)
+    app = replay_app(feed)
 
     async def detail() -> str:
         async with app.run_test(size=(200, 60)) as pilot:

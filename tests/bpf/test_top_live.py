@@ -15,8 +15,8 @@ from textual.widgets import DataTable, RichLog
 from fdtrace.analysis import load
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.sources.live import LiveOptions, LiveSource
-from fdtrace.tui.app import make_app
 from tests.conftest import python_child
+from tests.helpers import live_app
 
 pytestmark = pytest.mark.bpf
 
@@ -47,7 +47,7 @@ async def until_at_its_limit(app: Any, pilot: Any, pid: int) -> None:
 def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) -> None:
     source = LiveSource(LiveOptions(trace=TraceOptions(), top_processes=5, live_phases=True, keep_exited=0))
     source.start()
-    app = make_app(source, record_dir=tmp_path / "rec")
+    app = live_app(source, record_dir=tmp_path / "rec")
 
     child_pid: list[int] = []
 
@@ -92,7 +92,7 @@ def test_top_comm_shows_only_that_program() -> None:
     source = LiveSource(LiveOptions(trace=TraceOptions(), top_processes=30, keep_exited=0, comms=("top-emfile",),
                                     samples_of_comms_only=True))
     source.start()
-    app = make_app(source)
+    app = live_app(source)
 
     async def scenario() -> None:
         async with app.run_test(size=(180, 40)) as pilot:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import needs_root
-from tests.helpers import drain, replay_to_end
+from tests.helpers import drain, replay_app, replay_to_end
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
@@ -174,11 +174,10 @@ def test_the_live_view_over_the_recording_shows_the_names_as_escapes(seen: dict[
     from textual.widgets import DataTable
 
     from fdtrace.sources.replay import ReplaySource
-    from fdtrace.tui.app import make_app
 
     clock = [0]
     feed = ReplaySource(seen["recording"], clock=lambda: clock[0])
-    app = make_app(feed)
+    app = replay_app(feed)
 
     async def scenario() -> str:
         async with app.run_test(size=(200, 40)) as pilot:

@@ -86,7 +86,7 @@ def test_top_quits_at_once_with_a_fifo_planted_as_a_phase_state(tmp_path: Path) 
     from fdtrace.integrations.phases.live import RUN_DIR_PREFIX, LivePhases
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.sources.live import LiveOptions, LiveSource
-    from fdtrace.tui.app import make_app
+    from tests.helpers import live_app
 
     run = tmp_path / f"{RUN_DIR_PREFIX}planted"
     run.mkdir()
@@ -94,7 +94,7 @@ def test_top_quits_at_once_with_a_fifo_planted_as_a_phase_state(tmp_path: Path) 
     source = LiveSource(LiveOptions(trace=TraceOptions(errors_only=True), top_processes=5, keep_exited=0),
                         phases=LivePhases(tmp_path))
     source.start()
-    app = make_app(source)
+    app = live_app(source)
     took: list[float] = []
 
     async def scenario() -> None:

@@ -13,8 +13,9 @@ from textual.widgets import DataTable, RichLog, Static
 
 from fdtrace.analysis import load
 from fdtrace.sources.replay import ReplaySource
-from fdtrace.tui.app import FdtraceApp, make_app
+from fdtrace.tui.app import FdtraceApp
 from fdtrace.tui.screens import ProcessScreen
+from tests.helpers import replay_app
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 RECORDING = load(EMFILE)
@@ -33,7 +34,7 @@ class FakeClock:
 def run(scenario: Callable[[FdtraceApp, Pilot[None], FakeClock, ReplaySource], Awaitable[None]]) -> None:
     clock = FakeClock()
     feed = ReplaySource(EMFILE, clock=clock)
-    app = make_app(feed)
+    app = replay_app(feed)
 
     async def main() -> None:
         async with app.run_test(size=(180, 40)) as pilot:
@@ -268,7 +269,7 @@ def test_training_ranks_show_their_step_and_phase() -> None:
     optimizer = int(rank1[(rank1["phase"] == "optimizer") & (rank1["step"] == 0)]["start_wall_ns"].iloc[0])
     clock = FakeClock()
     feed = ReplaySource(ddp, clock=clock)
-    app = make_app(feed)
+    app = replay_app(feed)
 
     async def main() -> None:
         async with app.run_test(size=(180, 40)) as pilot:

@@ -13,9 +13,9 @@ from textual.widgets import DataTable, Static
 
 from fdtrace.analysis import load
 from fdtrace.sources.replay import ReplaySource
-from fdtrace.tui.app import FdtraceApp, make_app
+from fdtrace.tui.app import FdtraceApp
 from fdtrace.tui.screens import ProcessScreen
-from tests.helpers import replay_to_end
+from tests.helpers import replay_app, replay_to_end
 
 NEWCOMER = Path(__file__).parents[1] / "data" / "newcomer"
 RECORDING = load(NEWCOMER)
@@ -31,7 +31,7 @@ Scenario = Callable[[FdtraceApp, Pilot[None]], Awaitable[None]]
 def run_to_end(scenario: Scenario) -> None:
     clock = [0]
     feed = ReplaySource(NEWCOMER, clock=lambda: clock[0])
-    app = make_app(feed)
+    app = replay_app(feed)
 
     async def main() -> None:
         async with app.run_test(size=(180, 40)) as pilot:

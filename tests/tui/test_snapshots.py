@@ -10,7 +10,7 @@ from typing import Any
 from textual.pilot import Pilot
 
 from fdtrace.sources.replay import ReplaySource
-from fdtrace.tui.app import make_app
+from tests.helpers import replay_app
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 SIZE = (170, 34)
@@ -19,7 +19,7 @@ SIZE = (170, 34)
 def replayed_app() -> tuple[Any, Any]:
     clock = {"ns": 0}
     feed = ReplaySource(EMFILE, clock=lambda: clock["ns"])
-    app = make_app(feed)
+    app = replay_app(feed)
 
     async def play(pilot: Pilot[None]) -> None:
         while not feed.player.finished:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,6 @@ def test_a_replay_cannot_be_recorded_again(tmp_path: Path) -> None:
 
 def test_the_duration_counts_from_the_start_of_the_run() -> None:
     stop = Stop(duration_s=0.05, signals=False)
-    import time
 
     time.sleep(0.1)  # start-up time (compiling the programs) does not count
     assert not stop.reached()
@@ -146,3 +146,22 @@ def test_updates_merged_for_a_consumer_that_fell_behind_keep_every_event_and_rou
     source.seek(source.player.start_ns)  # a reset drops what came before it
     reset = source.poll()
     assert merged.then(reset) is reset
+
+
+def test_a_poll_on_another_thread_ends_when_its_owner_closes_the_pipeline() -> None:
+    """The live view polls on a worker and closes the pipeline when it quits: the poll ends at
+    its next turn, and the sinks had the final update once."""
+    import threading
+
+    pipeline = Pipeline(replay(), source_started=True)
+    sink = RecordingOfCalls()
+    pipeline.attach(sink)
+    polling = threading.Thread(target=pipeline.poll_until, args=(Stop(signals=False), 0.01))
+    polling.start()
+    deadline = time.monotonic() + 30
+    while len(sink.updates) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pipeline.close()
+    polling.join(timeout=30)
+    assert not polling.is_alive()
+    assert sink.updates[-1].final and sum(u.final for u in sink.updates) == 1 and sink.closed == [False]

@@ -116,3 +116,29 @@ def test_next_problem_finds_exhaustion_of_any_call_kind(tmp_path: Path) -> None:
     source = ReplaySource(copy, clock=FakeClock())
     assert source.next_problem()
     assert source.player.now_ns == socket_emfile["time"].iloc[0].value
+
+
+def test_the_replay_controls_move_the_player_and_say_where_it_is() -> None:
+    from fdtrace.pipeline import Pipeline
+    from fdtrace.sources.replay import ReplayControls
+
+    clock = FakeClock()
+    source = ReplaySource(EMFILE, clock=clock)
+    controls = ReplayControls(Pipeline(source, source_started=True), source)
+    player = source.player
+    assert controls.playback and not controls.running and list(controls.skipped) == []
+    assert controls.toggle_recording().text == "recording is for live views"
+    where = controls.position()
+    assert (where.start_ns, where.end_ns, where.now_ns) == (player.start_ns, player.end_ns, player.start_ns)
+    assert list(where.problems_ns) == list(player.problem_times()) and len(player.problem_times())
+    controls.faster()
+    controls.faster()
+    controls.slower()
+    assert player.speed == 2.0 and controls.status().startswith("replay 2x, ")
+    controls.toggle_pause()
+    clock.ns += 5_000_000_000
+    assert player.paused and player.now_ns == player.start_ns and controls.status().startswith("replay paused, ")
+    assert controls.next_problem() and player.now_ns == int(player.problem_times()[0])
+    assert not controls.previous_problem()  # nothing before the first
+    controls.seek_by(-60)
+    assert player.now_ns == player.start_ns and source.poll().reset

@@ -77,9 +77,13 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
     # the R key records: its writer's descriptors are counted before the probes attach
     reserve_descriptors(source, "the R key's recording", RecordingWriter.DESCRIPTORS)
     start_live(source)
+    from fdtrace.pipeline import Pipeline
+    from fdtrace.sinks.recorder import LiveControls
     from fdtrace.tui.app import make_app
 
-    make_app(source, Path(record_dir) if record_dir else None, keep_exited_s=keep_exited).run()
+    pipeline = Pipeline(source, source_started=True)
+    controls = LiveControls(pipeline, Path(record_dir) if record_dir else None)
+    make_app(pipeline, controls, keep_exited_s=keep_exited).run()
     for text in source.notes:
         note(text)
 
@@ -89,7 +93,8 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
 @click.option("--speed", type=float, default=1.0, show_default=True, help="Replay speed (2 = twice real time).")
 def replay(directories: tuple[str, ...], speed: float) -> None:
     """Replay recordings in the live view: play, pause, faster/slower, jump to the next error."""
-    from fdtrace.sources.replay import ReplaySource
+    from fdtrace.pipeline import Pipeline
+    from fdtrace.sources.replay import ReplayControls, ReplaySource
 
     if speed <= 0:
         fail(FdtraceError("--speed must be positive"))
@@ -99,6 +104,7 @@ def replay(directories: tuple[str, ...], speed: float) -> None:
         fail(error)
     from fdtrace.tui.app import make_app
 
-    make_app(source).run()
+    pipeline = Pipeline(source, source_started=True)
+    make_app(pipeline, ReplayControls(pipeline, source)).run()
     for skipped in source.skipped:
         note(f"skipped an unreadable file: {skipped}")

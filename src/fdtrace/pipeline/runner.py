@@ -136,14 +136,25 @@ class Pipeline:
         """Poll until ``stop`` is reached, then deliver the final update and close everything.
         A required sink's failure stops it too: the others are closed, the error is raised."""
         try:
-            while not stop.reached():
-                started = time.monotonic()
-                self.step()
-                time.sleep(max(0.0, self.poll_interval_s - (time.monotonic() - started)))
+            self.poll_until(stop)
             return self.finish()
         except BaseException:
             self._abort()
             raise
+
+    def poll_until(self, stop: Stop, interval_s: float | None = None) -> None:
+        """Poll every ``interval_s`` (default ``poll_interval_s``) until ``stop`` is reached or
+        another thread closes the pipeline (the live view, polling on a worker, closes it when it
+        quits). Closing is the caller's: ``run()`` finishes, a view calls ``close()``; an error
+        is raised as it came."""
+        interval_s = self.poll_interval_s if interval_s is None else interval_s
+        while not stop.reached():
+            started = time.monotonic()
+            with self._lock:
+                if self._closed:
+                    return
+                self.step()
+            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
 
     def finish(self) -> Update:
         """Deliver the source's final update, close the sinks and stop the source."""

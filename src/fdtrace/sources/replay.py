@@ -18,6 +18,7 @@ from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.live import phases_at
 from fdtrace.kernel.descriptors import SiteRow
 from fdtrace.kernel.stacks import Stack
+from fdtrace.pipeline import Notice, Pipeline, Position
 from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
 from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.threads import ThreadState
@@ -424,6 +425,68 @@ class ReplaySource:
     def previous_problem(self) -> bool:
         """Jump to the last EMFILE/ENFILE, OOM kill or kill by a signal before now; False when none."""
         return self.next_problem(backwards=True)
+
+
+class ReplayControls:
+    """The replay's controls, for the view fed by ``pipeline`` from ``source``: its keys move the
+    player's clock (each under the pipeline's lock, between two polls), and its status and
+    position bar say where the replay is.
+
+    Args:
+        pipeline: the pipeline the view is fed by.
+        source: the replay that ``pipeline`` polls.
+    """
+
+    playback = True
+    running = False  # the processes of a recording are not there to be checked
+
+    def __init__(self, pipeline: Pipeline, source: ReplaySource) -> None:
+        self.pipeline = pipeline
+        self.source = source
+
+    @property
+    def skipped(self) -> list[str]:
+        """The recording's files that could not be read."""
+        return self.source.skipped
+
+    def status(self) -> str:
+        """replay SPEED or paused, and the time it is at."""
+        with self.pipeline.lock:
+            return self.source.status()
+
+    def position(self) -> Position:
+        """The recording's span, the replay's clock and its failures."""
+        with self.pipeline.lock:
+            player = self.source.player
+            return Position(player.start_ns, player.end_ns, player.now_ns, player.problem_times())
+
+    def toggle_recording(self) -> Notice:
+        """A replay is not recorded again."""
+        return Notice("recording is for live views")
+
+    def toggle_pause(self) -> None:
+        with self.pipeline.lock:
+            self.source.toggle_pause()
+
+    def faster(self) -> None:
+        with self.pipeline.lock:
+            self.source.faster()
+
+    def slower(self) -> None:
+        with self.pipeline.lock:
+            self.source.slower()
+
+    def seek_by(self, seconds: float) -> None:
+        with self.pipeline.lock:
+            self.source.seek_by(seconds)
+
+    def next_problem(self) -> bool:
+        with self.pipeline.lock:
+            return self.source.next_problem()
+
+    def previous_problem(self) -> bool:
+        with self.pipeline.lock:
+            return self.source.previous_problem()
 
 
 def _sample(row: dict[str, Any]) -> ProcessSample:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -14,8 +12,7 @@ from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
 from fdtrace.display import shown
-from fdtrace.pipeline import Pipeline, Source, SourceInfo, Update
-from fdtrace.sinks.parquet import ParquetSink
+from fdtrace.pipeline import Controls, Pipeline, SourceInfo, Stop, Update
 from fdtrace.tui.adapters import (
     COLUMNS,
     SORT_LABELS,
@@ -29,9 +26,6 @@ from fdtrace.tui.adapters import (
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
 from fdtrace.tui.state import SORT_KEYS, IncidentState, LogEntry, ProcessView
-
-if TYPE_CHECKING:  # the live view does not import what replays need (pandas: half a CPU second)
-    from fdtrace.sources.replay import ReplaySource
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
@@ -82,7 +76,13 @@ class ViewSink:
 
 
 class FdtraceApp(App[None]):
-    """Process table, system header and event log, fed by a pipeline polled on a worker thread."""
+    """Process table, system header and event log, fed by a pipeline polled on a worker thread.
+
+    Args:
+        pipeline: the started source, fanned out to the view (and to what the controls attach).
+        controls: what the keys that depend on the source do (replay's time keys, R).
+        keep_exited_s: how long a process that ended stays in the table.
+    """
 
     CSS_PATH = "app.tcss"
     TITLE = "fdtrace"
@@ -110,16 +110,11 @@ class FdtraceApp(App[None]):
         Binding("right_curly_bracket", "seek(60)", "+60s", show=False),
     ]
 
-    def __init__(self, source: Source, record_dir: Path | None = None, keep_exited_s: float = 300.0) -> None:
+    def __init__(self, pipeline: Pipeline, controls: Controls, keep_exited_s: float = 300.0) -> None:
         super().__init__()
         self.keep_exited_ns = int(keep_exited_s * 1e9)
-        self.source = source
-        self.live = source.info.live
-        #: The replayed recording (None when live): the one thing the view asks of a replay.
-        self.replay: ReplaySource | None = None if self.live else source  # type: ignore[assignment]
-        self.pipeline = Pipeline(source, source_started=True)
-        self.recording: ParquetSink | None = None
-        self.record_dir = record_dir
+        self.pipeline = pipeline
+        self.controls = controls
         self.state = IncidentState(keep_exited_ns=self.keep_exited_ns)
         self.sort = "headroom"
         self.reverse = False
@@ -132,7 +127,6 @@ class FdtraceApp(App[None]):
         self._log_rebuild = False
         self.show_exits = False
         self._last_roll_ns: int | None = None
-        self._closed = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="system")
@@ -148,40 +142,32 @@ class FdtraceApp(App[None]):
         table = self.query_one("#processes", DataTable)
         for key, label, width in COLUMNS:
             table.add_column(label, key=key, width=width)
-        if not self.live:
+        if self.controls.playback:
             self.sub_title = "replay: space play/pause, +/- speed, n next error, [ ] seek"
-        if self.replay is not None and self.replay.skipped:
-            some = "; ".join(self.replay.skipped[:3]) + ("; ..." if len(self.replay.skipped) > 3 else "")
-            self.notify(f"skipped {len(self.replay.skipped)} unreadable files: {shown(some)}", severity="warning",
+        skipped = list(self.controls.skipped)
+        if skipped:
+            some = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+            self.notify(f"skipped {len(skipped)} unreadable files: {shown(some)}", severity="warning",
                         timeout=30, markup=False)
         self.view_sink = ViewSink(self)
         self.pipeline.attach(self.view_sink)
         self.poll_feed()
 
     def on_unmount(self) -> None:
-        with self.pipeline.lock:
-            self._closed = True
-            self.pipeline.close()
+        self.pipeline.close()  # the poll below stops at its next turn
 
-    # The pipeline, on a thread; updates come back as messages.
+    # The pipeline, polled on a thread; updates come back as messages.
 
     @work(thread=True, exclusive=True, group="feed")
     def poll_feed(self) -> None:
-        """Poll the pipeline every 100 ms; the view's sink posts what it gives."""
+        """Poll the pipeline every 100 ms until the view quits; the view's sink posts what it gives."""
         from textual.worker import get_current_worker
 
         worker = get_current_worker()
-        while not worker.is_cancelled:
-            started = time.monotonic()
-            try:
-                with self.pipeline.lock:
-                    if self._closed:
-                        return
-                    self.pipeline.step()
-            except Exception as exc:  # the source died: say so in the UI rather than vanish
-                self.post_message(FeedFailed(" ".join(str(exc).split()) or type(exc).__name__))
-                return
-            time.sleep(max(0.0, POLL_INTERVAL_S - (time.monotonic() - started)))
+        try:
+            self.pipeline.poll_until(Stop(condition=lambda: worker.is_cancelled, signals=False), POLL_INTERVAL_S)
+        except Exception as exc:  # the source died: say so in the UI rather than vanish
+            self.post_message(FeedFailed(" ".join(str(exc).split()) or type(exc).__name__))
 
     @on(FeedUpdated)
     def apply_update(self, message: FeedUpdated) -> None:
@@ -251,13 +237,11 @@ class FdtraceApp(App[None]):
             phases.update(phases_line(self.state.phases, self.state.now_ns))
         self._redraw_table(rows[:MAX_ROWS])
         position = self.query_one("#position", Static)
-        position.display = self.replay is not None
-        if self.replay is not None:
-            with self.pipeline.lock:
-                player = self.replay.player
-                bar = position_bar(player.start_ns, player.end_ns, player.now_ns, player.problem_times(),
-                                   max(self.size.width - 2, 20))
-            position.update(bar)
+        where = self.controls.position()
+        position.display = where is not None
+        if where is not None:
+            position.update(position_bar(where.start_ns, where.end_ns, where.now_ns, where.problems_ns,
+                                         max(self.size.width - 2, 20)))
         log = self.query_one("#log", RichLog)
         if self._log_rebuild:
             log.clear()
@@ -282,13 +266,7 @@ class FdtraceApp(App[None]):
 
     def status(self) -> str:
         """One line saying what the view shows: live (and recording), or where the replay is."""
-        with self.pipeline.lock:
-            if self.replay is not None:
-                return self.replay.status()
-            if self.recording is not None and self.recording in self.pipeline.sinks:
-                return f"live, recording to {self.recording.directory} ({self.recording.events} events)"
-            failed = [f.error for f in self.pipeline.failures if isinstance(f.sink, ParquetSink)]
-            return f"live, recording stopped: {failed[-1]}" if failed else "live"
+        return self.controls.status()
 
     def _redraw_table(self, rows: list[ProcessView]) -> None:
         table = self.query_one("#processes", DataTable)
@@ -400,62 +378,39 @@ class FdtraceApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_record(self) -> None:
-        """R: start recording what the view shows to a new directory, or stop."""
-        if not self.live:
-            self.notify("recording is for live views")
-            return
-        with self.pipeline.lock:
-            if self.recording is None or self.recording not in self.pipeline.sinks:
-                directory = self.record_dir or Path(time.strftime("fdtrace-%Y%m%d-%H%M%S"))
-                try:
-                    sink = ParquetSink(directory, ["fdtrace", "top"], required=False)
-                    self.pipeline.attach(sink)
-                except Exception as exc:
-                    self.notify(f"cannot record: {shown(exc)}", severity="error", markup=False)
-                    return
-                self.recording = sink
-                self.notify(f"recording to {shown(directory)}", markup=False)
-            else:
-                done, self.recording = self.recording, None
-                self.pipeline.detach(done)
-                self.notify(f"recording saved in {shown(done.directory)}", markup=False)
+        """R: start recording what the view shows to a new directory, or stop (live)."""
+        notice = self.controls.toggle_recording()
+        self.notify(notice.text, severity=notice.severity, markup=False)
 
-    def _replay(self, action: str, *args: Any) -> None:
-        if self.replay is None:
-            return
-        with self.pipeline.lock:
-            result = getattr(self.replay, action)(*args)
-        if action == "next_problem" and result is False:
-            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal after this point")
-        if action == "previous_problem" and result is False:
-            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal before this point")
-
-    def action_toggle_play(self) -> None:
-        self._replay("toggle_pause")
-
-    def action_faster(self) -> None:
-        self._replay("faster")
-
-    def action_slower(self) -> None:
-        self._replay("slower")
-
-    def action_next_problem(self) -> None:
-        self._replay("next_problem")
-
-    def action_previous_problem(self) -> None:
-        self._replay("previous_problem")
+    # The replay's keys: they exist (and show in the footer) only where time can be moved.
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """The replay's keys exist (and show in the footer) only in a replay."""
-        if action in REPLAY_ACTIONS and self.replay is None:
-            return False
-        return True
+        return self.controls.playback or action not in REPLAY_ACTIONS
+
+    def action_toggle_play(self) -> None:
+        self.controls.toggle_pause()
+
+    def action_faster(self) -> None:
+        self.controls.faster()
+
+    def action_slower(self) -> None:
+        self.controls.slower()
+
+    def action_next_problem(self) -> None:
+        if not self.controls.next_problem():
+            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal after this point")
+
+    def action_previous_problem(self) -> None:
+        if not self.controls.previous_problem():
+            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal before this point")
 
     def action_seek(self, seconds: int) -> None:
-        self._replay("seek_by", seconds)
+        self.controls.seek_by(seconds)
 
 
-def make_app(source: Source, record_dir: Path | None = None, keep_exited_s: float = 300.0) -> FdtraceApp:
-    """The app over a started source (tests pass a ReplaySource over a fixture recording).
-    ``keep_exited_s``: how long a process that ended stays in the table."""
-    return FdtraceApp(source, record_dir, keep_exited_s)
+def make_app(pipeline: Pipeline, controls: Controls, keep_exited_s: float = 300.0) -> FdtraceApp:
+    """The app over a pipeline whose source is started, with the controls its command built
+    (``LiveControls`` for `top`, ``ReplayControls`` for `replay`; tests replay fixture
+    recordings). ``keep_exited_s``: how long a process that ended stays in the table."""
+    return FdtraceApp(pipeline, controls, keep_exited_s)

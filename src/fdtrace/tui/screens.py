@@ -79,7 +79,7 @@ class ProcessScreen(Screen[None]):
     def action_doctor(self) -> None:
         """d: doctor's checks of this process (live only: a replay's process is not running)."""
         app: FdtraceApp = self.app  # type: ignore[assignment]
-        if not app.live:
+        if not app.controls.running:
             self.notify(f"doctor's checks read a running process: fdtrace doctor --pid {self.pid} --from DIR "
                         "checks one from a recording", markup=False)
             return
