@@ -239,7 +239,7 @@ def test_help_screen_and_freeze() -> None:
 
 
 def test_thousands_of_processes_draw_the_worst_rows_and_say_so() -> None:
-    from fdtrace.procfs.sampler import ProcessSample
+    from fdtrace.schema.records import ProcessSample
     from fdtrace.tui.app import MAX_ROWS
     from fdtrace.tui.state import IncidentState
 

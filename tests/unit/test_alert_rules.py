@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fdtrace.kernel.counters import CounterStore
-from fdtrace.procfs.sampler import ProcessSample
+from fdtrace.schema.records import ProcessSample
 from fdtrace.sinks.prometheus import PrometheusSink
 
 DATA = Path(str(resources.files("fdtrace") / "data"))

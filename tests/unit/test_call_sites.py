@@ -11,7 +11,8 @@ import pytest
 from fdtrace.analysis.call_sites import leaks, site_name
 from fdtrace.policy import DNS_LOOKUP_SITE, code_site, thread_reason, to_thread_start
 from fdtrace.procfs import ProcFS
-from fdtrace.procfs.threads import ThreadState, describe_state, thread_census
+from fdtrace.procfs.threads import describe_state, thread_census
+from fdtrace.schema.records import ThreadState
 from fdtrace.tui.state import ProcessView
 
 S = 1_000_000_000

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from fdtrace.kernel.clock import ClockOffsets
 from fdtrace.kernel.decode import decode
 from fdtrace.procfs import TICK_NS, ProcFS, StartTimeResolver
 from fdtrace.schema import EVENT_COLUMNS, RAW_EVENT_DTYPE, SYSCALL_IDS, Kind, arrow_schema
+from fdtrace.schema.records import ClockOffsets
 
 OFFSETS = ClockOffsets(mono_ns=0, realtime_offset_ns=1_700_000_000_000_000_000, boottime_offset_ns=5_000_000_000)
 
@@ -203,9 +203,9 @@ def test_connection_records_go_to_their_own_table() -> None:
 
     import numpy as np
 
-    from fdtrace.kernel.clock import ClockOffsets
     from fdtrace.kernel.decode import decode_connections, split_connections
     from fdtrace.schema import RAW_EVENT_DTYPE, Kind
+    from fdtrace.schema.records import ClockOffsets
 
     raw = np.zeros(3, dtype=RAW_EVENT_DTYPE)
     raw["kind"] = [Kind.TCP_ESTABLISHED, Kind.SOCKET, Kind.TCP_ESTABLISHED]

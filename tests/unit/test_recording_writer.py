@@ -149,11 +149,11 @@ def test_an_events_part_reads_back_as_written_and_engines_read_it_as_it_is(tmp_p
     import numpy as np
     import pyarrow.parquet as pq
 
-    from fdtrace.kernel.clock import ClockOffsets
     from fdtrace.kernel.decode import decode
     from fdtrace.procfs import ProcFS, StartTimeResolver
     from fdtrace.recording.reader import doubts, open_part
     from fdtrace.schema import RAW_EVENT_DTYPE, SYSCALL_IDS, Kind
+    from fdtrace.schema.records import ClockOffsets
 
     raw = np.zeros(5000, dtype=RAW_EVENT_DTYPE)
     raw["ts_ns"] = 10**12 + np.cumsum(np.arange(5000) % 7 + 1)

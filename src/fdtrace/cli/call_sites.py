@@ -270,8 +270,9 @@ def _print_thread_sites(sites: Any, duration: float) -> None:
 def _recorded_threads(recording: str, pid: int | None, as_json: bool) -> None:
     from fdtrace.analysis import thread_sites
     from fdtrace.analysis import threads as census_over_time
-    from fdtrace.procfs.threads import ThreadState, describe_state
+    from fdtrace.procfs.threads import describe_state
     from fdtrace.recording import load
+    from fdtrace.schema.records import ThreadState
 
     try:
         loaded = load(recording)

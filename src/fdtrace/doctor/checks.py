@@ -26,8 +26,9 @@ from fdtrace.integrations.haproxy import (
 from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
-from fdtrace.procfs.sampler import ProcessSample, ProcSampler
+from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import threads_by_uid
+from fdtrace.schema.records import ProcessSample
 
 #: systemd's systemctl, by absolute path: never the first one on a PATH someone else may have set.
 SYSTEMCTL = next((path for path in ("/usr/bin/systemctl", "/bin/systemctl") if os.access(path, os.X_OK)), None)

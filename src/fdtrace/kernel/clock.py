@@ -7,18 +7,9 @@ import os
 import stat
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class ClockOffsets:
-    """CLOCK_REALTIME - CLOCK_MONOTONIC and CLOCK_BOOTTIME - CLOCK_MONOTONIC, in ns, at ``mono_ns``."""
-
-    mono_ns: int
-    realtime_offset_ns: int
-    boottime_offset_ns: int
-    quality: ClockQuality | None = None  # read each round by live sources
+from fdtrace.schema.records import ClockOffsets, ClockQuality
 
 
 def sample_offsets() -> ClockOffsets:
@@ -34,16 +25,6 @@ def sample_offsets() -> ClockOffsets:
     assert best is not None
     _, mono, real, boot = best
     return ClockOffsets(mono_ns=mono, realtime_offset_ns=real - mono, boottime_offset_ns=boot - mono)
-
-
-@dataclass(frozen=True)
-class ClockQuality:
-    """What the host itself knows of its wall clock's quality (adjtimex(2), chronyd)."""
-
-    synchronized: bool | None
-    est_error_us: int | None
-    max_error_us: int | None
-    chrony_offset_ns: int | None = None
 
 
 class _Timex(ctypes.Structure):

@@ -9,7 +9,6 @@ import socket
 import numpy as np
 import pyarrow as pa
 
-from fdtrace.kernel.clock import ClockOffsets
 from fdtrace.procfs import StartTimeResolver
 from fdtrace.procfs.containers import Placement
 from fdtrace.schema import (
@@ -23,6 +22,7 @@ from fdtrace.schema import (
     arrow_schema,
     slot,
 )
+from fdtrace.schema.records import ClockOffsets
 
 _KIND_DICT = [KIND_LABELS.get(i, "") for i in range(max(KIND_LABELS) + 1)]
 _ERRNO_DICT = [""] + [errno_module.errorcode.get(i, f"E{i}") for i in range(1, 4096)]

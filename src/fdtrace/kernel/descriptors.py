@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.reader import READ_ERRORS
+from fdtrace.schema.records import SiteRow
 
 #: (kernel stack id -> (pid, CLOCK_MONOTONIC ns of its oldest live descriptor)) -> (kernel stack id
 #: -> the site's stack id, None when the stack was not kept)
@@ -30,20 +30,6 @@ Resolver = Callable[[dict[int, tuple[int, int]]], dict[int, "int | None"]]
 MAX_REMEMBERED = 200_000
 
 _Key = tuple[int, str, "int | None"]  # (pid, origin, site stack id)
-
-
-@dataclass(frozen=True)
-class SiteRow:
-    """Open descriptors of one process made at one call site (a row of ``fd_sites``)."""
-
-    pid: int
-    comm: str
-    origin: str  # "traced" or "before_tracing"
-    stack_id: int | None
-    open: int
-    opened: int | None
-    closed: int | None
-    oldest_ns: int | None
 
 
 class DescriptorTracker:

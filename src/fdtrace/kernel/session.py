@@ -19,7 +19,7 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.clock import sample_offsets
 from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.decode import decode, decode_connections, split_connections
-from fdtrace.kernel.descriptors import MAX_REMEMBERED, DescriptorTracker, SiteRow
+from fdtrace.kernel.descriptors import MAX_REMEMBERED, DescriptorTracker
 from fdtrace.kernel.features import (
     KernelFeatures,
     check_kernel_headers,
@@ -29,9 +29,10 @@ from fdtrace.kernel.features import (
     probe_kernel,
 )
 from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carries_accept_peer, carries_close_fd
-from fdtrace.kernel.stacks import Stack, Symbolizer, symbolize
+from fdtrace.kernel.stacks import Symbolizer, symbolize
 from fdtrace.procfs import StartTimeResolver
 from fdtrace.schema import RAW_EVENT_DTYPE, Kind, arrow_schema
+from fdtrace.schema.records import SiteRow, Stack
 
 
 @dataclass

@@ -11,7 +11,6 @@ import bisect
 import os
 import stat
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from fdtrace.policy import THREAD_ENTRY_FUNCTIONS
 from fdtrace.procfs import ProcFS
@@ -19,30 +18,10 @@ from fdtrace.procfs.elf import ElfError, ModuleSymbols, demangled, read_module
 from fdtrace.procfs.python_frames import PythonStackReader, PythonStacks, waiting_in
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
+from fdtrace.schema.records import Stack
 
 #: Functions a thread's stack starts from: a walk that ends in one of them is whole.
 OUTERMOST_FUNCTIONS = THREAD_ENTRY_FUNCTIONS
-
-
-@dataclass(frozen=True)
-class Stack:
-    """One symbolized stack.
-
-    Attributes:
-        stack_id: the BPF programs' id (a hash of the process and its addresses).
-        pid: the process it belongs to.
-        comm: its task name when read.
-        frames: innermost first, "function+0xoffset [module]".
-        truncated: why outer frames may be missing, or None when the walk reached a thread's start.
-        mono_ns: when it was read.
-    """
-
-    stack_id: int
-    pid: int
-    comm: str
-    frames: tuple[str, ...]
-    truncated: str | None
-    mono_ns: int
 
 
 class Symbolizer:

@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fdtrace.schema.records import ThreadCensus
+
 if TYPE_CHECKING:
-    from fdtrace.integrations.phases.live import PhaseNow
-    from fdtrace.kernel.clock import ClockOffsets
     from fdtrace.kernel.counters import CounterStore
-    from fdtrace.kernel.descriptors import SiteRow
-    from fdtrace.kernel.stacks import Stack
-    from fdtrace.procfs.sampler import ProcessSample
-    from fdtrace.procfs.threads import ThreadState
+    from fdtrace.schema.records import ClockOffsets, PhaseNow, ProcessSample, SiteRow, Stack
 
 #: A row of system figures (the ``system`` table's columns but ts_ns and time).
 SystemFigures = dict[str, "int | None"]
@@ -27,15 +24,6 @@ class ArrowTable(Protocol):
     def num_rows(self) -> int: ...
 
     def __getitem__(self, key: str) -> Any: ...
-
-
-@dataclass(frozen=True)
-class ThreadCensus:
-    """What one process's threads were doing at a round (a group of ``thread_census`` rows)."""
-
-    pid: int
-    comm: str
-    states: list[ThreadState]
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,58 +17,10 @@ from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
 from fdtrace.procfs.memory import RSS_FIELDS, CgroupMemory, cgroup_memory, meminfo_kb, resident_kb
 from fdtrace.procfs.reader import READ_ERRORS, ProcessAccessDeniedError, ProcFS, skip_reason
 from fdtrace.procfs.thread_limits import cgroup_pids, tasks_total, threads_by_uid
+from fdtrace.schema.records import ProcessSample
 
 #: Sockets are counted by reading each fd's link only up to this many open FDs.
 MAX_FDS_FOR_SOCKET_COUNT = 10_000
-
-
-@dataclass(frozen=True)
-class ProcessSample:
-    """One process at one moment."""
-
-    pid: int
-    start_ns: int
-    comm: str
-    open_fds: int
-    fd_soft_limit: int | None
-    fd_hard_limit: int | None
-    threads: int
-    sockets: int | None
-    cmdline: str | None = None
-    #: Real user id; RLIMIT_NPROC counts all threads of this user.
-    uid: int | None = None
-    #: RLIMIT_NPROC soft limit; None when unlimited or not enforced (root is not held to it).
-    nproc_soft_limit: int | None = None
-    #: Threads of all processes of ``uid``, counted only when ``nproc_soft_limit`` applies.
-    user_threads: int | None = None
-    #: Tasks and limit of the tightest cgroup pids.max over the process; None when none applies.
-    pids_current: int | None = None
-    pids_max: int | None = None
-    #: A Go program's thread limit, read from its memory (what debug.SetMaxThreads set), or Go's
-    #: default 10000 when it cannot be read (``go_limit_unread`` says why); None for other programs.
-    go_max_threads: int | None = None
-    go_limit_unread: str | None = None
-    #: Where it runs (``fdtrace.procfs.containers.placement``): cgroup, systemd unit, container, pod.
-    cgroup: str | None = None
-    unit: str | None = None
-    container_id: str | None = None
-    container_runtime: str | None = None
-    pod_uid: str | None = None
-    #: Resident memory in kB, split as the OOM killer splits it (None: not in its status).
-    rss_anon_kb: int | None = None
-    rss_file_kb: int | None = None
-    rss_shmem_kb: int | None = None
-    #: The memory cgroup that leaves it the least to spare (its own or an ancestor's): limit and
-    #: usage in bytes, and the OOM kills in it so far; None when no cgroup limits its memory.
-    memcg_limit_bytes: int | None = None
-    memcg_usage_bytes: int | None = None
-    memcg_oom_kills: int | None = None
-
-    @property
-    def rss_kb(self) -> int | None:
-        """Resident memory in all (kB)."""
-        parts = [self.rss_anon_kb, self.rss_file_kb, self.rss_shmem_kb]
-        return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
 
 
 class ProcSampler:

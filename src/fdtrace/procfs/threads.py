@@ -6,9 +6,9 @@ from __future__ import annotations
 import stat
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from fdtrace.procfs.reader import READ_ERRORS, ProcFS
+from fdtrace.schema.records import ThreadState
 
 #: Syscalls whose first argument is the descriptor they wait on.
 FD_SYSCALLS: frozenset[str] = frozenset({
@@ -17,27 +17,6 @@ FD_SYSCALLS: frozenset[str] = frozenset({
     "epoll_wait", "epoll_pwait", "epoll_pwait2", "ioctl", "fsync", "fdatasync", "flock", "fcntl",
     "sendfile", "splice", "tee", "getdents64", "ftruncate", "fallocate", "sync_file_range", "io_uring_enter",
 })
-
-
-@dataclass(frozen=True)
-class ThreadState:
-    """One group of a census.
-
-    Attributes:
-        syscall: the syscall's name, "running" (on a CPU), or "user" (blocked outside any syscall,
-            a page fault for instance).
-        fd_kind: for syscalls on a descriptor: socket, dns (a UDP socket connected to port 53),
-            pipe, file, directory, device, anon:<name> (eventfd, eventpoll, ...) or unknown; None
-            otherwise.
-        threads: how many threads are in it.
-        site: the function of the program its threads wait in (``thread_census``'s ``site_of``),
-            None where not looked for or not found.
-    """
-
-    syscall: str
-    fd_kind: str | None
-    threads: int
-    site: str | None = None
 
 
 def fd_kind(procfs: ProcFS, pid: int, fd: int) -> str:

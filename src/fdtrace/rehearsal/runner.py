@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from fdtrace.errors import FdtraceError
-from fdtrace.procfs.sampler import ProcessSample, ProcSampler
+from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.rehearsal.connections import UNREACHABLE
 from fdtrace.rehearsal.rank import ProcessRank, Rank, RankGoneError, ThreadRank
 from fdtrace.rehearsal.result import Burst
 from fdtrace.rehearsal.shape import Shape
 from fdtrace.rehearsal.target import Target
 from fdtrace.rehearsal.watch import TargetWatch
+from fdtrace.schema.records import ProcessSample
 
 #: Descriptors this process needs besides the connections when it traces: two per tracepoint,
 #: the maps and ring buffer, Python's own, the recording's files (`record` ran at 130).

@@ -10,8 +10,9 @@ from typing import Any
 import pandas as pd
 
 from fdtrace.analysis.call_sites import leaks
-from fdtrace.pipeline.update import SourceInfo, ThreadCensus, Update
+from fdtrace.pipeline.update import SourceInfo, Update
 from fdtrace.policy import site_name, thread_reason, to_thread_start
+from fdtrace.schema.records import ThreadCensus
 
 
 @dataclass

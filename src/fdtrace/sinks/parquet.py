@@ -18,7 +18,7 @@ from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import check_directory
-from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, TABLES, arrow_type
+from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, arrow_type, codecs
 from fdtrace.schema.failures import failure_class, incident_mask
 
 
@@ -46,17 +46,6 @@ def run_metadata(info: SourceInfo, argv: list[str]) -> dict[str, Any]:
     }
 
 
-def _wall(ts: list[int], realtime_offset: int) -> pa.Array:
-    return pa.array([t + realtime_offset for t in ts], type=pa.int64()).cast(arrow_type("timestamp_utc"))
-
-
-def _rows(table: str, rows: list[dict[str, Any]], offset: int) -> pa.Table:
-    """Rows of one declared table (all columns but ``time``), with their wall time added."""
-    declared = TABLES[table].arrow_schema()
-    data = pa.Table.from_pylist(rows, schema=declared.remove(declared.get_field_index("time")))
-    return data.append_column("time", _wall(data["ts_ns"].to_pylist(), offset))
-
-
 def incidents(events: Any) -> list[tuple[int, str]]:
     """The incidents among events (``schema.failures.incident_mask``), as (CLOCK_MONOTONIC ns, failure
     class)."""
@@ -72,7 +61,6 @@ def incidents(events: Any) -> list[tuple[int, str]]:
                 pa.schema([(c, pa.string()) for c in columns])).to_pylist(), strict=True)]
 
 
-_SAMPLE_FIELDS = tuple(c for c in TABLES["samples"].columns if c not in ("ts_ns", "time", "cmdline"))
 
 
 class ParquetSink:
@@ -146,9 +134,7 @@ class ParquetSink:
             writer.add("connections", update.connections)
         if update.stacks:
             offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
-            writer.add("stacks", _rows("stacks", [
-                {"ts_ns": s.mono_ns, "stack_id": s.stack_id, "pid": s.pid, "comm": s.comm, "frames": list(s.frames),
-                 "truncated": s.truncated} for s in update.stacks], offset))
+            writer.add("stacks", codecs.STACKS.encode(update.stacks, [s.mono_ns for s in update.stacks], offset))
         for sample_round in update.rounds:
             self._round(sample_round, update)
         if update.rounds:
@@ -181,39 +167,18 @@ class ParquetSink:
         now = sample_round.mono_ns
         offset = sample_round.time_ns - now
         if sample_round.clock is not None:
-            clock = sample_round.clock
-            quality = clock.quality
-            writer.add("clock", pa.table({
-                "ts_ns": [now], "realtime_offset_ns": [clock.realtime_offset_ns],
-                "boottime_offset_ns": [clock.boottime_offset_ns],
-                "synchronized": pa.array([quality.synchronized if quality else None], pa.bool_()),
-                "est_error_us": pa.array([quality.est_error_us if quality else None], pa.int64()),
-                "max_error_us": pa.array([quality.max_error_us if quality else None], pa.int64()),
-                "chrony_offset_ns": pa.array([quality.chrony_offset_ns if quality else None], pa.int64())}))
-        samples = sample_round.samples
-        if samples:
-            columns: dict[str, list[Any]] = {"ts_ns": [now] * len(samples)}
-            for name in _SAMPLE_FIELDS:
-                columns[name] = [getattr(s, name) for s in samples]
-            if self._cmdline:
-                columns["cmdline"] = [s.cmdline for s in samples]
-            writer.add("samples", pa.table(columns).append_column("time", _wall(columns["ts_ns"], offset)))
+            writer.add("clock", codecs.CLOCK.encode([sample_round.clock], now, offset))
+        if sample_round.samples:
+            writer.add("samples", codecs.SAMPLES.encode(sample_round.samples, now, offset,
+                                                        with_optional=("cmdline",) if self._cmdline else ()))
         if sample_round.system is not None:
-            system = pa.table({"ts_ns": [now], **{k: [v] for k, v in sample_round.system.items()}})
-            writer.add("system", system.append_column("time", _wall([now], offset)))
+            writer.add("system", codecs.SYSTEM.encode([sample_round.system], now, offset))
         if sample_round.haproxy:
-            rows = [{"ts_ns": now, **row} for row in sample_round.haproxy]
-            table = pa.Table.from_pylist(rows, schema=TABLES["haproxy"].arrow_schema().remove(
-                TABLES["haproxy"].columns.index("time")))
-            writer.add("haproxy", table.append_column("time", _wall([now] * len(rows), offset)))
+            writer.add("haproxy", codecs.HAPROXY.encode(sample_round.haproxy, now, offset))
         if sample_round.fd_sites:
-            writer.add("fd_sites", _rows("fd_sites", [{"ts_ns": now, **vars(site)} for site in sample_round.fd_sites],
-                                         offset))
+            writer.add("fd_sites", codecs.FD_SITES.encode(sample_round.fd_sites, now, offset))
         if sample_round.threads:
-            writer.add("thread_census", _rows("thread_census", [
-                {"ts_ns": now, "pid": census.pid, "comm": census.comm, "syscall": state.syscall,
-                 "fd_kind": state.fd_kind, "site": state.site, "threads": state.threads}
-                for census in sample_round.threads for state in census.states], offset))
+            writer.add("thread_census", codecs.THREAD_CENSUS.encode(sample_round.threads, now, offset))
         if update.counters is not None:
             self._counters(now, update.counters)
         row: dict[str, list[Any]] = {"ts_ns": [now]}
@@ -221,7 +186,7 @@ class ParquetSink:
             row[name] = [update.losses.get(name, 0) - self.losses.get(name, 0)]
             row[f"{name}_total"] = [update.losses.get(name, 0)]
         self.losses = dict(update.losses)
-        writer.add("losses", pa.table(row).append_column("time", _wall([now], offset)))
+        writer.add("losses", codecs.declared_rows("losses", row, offset))
 
     def _counters(self, now: int, store: CounterStore) -> None:
         rows: list[ProcessTotals] = list(store.newly_exited)  # final values, written once

@@ -17,8 +17,8 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import HaproxyRow, SourceInfo, SystemFigures, Update
-from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
+from fdtrace.schema.records import ProcessSample
 from fdtrace.sinks.metrics_server import DESCRIPTORS, MetricsServer
 
 #: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).

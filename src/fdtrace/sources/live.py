@@ -17,12 +17,13 @@ from fdtrace.kernel.loader import TraceOptions
 from fdtrace.kernel.session import KernelSession
 from fdtrace.kernel.stacks import BlockedCode
 from fdtrace.kernel.syscalls import syscall_name
-from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
+from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.reader import READ_ERRORS
-from fdtrace.procfs.sampler import ProcessSample, ProcSampler
+from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import thread_census
+from fdtrace.schema.records import ProcessSample, ThreadCensus
 from fdtrace.sources.filters import keep_comms
 
 #: How often the live view reads the ranks' phase state files.

@@ -16,14 +16,10 @@ import pyarrow.compute as pc
 
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.live import phases_at
-from fdtrace.kernel.descriptors import SiteRow
-from fdtrace.kernel.stacks import Stack
 from fdtrace.pipeline import Notice, Pipeline, Position
-from fdtrace.pipeline.update import SampleRound, SourceInfo, ThreadCensus, Update
-from fdtrace.procfs.sampler import ProcessSample
-from fdtrace.procfs.threads import ThreadState
+from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.recording import read_parts
-from fdtrace.schema import STATS, TABLES, arrow_schema
+from fdtrace.schema import STATS, arrow_schema, codecs
 from fdtrace.schema.failures import incident_mask
 
 
@@ -310,13 +306,12 @@ class ReplaySource:
         self._census = _by_time(tables["thread_census"])
         self._fd_site_times = _times(self._fd_sites)
         self._census_times = _times(self._census)
-        self._stacks = [Stack(row["stack_id"], row["pid"], row["comm"], tuple(row["frames"]), row["truncated"],
-                              row["ts_ns"]) for part in tables["stacks"] for row in part.to_pylist()]
+        self._stacks = [stack for part in tables["stacks"] for stack in codecs.STACKS.decode(part.to_pylist())]
         self._stacks_given = False
         recorded_phases = _by_time(tables["phases"])
         self._phases = recorded_phases.to_pandas() if recorded_phases is not None else None
-        first = next((c.slice(0, 1).to_pylist()[0] for c in tables["clock"] if c.num_rows), None)
-        self._boot_wall_ns = None if first is None else first["realtime_offset_ns"] - first["boottime_offset_ns"]
+        first = next((codecs.CLOCK.from_row(c.slice(0, 1).to_pylist()[0]) for c in tables["clock"] if c.num_rows), None)
+        self._boot_wall_ns = None if first is None else first.realtime_offset_ns - first.boottime_offset_ns
         self._shown_until = self.player.start_ns - 1
         self._reset = False
 
@@ -360,21 +355,17 @@ class ReplaySource:
             return rounds.setdefault(when, SampleRound(mono, when, [], None))
 
         for row in _rows_between(self._system, self._system_times, start_ns, end_ns):
-            at(row).system = row
+            at(row).system = codecs.SYSTEM.from_row(row)
         for row in _rows_between(self._samples, self._sample_times, start_ns, end_ns):
-            at(row).samples.append(_sample(row))
+            at(row).samples.append(codecs.SAMPLES.from_row(row))
         for row in _rows_between(self._haproxy, self._haproxy_times, start_ns, end_ns):
-            at(row).haproxy.append(row)
+            at(row).haproxy.append(codecs.HAPROXY.from_row(row))
         for row in _rows_between(self._fd_sites, self._fd_site_times, start_ns, end_ns):
-            at(row).fd_sites.append(SiteRow(**row))
-        census: dict[tuple[int, int], ThreadCensus] = {}
-        for row in _rows_between(self._census, self._census_times, start_ns, end_ns):
-            when = row["time_ns"]
-            entry = census.get((when, row["pid"]))
-            if entry is None:
-                entry = census[(when, row["pid"])] = ThreadCensus(row["pid"], row["comm"], [])
-                at(dict(row)).threads.append(entry)
-            entry.states.append(ThreadState(row["syscall"], row["fd_kind"], row["threads"], row.get("site")))
+            at(row).fd_sites.append(codecs.FD_SITES.from_row(row))
+        census_rows = _rows_between(self._census, self._census_times, start_ns, end_ns)
+        round_of = {row["time_ns"]: row for row in census_rows}
+        for when, census in codecs.census_by_process(census_rows):
+            at(dict(round_of[when])).threads.append(census)
         return [rounds[t] for t in sorted(rounds)]
 
     # Controls
@@ -487,15 +478,6 @@ class ReplayControls:
     def previous_problem(self) -> bool:
         with self.pipeline.lock:
             return self.source.previous_problem()
-
-
-def _sample(row: dict[str, Any]) -> ProcessSample:
-    # Columns a recording lacks (older fdtrace) come back as None.
-    values: dict[str, Any] = {name: row.get(name) for name in SAMPLE_FIELDS}
-    return ProcessSample(**values)
-
-
-SAMPLE_FIELDS = tuple(name for name in TABLES["samples"].columns if name not in ("ts_ns", "time"))
 
 
 def _by_time(parts: list[pa.Table]) -> pa.Table | None:

@@ -10,7 +10,6 @@ from rich.text import Text
 
 from fdtrace.display import shown
 from fdtrace.integrations.haproxy import NOT_ASKED
-from fdtrace.integrations.phases.live import PhaseNow
 from fdtrace.policy import (
     FD_EXHAUSTION_ERRNOS,
     USAGE_CRITICAL,
@@ -22,6 +21,7 @@ from fdtrace.policy import (
     with_margin,
 )
 from fdtrace.procfs.threads import describe_state, dns_waiters
+from fdtrace.schema.records import PhaseNow
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
 
 #: (key, label, width) of the process table's columns, in order.

@@ -13,16 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fdtrace.integrations.haproxy import NOT_ASKED
-from fdtrace.integrations.phases.live import PhaseNow
-from fdtrace.kernel.descriptors import SiteRow
-from fdtrace.kernel.stacks import Stack
-from fdtrace.pipeline.update import ThreadCensus
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, MemoryFit, kib, memory_fit, site_name
-from fdtrace.procfs.sampler import ProcessSample
 from fdtrace.procfs.thread_limits import binding_limit
-from fdtrace.procfs.threads import ThreadState, describe_state
+from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
 from fdtrace.schema.failures import INCIDENT_CLASSES, failure_class
+from fdtrace.schema.records import PhaseNow, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
 THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert

@@ -13,11 +13,11 @@ import stat
 import struct
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fdtrace.procfs import TICK_NS, ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.schema.records import PhaseNow
 
 #: The layout of a state file; the shim writes the same one (see tests/unit/test_live_phases.py).
 STATE_MAGIC = b"FDTP"
@@ -27,30 +27,6 @@ STATE_SIZE = struct.calcsize(STATE_FORMAT)
 MAX_STATE_FILES = 4096
 #: `fdtrace run` makes its phases folder under the temporary directory with this prefix.
 RUN_DIR_PREFIX = "fdtrace-phases-"
-
-
-@dataclass(frozen=True)
-class PhaseNow:
-    """Where one process of a training job is now.
-
-    ``phase`` is the innermost phase in progress (``allreduce`` inside ``backward``), ``""``
-    between phases; ``since_wall_ns`` is when it began (or when the last one ended)."""
-
-    pid: int
-    rank: int | None
-    local_rank: int | None
-    world_size: int | None
-    step: int
-    phase: str
-    name: str
-    since_wall_ns: int
-
-    @property
-    def label(self) -> str:
-        """``allreduce``, ``user:eval``, or ``-`` between phases."""
-        if not self.phase:
-            return "-"
-        return f"user:{self.name}" if self.phase == "user" and self.name else self.phase
 
 
 def _optional(value: int) -> int | None:
