@@ -76,3 +76,14 @@ def test_plain_rows_keep_their_columns_and_name_the_missing_ones() -> None:
     [back] = codecs.SYSTEM.decode(_rows(table))
     assert back["file_nr"] == 10 and back["threads_max"] == 2000 and back["somaxconn"] is None
     assert set(back) == set(TABLES["system"].columns) - set(codecs.TIME_COLUMNS)
+
+
+def test_the_host_lives_in_the_folder_name_and_comes_back_as_the_declared_column() -> None:
+    events = pa.table({"pid": pa.array([1, 2], pa.int32())}).append_column("host", codecs.host_column("web-1", 2))
+    stored = codecs.without_host(events)
+    assert stored.column_names == ["pid"]
+    back = codecs.with_host(stored, "web-1")
+    assert back["host"].type == TABLES["events"].arrow_schema().field("host").type
+    assert back["host"].cast(pa.string()).to_pylist() == ["web-1", "web-1"]
+    assert codecs.with_host(back, "web-2")["host"].cast(pa.string()).to_pylist() == ["web-2", "web-2"]
+    assert [f.name for f in TABLES["events"].stored_fields] == [c for c in TABLES["events"].columns if c != "host"]

@@ -22,7 +22,9 @@ from fdtrace.schema import (
     arrow_schema,
     slot,
 )
+from fdtrace.schema.codecs import host_column
 from fdtrace.schema.records import ClockOffsets
+from fdtrace.schema.tables import PARTITION_COLUMN
 
 _KIND_DICT = [KIND_LABELS.get(i, "") for i in range(max(KIND_LABELS) + 1)]
 _ERRNO_DICT = [""] + [errno_module.errorcode.get(i, f"E{i}") for i in range(1, 4096)]
@@ -304,7 +306,7 @@ def decode(
     columns = {
         "ts_ns": pa.array(ts, type=pa.int64()),
         "time": pa.array(ts + offsets.realtime_offset_ns, type=_TIME),
-        "host": _dictionary(np.zeros(n, dtype=np.int32), [host]),
+        PARTITION_COLUMN: host_column(host, n),
         "pid": pa.array(pids.astype(np.int32)),
         "tid": pa.array(raw["tid"].astype(np.int32)),
         "start_ns": _start_times(raw, offsets, resolver, unique_pids, pid_rows),

@@ -32,6 +32,7 @@ from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import HeldDirectory
 from fdtrace.schema import TABLES as TABLES_DECLARED
+from fdtrace.schema.tables import PARTITION_COLUMN
 
 #: Default size of a merged file.
 TARGET_BYTES = 256 << 20
@@ -69,7 +70,7 @@ def _merge(table: str, version: int, folder: HeldDirectory, parts: list[str], ou
     import pyarrow.parquet as pq
 
     declared = without_summary(TABLES_DECLARED[table].arrow_schema())
-    schema = pa.schema([f for f in declared if f.name != "host"], metadata=declared.metadata)  # host: the folder
+    schema = pa.schema([f for f in declared if f.name != PARTITION_COLUMN], metadata=declared.metadata)
     rows = 0
     pending: list[pa.Table] = []
     summaries = []

@@ -31,7 +31,7 @@ def checked_statistics(table: str) -> list[str]:
     """The columns whose footer statistics a reader checks before it lets an engine read a part
     as it is (``reader.doubts``): those that may not be null (their null counts), and the int64
     and time columns that may (their ranges)."""
-    return [f.name for f in DECLARED[table].fields if f.name != "host" and (
+    return [f.name for f in DECLARED[table].stored_fields if (
         not f.nullable or (f.arrow_type in ("int64", "timestamp_utc") and f.name not in UNBOUNDED))]
 
 

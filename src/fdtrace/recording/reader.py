@@ -596,9 +596,7 @@ def doubts(part: Part, table: str, version: int) -> str:
 
     declared = TABLES_DECLARED[table]
     stored = {name: part.schema.field(name).type for name in part.schema.names}
-    for spec in declared.fields:
-        if spec.name == "host":
-            continue
+    for spec in declared.stored_fields:
         last, old = RENAMED.get((table, spec.name), (0, ""))
         name = old if spec.name not in stored and version <= last and old in stored else spec.name
         if name not in stored:

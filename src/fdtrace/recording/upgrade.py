@@ -39,7 +39,7 @@ def upgrade(table: str, data: Any, version: int, columns: list[str] | None = Non
     import pyarrow as pa
 
     declared = TABLES[table]
-    wanted = [f for f in declared.fields if (columns is None or f.name in columns) and f.name != "host"]
+    wanted = [f for f in declared.stored_fields if columns is None or f.name in columns]
     arrays, fields = [], []
     present = set(data.column_names)
     for spec in wanted:

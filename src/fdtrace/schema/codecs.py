@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from fdtrace.schema.fields import arrow_type
 from fdtrace.schema.records import ClockOffsets, ClockQuality, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
-from fdtrace.schema.tables import TABLES
+from fdtrace.schema.tables import PARTITION_COLUMN, TABLES
 
 R = TypeVar("R")
 
@@ -41,6 +41,26 @@ def declared_rows(table: str, columns: dict[str, list[Any]], realtime_offset_ns:
     schema = declared.remove(index)
     data = pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)
     return data.add_column(index, declared.field(index), wall_times(columns["ts_ns"], realtime_offset_ns))
+
+
+def host_column(host: str, rows: int) -> Any:
+    """The partition column of ``rows`` rows of one host, as the events' declared type has it (a
+    dictionary of one name)."""
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([host], pa.string()))
+
+
+def without_host(rows: Any) -> Any:
+    """Rows as a part file stores them: the host is the folder's name."""
+    return rows.drop_columns([PARTITION_COLUMN]) if PARTITION_COLUMN in rows.column_names else rows
+
+
+def with_host(rows: Any, host: str) -> Any:
+    """Rows read from a host's folder with their host column given back (replaced if present)."""
+    rows = without_host(rows)
+    return rows.append_column(PARTITION_COLUMN, host_column(host, rows.num_rows))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ VERSIONS: dict[int, str] = {
        "the thread census's site (the code blocked threads wait in)",
 }
 
+#: The column a recording keeps in its folder names (``host=NAME``), never in its part files: the
+#: live stream carries it, the Parquet sink leaves it to the folder, and readers give it back.
+PARTITION_COLUMN = "host"
+
 _TS = Field("ts_ns", "int64", False, "CLOCK_MONOTONIC nanoseconds of the host that wrote the row")
 _TIME = Field("time", "timestamp_utc", False, "UTC wall time of ts_ns (the clock table's offset at the time)")
 
@@ -61,6 +65,11 @@ class Table:
     def columns(self) -> tuple[str, ...]:
         """Column names, in order."""
         return tuple(f.name for f in self.fields)
+
+    @property
+    def stored_fields(self) -> tuple[Field, ...]:
+        """The columns its part files hold (all but the partition column, kept in the folder name)."""
+        return tuple(f for f in self.fields if f.name != PARTITION_COLUMN)
 
     def field(self, name: str) -> Field:
         """One column's declaration."""

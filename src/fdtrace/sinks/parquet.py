@@ -125,7 +125,7 @@ class ParquetSink:
     def write(self, update: Update) -> None:
         writer = self.writer
         if update.events.num_rows:
-            writer.add("events", update.events.drop_columns(["host"]))  # type: ignore[attr-defined]
+            writer.add("events", codecs.without_host(update.events))
             self.events += update.events.num_rows
             if self.max_size is not None:
                 writer.mark_incidents(incidents(update.events),

@@ -21,16 +21,16 @@ from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.recording import read_parts
 from fdtrace.schema import STATS, arrow_schema, codecs
 from fdtrace.schema.failures import incident_mask
+from fdtrace.schema.tables import PARTITION_COLUMN
 
 
 def _with_host(events: pa.Table, host: str) -> pa.Table:
     """Put the partition's host back as the column the event model has. Nullable columns that
     a recording of an older fdtrace lacks come back as nulls."""
     schema = arrow_schema()
-    host_column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(events.num_rows, dtype=np.int32)),
-                                                 pa.array([host], type=pa.string()))
+    host_column = codecs.host_column(host, events.num_rows)
     present = set(events.column_names)
-    columns = [host_column if field.name == "host"
+    columns = [host_column if field.name == PARTITION_COLUMN
                else events[field.name].cast(field.type) if field.name in present or not field.nullable
                else pa.nulls(events.num_rows, type=field.type)
                for field in schema]
@@ -75,7 +75,7 @@ class EventPlayer:
                 events.append(_with_host(part, host))
             loss = read_parts(root, "losses", host, self.skipped, version=version, notes=self.notes)
             if loss is not None:
-                losses.append(loss.append_column("host", pa.array([host] * loss.num_rows, pa.string())))
+                losses.append(codecs.with_host(loss, host))
         if not events:
             raise FdtraceError(f"{', '.join(map(str, roots))}: the recording holds no events to replay")
         table = _in_span(pa.concat_tables(events), losses, self.notes)
@@ -238,8 +238,9 @@ def _in_span(events: pa.Table, losses: list[pa.Table], notes: list[str]) -> pa.T
                                       "time": events["time"].to_pandas(),
                                       "kind": events["kind"].cast(pa.string()).to_pandas()})}
     if losses:
-        rounds = pa.concat_tables([t.select(["host", "time"]) for t in losses])
-        frames["losses"] = rounds.to_pandas()
+        hosts = pa.chunked_array([t["host"].cast(pa.string()) for t in losses])
+        frames["losses"] = pd.DataFrame({"host": hosts.to_pandas(),
+                                         "time": pa.chunked_array([t["time"] for t in losses]).to_pandas()})
     engine = DuckDBEngine.over_frames(frames)
     try:
         span = span_on(engine)
