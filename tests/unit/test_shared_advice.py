@@ -11,7 +11,14 @@ import pandas as pd
 from fdtrace.analysis import least_headroom, load
 from fdtrace.analysis.needs import fd_needs
 from fdtrace.analysis.report import build, recommendations
-from fdtrace.analysis.report.advice import fd_hard_to_set, fd_limit_ways, listen_fix, thread_fix
+from fdtrace.analysis.report.advice import (
+    fd_hard_to_set,
+    fd_limit_ways,
+    file_max_fix,
+    file_max_needed,
+    listen_fix,
+    thread_fix,
+)
 from fdtrace.doctor.checks import Doctor, Status
 from fdtrace.doctor.report import apply_recording
 from fdtrace.recording import Recording
@@ -71,3 +78,22 @@ def test_a_thread_limit_fix_reads_the_same_in_the_report_and_doctor(tmp_path: Pa
 def test_a_listen_queue_overflow_is_said_in_the_shared_words(tmp_path: Path) -> None:
     [check] = [c for c in doctor_on(tmp_path).system_checks() if c.name.startswith("TcpExt")]
     assert check.change == listen_fix(None)
+
+
+def test_the_file_max_to_set_reads_the_same_in_the_report_and_doctor(tmp_path: Path) -> None:
+    # 90,000 handles of 100,000: the file table is at the warning share in both
+    start = pd.Timestamp("2026-11-30 04:00:00", tz="UTC")
+    system = pd.DataFrame({"ts_ns": [0, 10**9], "time": [start, start + pd.Timedelta(seconds=1)], "host": "h",
+                           "file_nr": [85_000, 90_000], "file_max": [100_000, 100_000]})
+    recording = Recording(events=pd.DataFrame(), samples=pd.DataFrame(), system=system, losses=pd.DataFrame(),
+                          counters=pd.DataFrame(), clock=pd.DataFrame(), haproxy=pd.DataFrame(),
+                          phases=pd.DataFrame())
+    needed = file_max_needed(90_000, 100_000)
+    assert needed is not None and needed > 2 * 90_000 and file_max_needed(70_000, 100_000) is None
+    [line] = [r for r in recommendations(recording, least_headroom(recording)) if r.startswith("fs.file-max")]
+    assert f"set it to at least {needed:,}: {file_max_fix(needed)}." in line
+    doctor = doctor_on(tmp_path)
+    (tmp_path / "proc" / "sys/fs/file-nr").write_text("90000\t0\t100000\n")
+    (tmp_path / "proc" / "sys/fs/file-max").write_text("100000\n")
+    [check] = [c for c in doctor.system_checks() if c.name == "fs.file-max vs file-nr"]
+    assert (check.status, check.recommended, check.change) == (Status.WARN, f">= {needed}", file_max_fix(needed))

@@ -8,7 +8,6 @@ result comes back into pandas (``fdtrace.analysis.engines``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -20,7 +19,14 @@ from fdtrace.analysis import fleet as _fleet
 from fdtrace.analysis import headroom_series as _headroom
 from fdtrace.analysis import phase_alignment as _phases
 from fdtrace.analysis import spike_finder as _spikes
-from fdtrace.analysis.engines.dataset import Dataset, EngineRecording, engine_for, open_dataset, thread_starts
+from fdtrace.analysis.engines.dataset import (
+    Analyzable,
+    Dataset,
+    EngineRecording,
+    engine_for,
+    open_dataset,
+    thread_starts,
+)
 from fdtrace.analysis.memory import memory_needs, oom_victims
 from fdtrace.recording import Recording
 
@@ -31,7 +37,7 @@ __all__ = ["Dataset", "EngineRecording", "Recording", "align", "cascade", "desti
 
 def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
          phases: list[str | Path] | None = None, engine: str = "pandas", spark_master: str | None = None,
-         memory_limit: str | None = None, clock_correction: bool = True) -> Any:
+         memory_limit: str | None = None, clock_correction: bool = True) -> Recording | EngineRecording:
     """Open recordings: one recording directory, several, or a fleet (any directory holding
     recordings, up to 4 levels down).
 
@@ -63,7 +69,7 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
                         clock_correction=clock_correction)
 
 
-def rates(recording: Any, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
+def rates(recording: Analyzable, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
           errno: str | list[str] | None = None) -> pd.DataFrame:
     """Events per time bin.
 
@@ -137,7 +143,7 @@ def least_headroom(recording: Recording, resource: str = "fds") -> pd.DataFrame:
     return _headroom.least_headroom(recording, resource=resource)
 
 
-def destinations(recording: Any) -> pd.DataFrame:
+def destinations(recording: Analyzable) -> pd.DataFrame:
     """Where processes connected to: one row per (process, destination) of connect() calls.
 
     Returns:
@@ -149,14 +155,14 @@ def destinations(recording: Any) -> pd.DataFrame:
     return _destinations.destinations(recording)
 
 
-def failures(recording: Any) -> pd.DataFrame:
+def failures(recording: Analyzable) -> pd.DataFrame:
     """Every EMFILE/ENFILE (any syscall), OOM kill, Go thread limit exceeded ("Go thread limit 600
     exceeded": the runtime said so before it exited 2), kill by a signal and non-zero exit, in time
     order, with ``failure`` saying which (``"accept4 EMFILE"``, ``"killed by SIGKILL"``, ...)."""
     return _incidents.failures(recording)
 
 
-def incidents(recording: Any, window_s: float = 10.0, exits: bool = False) -> pd.DataFrame:
+def incidents(recording: Analyzable, window_s: float = 10.0, exits: bool = False) -> pd.DataFrame:
     """The failures as incidents: grouped by program, ranked by severity.
 
     Returns:
@@ -173,7 +179,7 @@ def incidents(recording: Any, window_s: float = 10.0, exits: bool = False) -> pd
     return _incidents.incidents(recording, window_s=window_s, exits=exits)
 
 
-def cascade(recording: Any) -> pd.DataFrame:
+def cascade(recording: Analyzable) -> pd.DataFrame:
     """The order in which the hosts of a fleet failed, on the fleet's one clock.
 
     Returns:
@@ -186,7 +192,7 @@ def cascade(recording: Any) -> pd.DataFrame:
         return _fleet.cascade_on(engine)
 
 
-def fleet_heat(recording: Any, bins: int = 120) -> pd.DataFrame:
+def fleet_heat(recording: Analyzable, bins: int = 120) -> pd.DataFrame:
     """Hosts by time: per host and time bin (whole seconds, about ``bins`` over the recording),
     ``fd_errors`` (EMFILE/ENFILE calls), ``fd_usage`` (the fullest process's open FDs over its
     soft limit) and ``thread_usage`` (the same for threads and their binding limit)."""
@@ -223,7 +229,7 @@ def phase_stats(recording: Recording) -> pd.DataFrame:
         return _phases.phase_stats_on(engine, recording.phases)
 
 
-def _end_ns(recording: Any) -> int | None:
+def _end_ns(recording: Dataset) -> int | None:
     """CLOCK_MONOTONIC ns of a recording's last round (its losses table has one row per round)."""
     losses = getattr(recording, "losses", None)
     if losses is not None and len(losses):
@@ -231,7 +237,7 @@ def _end_ns(recording: Any) -> int | None:
     return None
 
 
-def leaks(recording: Any, pid: int | None = None, window_s: float = 60.0) -> pd.DataFrame:
+def leaks(recording: Dataset, pid: int | None = None, window_s: float = 60.0) -> pd.DataFrame:
     """Open descriptors per process and call site at the end of a recording made with --stacks.
 
     Args:
@@ -249,7 +255,7 @@ def leaks(recording: Any, pid: int | None = None, window_s: float = 60.0) -> pd.
     return _sites.leaks(recording.fd_sites, recording.stacks, end_ns=_end_ns(recording), window_s=window_s, pid=pid)
 
 
-def threads(recording: Any, pid: int | None = None) -> pd.DataFrame:
+def threads(recording: Dataset, pid: int | None = None) -> pd.DataFrame:
     """What the threads of the processes nearest a thread limit were doing, over time.
 
     Returns one row per (time, process, syscall, fd kind): ``threads`` of the process blocked in
@@ -257,7 +263,7 @@ def threads(recording: Any, pid: int | None = None) -> pd.DataFrame:
     return _sites.thread_census(recording.thread_census, pid=pid)
 
 
-def thread_sites(recording: Any, pid: int | None = None) -> pd.DataFrame:
+def thread_sites(recording: Dataset, pid: int | None = None) -> pd.DataFrame:
     """Threads started per process and creating call site (a recording made with --stacks).
 
     Returns one row per site: ``site``, ``threads`` started there, ``first`` and ``last`` start

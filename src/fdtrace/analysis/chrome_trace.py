@@ -13,7 +13,7 @@ import gzip
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -24,6 +24,9 @@ from fdtrace.analysis.headroom_series import headroom_on, least_headroom_on, pro
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.kineto import read_trace
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Dataset
 
 #: Category of every event fdtrace adds (Perfetto and HTA can filter on it).
 CATEGORY = "fdtrace"
@@ -39,7 +42,7 @@ def _us(wall_ns: Any, base_ns: int) -> float:
     return (int(wall_ns) - base_ns) / 1000.0
 
 
-def chrome_trace(recording: Any, top: int = 20, base_ns: int | None = None, host: str | None = None,
+def chrome_trace(recording: Dataset, top: int = 20, base_ns: int | None = None, host: str | None = None,
                  pids: set[int] | None = None, named: set[int] | None = None) -> dict[str, Any]:
     """The recording's tracks as a Chrome trace (``{"traceEvents": [...], ...}``).
 
@@ -179,7 +182,7 @@ def _phase_slices(phases: pd.DataFrame, base_ns: int, name_process: Any) -> list
     return events
 
 
-def merge_into_kineto(recording: Any, kineto_path: Path, top: int = 20, host: str | None = None) -> dict[str, Any]:
+def merge_into_kineto(recording: Dataset, kineto_path: Path, top: int = 20, host: str | None = None) -> dict[str, Any]:
     """A PyTorch profiler trace with the recording's tracks added, on the trace's clock: the
     rank's own process gets its counters, failures and the shim's phases beside Kineto's."""
     trace = read_trace(kineto_path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -10,6 +10,9 @@ from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.failures import as_time
 from fdtrace.schema import NOT_FAILURES
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Analyzable
 
 COLUMNS = ["host", "comm", "pid", "peer_addr", "peer_port", "calls", "failed", "errors", "first", "last"]
 KEYS = ["host", "comm", "pid", "peer_addr", "peer_port"]
@@ -54,7 +57,7 @@ def destinations_from(grouped: pd.DataFrame) -> pd.DataFrame:
     return table[COLUMNS]
 
 
-def destinations(recording: Any) -> pd.DataFrame:
+def destinations(recording: Analyzable) -> pd.DataFrame:
     """One row per (process, destination address and port) of connect() calls, most failures
     first. See ``fdtrace.analysis.destinations`` for the columns."""
     with engine_for(recording) as engine:

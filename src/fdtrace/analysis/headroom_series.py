@@ -3,7 +3,7 @@ RLIMIT_NOFILE, and threads against the tightest of the limits that bound them.""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -12,6 +12,9 @@ from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.failures import as_time
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.thread_limits import GO_SET_LIMIT, THREAD_LIMITS
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Analyzable
 
 #: Larger than any room a limit leaves (stands for "no such limit" in least()).
 NO_ROOM = 1 << 62
@@ -118,14 +121,14 @@ def least_headroom_on(engine: Engine, resource: str = "fds", window_s: float = 3
     return _shaped(found)[COLUMNS].reset_index(drop=True)
 
 
-def headroom(recording: Any, window_s: float = 30.0) -> pd.DataFrame:
+def headroom(recording: Analyzable, window_s: float = 30.0) -> pd.DataFrame:
     """Per sample: open FDs and threads against their limits, and the estimated time to each
     limit. See ``fdtrace.analysis.headroom`` for the full description."""
     with engine_for(recording) as engine:
         return headroom_on(engine, window_s=window_s)
 
 
-def least_headroom(recording: Any, resource: str = "fds") -> pd.DataFrame:
+def least_headroom(recording: Analyzable, resource: str = "fds") -> pd.DataFrame:
     """Per process, its fullest sample (highest usage of FDs, or of threads with
     ``resource="threads"``), fullest processes first."""
     with engine_for(recording) as engine:

@@ -7,7 +7,7 @@ The fit and the advice are ``fdtrace.policy``'s (``memory_fit``, ``memory_advice
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -16,6 +16,9 @@ from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import processes_where
 from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.policy import USAGE_WARN, MemoryFit, kib, memory_advice, memory_fit
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Analyzable
 
 #: Processes whose memory is judged: those nearest their cgroup's limit, and every OOM victim.
 MAX_PROCESSES = 50
@@ -130,7 +133,7 @@ def _connections(row: Any, maxconns: pd.DataFrame, fd_needs: pd.DataFrame) -> tu
     return None, ""
 
 
-def memory_needs(recording: Any) -> pd.DataFrame:
+def memory_needs(recording: Analyzable) -> pd.DataFrame:
     """Per process with memory figures (the OOM victims first, then those nearest their memory
     cgroup's limit): its last resident memory and cgroup limit and usage, the cgroup's peak usage
     against its limit (``usage``), the memory a connection costs (``per_connection``, bytes, and
@@ -201,7 +204,7 @@ def last_state(row: dict[str, Any]) -> str:
     return text
 
 
-def oom_victims(recording: Any) -> pd.DataFrame:
+def oom_victims(recording: Analyzable) -> pd.DataFrame:
     """Each OOM kill with its victim as the last sample before it saw it: descriptors, sockets,
     threads, resident memory and its trend over the last minute, its memory cgroup's limit and
     usage, and whether fdtrace had it at 80 % or more of that limit (``foreseen``)."""

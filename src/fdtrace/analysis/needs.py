@@ -14,7 +14,7 @@ the peak; the recommendation adds the usual margin to it.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -23,6 +23,9 @@ from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.limits import limit_changes_on, limit_in_force, name_inherited_sources
 from fdtrace.policy import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.policy import with_margin
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Analyzable
 
 NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_limit", "peak_fds", "emfile",
                 "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source"]
@@ -109,7 +112,7 @@ def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame, changes: p
         found.at[index, "limit_source"] = source
 
 
-def fd_needs(recording: Any) -> pd.DataFrame:
+def fd_needs(recording: Analyzable) -> pd.DataFrame:
     """Per process (host, pid, start_ns): its FD limits, peak, EMFILE failures (all, and in its
     worst second), HAProxy's Maxsock where recorded, the ``need`` and its ``basis``, and the
     ``recommended`` soft limit (the need with the margin). Processes that failed come first."""

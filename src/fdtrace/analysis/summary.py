@@ -3,7 +3,7 @@ counts and the few rows shown come back from the tables."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -17,6 +17,9 @@ from fdtrace.errors import FdtraceError
 from fdtrace.policy import kib
 from fdtrace.schema import STATS
 from fdtrace.schema.failures import FD_SQL, INCIDENT_SQL
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Analyzable, Dataset
 
 #: Processes shown under "least headroom": those at least this close to a limit (or that failed).
 SHOWN_USAGE = 0.5
@@ -86,12 +89,12 @@ def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
             *_capped(reached, "processes at their limit")]
 
 
-def _hosts(recording: Any, engine: Engine, kinds: pd.DataFrame) -> list[str]:
+def _hosts(recording: Dataset, engine: Engine, kinds: pd.DataFrame) -> list[str]:
     spans = kinds.groupby("host").agg(n=("n", "sum"), first=("first", "min"), last=("last", "max"))
     lost_columns = [name for name in STATS if name in engine.columns("losses")]
     lost = engine.query(f"SELECT host, {', '.join(f'sum({c}) AS {c}' for c in lost_columns)} FROM losses "
                         "GROUP BY 1").set_index("host") if lost_columns else pd.DataFrame()
-    offsets = getattr(recording, "clock_offsets", None)
+    offsets = recording.clock_offsets
     offsets = offsets.set_index("host") if offsets is not None and len(offsets) else pd.DataFrame()
     lines = []
     for host, meta in sorted(recording.meta.items()):
@@ -105,7 +108,7 @@ def _hosts(recording: Any, engine: Engine, kinds: pd.DataFrame) -> list[str]:
             lines.append(f"  {span}{events} events, {int(losses.sum())} lost{detail}")
             if host in offsets.index:
                 row = offsets.loc[host]
-                corrected = ", corrected" if getattr(recording, "clock_corrected", False) else ", not corrected"
+                corrected = ", corrected" if recording.clock_corrected else ", not corrected"
                 lines.append("  clock: the reference of the fleet's timeline" if row["reference"] else
                              f"  clock: {clock_text(row)}{corrected}")
             elif len(offsets):
@@ -157,7 +160,7 @@ def clock_text(row: Any) -> str:
             f"{row['pairs']} connection pairs{', via ' + row['via'] if row['via'] else ''})")
 
 
-def _own_clock(recording: Any, host: str) -> str:
+def _own_clock(recording: Dataset, host: str) -> str:
     """The host's own last word on its clock (adjtimex), when it was not synchronized."""
     try:
         clock = recording.clock
@@ -175,7 +178,7 @@ def _own_clock(recording: Any, host: str) -> str:
             "its wall times are only as good as that")
 
 
-def summary_on(recording: Any, engine: Engine) -> str:
+def summary_on(recording: Dataset, engine: Engine) -> str:
     """``summary()`` of a recording whose tables ``engine`` holds."""
     least = least_headroom_on(engine)
     several = len(recording.meta) > 1
@@ -260,20 +263,20 @@ def summary_on(recording: Any, engine: Engine) -> str:
     if recording.skipped:
         lines.append("skipped unreadable files:")
         lines += [f"  {s}" for s in recording.skipped]
-    notes = getattr(recording, "notes", [])
+    notes = recording.notes
     if notes:
         lines.append("read in part or once:")
         lines += [f"  {n}" for n in notes]
     return "\n".join(shown(line) for line in lines)  # a name holding a newline cannot split a line
 
 
-def named_problems(recording: Any) -> list[str]:
+def named_problems(recording: Dataset) -> list[str]:
     """What the readers left out or changed, one line each, for a command to say on stderr:
     ``skipped FILE: why`` for what was not read, ``FILE: what`` for files read in part."""
-    return [f"skipped {text}" for text in getattr(recording, "skipped", [])] + list(getattr(recording, "notes", []))
+    return [f"skipped {text}" for text in recording.skipped] + list(recording.notes)
 
 
-def summary(recording: Any) -> str:
+def summary(recording: Analyzable) -> str:
     """Lines for a terminal: what went wrong first, then what the recording holds."""
     with engine_for(recording) as engine:
         return summary_on(recording, engine)

@@ -16,6 +16,8 @@ from fdtrace.errors import FdtraceError
 from fdtrace.pipeline import Pipeline, Stop, Update
 
 if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import EngineRecording
+    from fdtrace.recording import Recording
     from fdtrace.sources.live import LiveSource
 
 
@@ -263,7 +265,8 @@ def engine_options(command: Any) -> Any:
 
 def open_recordings(directories: tuple[str, ...], engine: str, spark_master: str | None,
                     memory_limit: str | None, no_clock_correction: bool = False,
-                    columns: dict[str, list[str]] | None = None, phases: list[str] | None = None) -> Any:
+                    columns: dict[str, list[str]] | None = None,
+                    phases: list[str] | None = None) -> Recording | EngineRecording:
     """Recordings or a fleet, opened once in the chosen engine
     (``fdtrace.analysis.engines.dataset.open_dataset``); a bad recording, or an engine that cannot
     do what is asked, fails with one line."""

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.analysis.needs import need_of
-from fdtrace.analysis.report.advice import fd_limit_fix, go_said, listen_fix, soft_hard, thread_fix
+from fdtrace.analysis.report.advice import (
+    fd_limit_fix,
+    file_max_fix,
+    file_max_needed,
+    go_said,
+    listen_fix,
+    soft_hard,
+    thread_fix,
+)
 from fdtrace.integrations.haproxy import (
     HaproxyConfig,
     config_fds,
@@ -472,10 +480,9 @@ class Doctor:
         system = self.sampler.system()
         checks = []
         file_nr, file_max = system["file_nr"], system["file_max"]
-        status = by_usage(file_nr, file_max)
-        checks.append(Check("system", "fs.file-max vs file-nr", status, f"{file_nr} of {file_max}",
-                            f">= {with_margin(file_nr) * 2}" if status else "",
-                            f"sysctl -w fs.file-max={with_margin(file_nr) * 2}" if status else ""))
+        needed = file_max_needed(file_nr, file_max)
+        checks.append(Check("system", "fs.file-max vs file-nr", by_usage(file_nr, file_max), f"{file_nr} of {file_max}",
+                            f">= {needed}" if needed else "", file_max_fix(needed) if needed else ""))
         limits = [s.fd_soft_limit for pid in (consumers or []) if (s := self.sampler.sample(pid)) and s.fd_soft_limit]
         if limits:
             total = sum(limits)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import pandas as pd
 
@@ -204,12 +204,46 @@ class Dataset(Protocol):
     clock_offsets: pd.DataFrame | None
     clock_corrected: bool
 
+    # The tables as DataFrames: all of them in pandas; in an engine, the small ones (the events and
+    # samples stay behind the engine: ``engine_for`` queries them).
+    @property
+    def events(self) -> pd.DataFrame: ...
+
+    @property
+    def samples(self) -> pd.DataFrame: ...
+
+    @property
+    def system(self) -> pd.DataFrame: ...
+
+    @property
+    def clock(self) -> pd.DataFrame: ...
+
+    @property
+    def losses(self) -> pd.DataFrame: ...
+
+    @property
+    def phases(self) -> pd.DataFrame: ...
+
+    @property
+    def stacks(self) -> pd.DataFrame | None: ...
+
+    @property
+    def fd_sites(self) -> pd.DataFrame | None: ...
+
+    @property
+    def thread_census(self) -> pd.DataFrame | None: ...
+
     def close(self) -> None:
         """Let go of what it holds (an engine's connection, its temporary files)."""
 
     def __enter__(self) -> Dataset: ...
 
     def __exit__(self, *_exc: object) -> None: ...
+
+
+#: What an analysis takes: a recording in any engine, or (for the analyses of events alone) its
+#: events DataFrame.
+Analyzable: TypeAlias = "Dataset | pd.DataFrame"
 
 
 def open_dataset(paths: str | Path | list[str | Path], engine: str = "auto", *,
@@ -278,7 +312,7 @@ def _over_engine(fleet: Fleet, engine: str, spark_master: str | None, memory_lim
 
 
 @contextmanager
-def engine_for(data: Any) -> Iterator[Engine]:
+def engine_for(data: Analyzable) -> Iterator[Engine]:
     """The engine for an analysis of ``data``: an EngineRecording's own, or DuckDB over the frames
     of a Recording (or of one events DataFrame) for the length of the analysis."""
     from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine

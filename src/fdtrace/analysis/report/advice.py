@@ -5,7 +5,7 @@ rule has one wording wherever it is read."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -15,6 +15,9 @@ from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
 from fdtrace.analysis.needs import fd_needs_on
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN, with_margin
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Dataset
 
 # The words of each fix: one function per rule, read by the report's lines below and by doctor's
 # checks (doctor/checks.py), so that the two never say one change in two ways.
@@ -77,6 +80,19 @@ def listen_fix(refused: str | None) -> str:
     return "a listen queue overflowed: raise somaxconn (65535) and the listener's backlog, or accept faster"
 
 
+def file_max_needed(file_nr: int, file_max: int) -> int | None:
+    """The fs.file-max to set once the system's file table (file-nr) reached USAGE_WARN of it: twice
+    the peak, with the limits' margin, so the peak can double before ENFILE; None below that."""
+    if file_max <= 0 or file_nr < file_max * USAGE_WARN:
+        return None
+    return with_margin(file_nr) * 2
+
+
+def file_max_fix(needed: int) -> str:
+    """The command that sets fs.file-max to ``needed`` (``file_max_needed``), now and at boot."""
+    return f"sysctl -w fs.file-max={needed} (and in /etc/sysctl.d/)"
+
+
 def go_said(limit: Any) -> str:
     """The Go runtime's message with the N its event holds, as an integer; in words when none is held."""
     if limit is None or pd.isna(limit):
@@ -88,7 +104,7 @@ def go_said(limit: Any) -> str:
 # memory lines).
 
 
-def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None = None,
+def recommendations(recording: Dataset, least: pd.DataFrame, engine: Engine | None = None,
                     memory: pd.DataFrame | None = None, victims: pd.DataFrame | None = None,
                     needs: pd.DataFrame | None = None) -> list[str]:
     """The configuration values to change, with the numbers the recording justifies (``memory``,
@@ -104,9 +120,10 @@ def recommendations(recording: Any, least: pd.DataFrame, engine: Engine | None =
     system = recording.system
     if len(system) and "file_nr" in system.columns:
         peak, file_max = int(system["file_nr"].max()), int(system["file_max"].min())
-        if peak * 2 > file_max:
-            advice.append(f"fs.file-max: file-nr peaked at {peak:,} of {file_max:,}; set fs.file-max to at least "
-                          f"{peak * 3:,} (sysctl -w fs.file-max=...).")
+        needed = file_max_needed(peak, file_max)
+        if needed is not None:
+            advice.append(f"fs.file-max: file-nr peaked at {peak:,} of {file_max:,}; set it to at least {needed:,}: "
+                          f"{file_max_fix(needed)}.")
     listen = listen_advice(system, engine)
     if listen:
         advice.append(listen)

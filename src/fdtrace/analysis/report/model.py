@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -26,6 +26,9 @@ from fdtrace.analysis.spike_finder import spikes
 from fdtrace.analysis.summary import incident_windows
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, THREADS_COUNTED
 from fdtrace.schema import NOT_FAILURES, STATS
+
+if TYPE_CHECKING:
+    from fdtrace.analysis.engines.dataset import Analyzable, Dataset
 
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "ret", "errno", "signal",
@@ -78,7 +81,7 @@ class Report:
     memory_series: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def build(recording: Any, top: int = 3) -> Report:
+def build(recording: Analyzable, top: int = 3) -> Report:
     """Compute every section from a recording: loaded (``load()``) or in an engine
     (``load(..., engine="duckdb")``), whose tables are reduced there."""
     with engine_for(recording) as engine:
@@ -139,7 +142,7 @@ def _span(first: pd.Timestamp, last: pd.Timestamp) -> str:
     return f"{time_text(first)} to {time_text(last)} ({(last - first).total_seconds():,.1f} s)"
 
 
-def _build(recording: Any, engine: Engine, top: int) -> Report:
+def _build(recording: Dataset, engine: Engine, top: int) -> Report:
     several = len(recording.meta) > 1
     # One pass over the events for every rate the report draws, over the recording's span only
     # (events far outside it are named, not drawn), in at most MAX_BINS bins.
@@ -181,7 +184,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
         summary += [(f"{what} on {host}" if several else what, text) for what, text in incident_windows(meta)]
     if recording.skipped:
         summary.append(("unreadable files skipped", str(len(recording.skipped))))
-    notes = getattr(recording, "notes", [])
+    notes = recording.notes
     if notes:
         summary.append(("files read in part", f"{len(notes)} (values cut, rows left out or copies read once: "
                                               "fdtrace report names them on stderr)"))
@@ -194,7 +197,7 @@ def _build(recording: Any, engine: Engine, top: int) -> Report:
     loss_rows = losses[losses[list(lost)].sum(axis=1) > 0] if lost and len(losses) else pd.DataFrame()
     found = failures_on(engine)
     incidents = incidents_on(engine, found=found)
-    clocks = getattr(recording, "clock_offsets", None)
+    clocks = recording.clock_offsets
     needs = fd_needs_on(engine)
     memory, victims = memory_needs_on(engine, needs), oom_victims_on(engine)
     marks = phases[phases["end_wall_ns"].notna() & phases["rank"].notna()] if len(phases) else pd.DataFrame()
@@ -272,7 +275,7 @@ def _memory_series(engine: Engine, chosen: pd.DataFrame, several: bool) -> dict[
     return found
 
 
-def _leaks(recording: Any) -> pd.DataFrame:
+def _leaks(recording: Dataset) -> pd.DataFrame:
     sites = getattr(recording, "fd_sites", None)
     if sites is None or not len(sites):
         return pd.DataFrame(columns=SITE_COLUMNS)
@@ -281,7 +284,7 @@ def _leaks(recording: Any) -> pd.DataFrame:
     return found[SITE_COLUMNS].head(30)
 
 
-def _census_at_peak(recording: Any) -> pd.DataFrame:
+def _census_at_peak(recording: Dataset) -> pd.DataFrame:
     """Each process's thread census at the round where it had the most threads."""
     census = call_sites.thread_census(getattr(recording, "thread_census", None))
     if not len(census):
@@ -292,7 +295,7 @@ def _census_at_peak(recording: Any) -> pd.DataFrame:
     return at_peak[["time", "pid", "comm", "syscall", "fd_kind", "site", "threads"]].head(40)
 
 
-def _thread_sites(engine: Engine, recording: Any) -> pd.DataFrame:
+def _thread_sites(engine: Engine, recording: Dataset) -> pd.DataFrame:
     started = thread_starts(engine)
     if not len(started):
         return pd.DataFrame()
