@@ -14,8 +14,8 @@ from pathlib import Path
 
 from fdtrace.analysis import load
 from fdtrace.analysis.report import build, to_html
-
-from fdtrace.sources.replay import ReplaySource
+from fdtrace.pipeline import Pipeline
+from fdtrace.sources.replay import ReplayControls, ReplaySource
 from fdtrace.tui.app import make_app
 
 HERE = Path(__file__).parent
@@ -25,7 +25,8 @@ RECORDING = HERE.parents[1] / "tests" / "data" / "emfile"
 async def main() -> None:
     clock = {"ns": 0}
     feed = ReplaySource(RECORDING, clock=lambda: clock["ns"])
-    app = make_app(feed)
+    pipeline = Pipeline(feed, source_started=True)  # as `fdtrace replay` builds it
+    app = make_app(pipeline, ReplayControls(pipeline, feed))
     async with app.run_test(size=(170, 34)) as pilot:
         while not feed.player.finished:
             clock["ns"] += 250_000_000
