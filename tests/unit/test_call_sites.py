@@ -170,3 +170,20 @@ def test_leaks_keep_integers_integers_and_print_no_nan(capsys: pytest.CaptureFix
     _emit_leaks(table, "leaks", {}, False, {})
     text = capsys.readouterr().out
     assert "nan" not in text.lower() and "<NA>" not in text and "(stack may be incomplete: the walk" in text
+
+
+def test_a_huge_udp_table_is_read_up_to_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fdtrace.procfs import threads
+
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+    def line(n: int, port: str, inode: int) -> str:
+        return f"{n:5}: 0100007F:A000 0100007F:{port} 01 00000000:00000000 00:00000000 00000000 0 0 {inode} 2\n"
+    planted = header + line(0, "0035", 1001) + "".join(line(i, "1F90", 2000 + i) for i in range(1, 200))
+    planted += line(200, "0035", 9999)  # past the bound: not seen
+    (tmp_path / "7" / "net").mkdir(parents=True)
+    (tmp_path / "7" / "net" / "udp").write_text(planted)
+    monkeypatch.setattr(threads, "MAX_UDP_TABLE_BYTES", 100 * len(line(1, "1F90", 2001)))
+    assert threads.dns_socket_inodes(ProcFS(tmp_path), 7) == {1001}
+    monkeypatch.setattr(threads, "MAX_UDP_TABLE_BYTES", len(planted) + 1)
+    assert threads.dns_socket_inodes(ProcFS(tmp_path), 7) == {1001, 9999}

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -208,7 +207,6 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     from fdtrace.kernel.syscalls import syscall_name
     from fdtrace.policy import dns_advice
     from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
-    from fdtrace.procfs.golang import is_go_binary
     from fdtrace.procfs.sampler import ProcSampler
     from fdtrace.procfs.thread_limits import binding_limit
     from fdtrace.procfs.threads import describe_state, dns_waiters, thread_census
@@ -246,7 +244,8 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         say(f"  {shown(describe_state(state))}")
     if python is not None and python.unread:
         say(f"  ({shown(python.unread)}: the sites above are the interpreter's C code)")
-    advice = dns_advice(is_go_binary(Path(f"/proc/{pid}/exe"))) if dns_waiters(census) else None
+    go = sample is not None and sample.go_max_threads is not None  # the sampler knows a Go program
+    advice = dns_advice(go) if dns_waiters(census) else None
     if advice:
         say(f"{dns_waiters(census)} threads wait on DNS: {advice}")
     if sites is not None:

@@ -47,7 +47,8 @@ class Symbolizer:
         self._maps.clear()
         self._targets.clear()
 
-    def _mapping(self, pid: int, address: int) -> tuple[int, int, int, int, int, str] | None:
+    def executable_maps(self, pid: int) -> list[tuple[int, int, int, int, int, str]]:
+        """``pid``'s executable mappings, read once per poll (empty where unreadable)."""
         maps = self._maps.get(pid)
         if maps is None:
             try:
@@ -55,6 +56,10 @@ class Symbolizer:
             except READ_ERRORS:  # gone, denied, or a read that failed
                 maps = []
             self._maps[pid] = maps
+        return maps
+
+    def _mapping(self, pid: int, address: int) -> tuple[int, int, int, int, int, str] | None:
+        maps = self.executable_maps(pid)
         i = bisect.bisect_right(maps, (address, 1 << 64)) - 1
         if i >= 0 and maps[i][0] <= address < maps[i][1]:
             return maps[i]
@@ -349,8 +354,8 @@ class BlockedCode:
 
     def python_stacks(self, pid: int) -> PythonStacks | None:
         """The Python stacks of ``pid`` this round (read once a round), None if it runs no CPython."""
-        if pid not in self._python:
-            self._python[pid] = self._python_reader.stacks(pid)
+        if pid not in self._python:  # the mappings the symbolizer reads this round anyway
+            self._python[pid] = self._python_reader.stacks(pid, self.symbolizer.executable_maps(pid))
         return self._python[pid]
 
     def __call__(self, pid: int, tid: int, pc: int, sp: int) -> str | None:

@@ -163,12 +163,13 @@ class PythonStackReader:
         self._procfs = procfs or ProcFS()
         self._symbols: dict[tuple[int, int], tuple[int, int, int] | None] = {}
 
-    def stacks(self, pid: int) -> PythonStacks | None:
+    def stacks(self, pid: int, maps: list[tuple[int, int, int, int, int, str]] | None = None) -> PythonStacks | None:
         """The Python stacks of ``pid``'s threads; None if no CPython interpreter is mapped in it.
-        Raises nothing for what the process holds: a process that ends or whose memory makes no
-        sense gives stacks left out or ``unread``."""
+        ``maps``: its executable mappings when the caller read them this round already
+        (``ProcFS.executable_maps``). Raises nothing for what the process holds: a process that
+        ends or whose memory makes no sense gives stacks left out or ``unread``."""
         try:
-            runtime = self._runtime(pid)
+            runtime = self._runtime(pid, maps)
         except READ_ERRORS:  # gone (it may end while its threads are counted), denied
             return None
         if runtime is None:
@@ -192,8 +193,8 @@ class PythonStackReader:
         finally:
             memory.close()
 
-    def _runtime(self, pid: int) -> _Runtime | None:
-        for start, end, offset, device, inode, path in self._procfs.executable_maps(pid):
+    def _runtime(self, pid: int, maps: list[tuple[int, int, int, int, int, str]] | None) -> _Runtime | None:
+        for start, end, offset, device, inode, path in self._procfs.executable_maps(pid) if maps is None else maps:
             match = _INTERPRETER_FILE.match(os.path.basename(path))
             if match is None or not inode:
                 continue

@@ -128,12 +128,20 @@ class ProcFS:
         except (IndexError, ValueError):
             raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
 
-    def read_bytes(self, pid: int, name: str) -> bytes:
+    def read_bytes(self, pid: int, name: str, limit: int | None = None) -> bytes:
         """The bytes of /proc/PID/NAME (one open and read, no Path objects: this runs for every
-        sampled process every round)."""
+        sampled process every round); ``limit``: at most that many (files whose size others
+        decide, such as a network namespace's socket tables)."""
         try:
             with open(f"{self._prefix}{pid}/{name}", "rb", buffering=0) as file:
-                return file.read()
+                if limit is None:
+                    return file.read()
+                chunks: list[bytes] = []
+                left = limit
+                while left > 0 and (chunk := file.read(min(left, 1 << 16))):
+                    chunks.append(chunk)
+                    left -= len(chunk)
+                return b"".join(chunks)
         except OSError as exc:
             raise _translate(exc, pid) from None
 

@@ -104,16 +104,24 @@ def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str],
             sorted(groups.items(), key=lambda item: (-item[1], item[0][0], item[0][1] or "", item[0][2] or ""))]
 
 
+#: A network namespace's UDP socket table is read up to this size (about 60,000 sockets, 150
+#: bytes a line); a namespace with more is read that far, its DNS sockets past it not seen.
+MAX_UDP_TABLE_BYTES = 8 << 20
+
+
 def dns_socket_inodes(procfs: ProcFS, pid: int) -> set[int]:
     """The inodes of the UDP sockets connected to port 53 (a name server) in ``pid``'s network
-    namespace (its /proc/PID/net/udp and udp6); empty where unreadable."""
+    namespace (its /proc/PID/net/udp and udp6, each read up to MAX_UDP_TABLE_BYTES); empty where
+    unreadable."""
     found = set()
     for table in ("net/udp", "net/udp6"):
         try:
-            lines = procfs.read_bytes(pid, table).decode(errors="replace").splitlines()[1:]
+            data = procfs.read_bytes(pid, table, limit=MAX_UDP_TABLE_BYTES)
         except READ_ERRORS:  # gone, denied, no IPv6: no DNS sockets seen there
             continue
-        for line in lines:
+        if len(data) >= MAX_UDP_TABLE_BYTES:
+            data = data[:data.rfind(b"\n") + 1]  # the last line may be cut
+        for line in data.decode(errors="replace").splitlines()[1:]:
             fields = line.split()
             if len(fields) > 9 and fields[2].endswith(":0035") and fields[9].isdigit():
                 found.add(int(fields[9]))
