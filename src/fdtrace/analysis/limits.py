@@ -5,6 +5,8 @@ limit the process had before or after."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from fdtrace.analysis.engines import Engine
@@ -109,7 +111,7 @@ def name_inherited_sources(engine: Engine, found: pd.DataFrame, changes: pd.Data
     unit = "unit" if "unit" in engine.columns("samples") else "NULL AS unit"
     samples = engine.query(f"SELECT host, pid, comm, time_ns, fd_soft_limit, {unit} FROM samples "
                            f"WHERE pid IN ({family})")
-    names = engine.query(f"SELECT host, pid, min(comm) AS comm FROM events WHERE pid IN ({family}) GROUP BY host, pid")
+    inherited: list[tuple[Any, str, int, str | None]] = []  # (row, host, parent, its limit's source): named below
     for index, row in unknown.iterrows():
         host, pid, soft = str(row["host"]), int(row["pid"]), int(row["fd_soft_limit"])
         own = changes[(changes["host"] == host) & (changes["target"] == pid) & changes["ok"]
@@ -127,14 +129,30 @@ def name_inherited_sources(engine: Engine, found: pd.DataFrame, changes: pd.Data
         ppid, at = int(start["ppid"]), int(start["time_ns"])
         parent_soft, parent_source = limit_in_force(changes, samples, host, ppid, at)
         if parent_soft == soft:
-            comm = _comm_of(samples, names, host, ppid)
-            found.at[index, "limit_source"] = (f"inherited from pid {ppid} ({comm})"
-                                               + (f", whose limit was {parent_source}" if parent_source else ""))
+            inherited.append((index, host, ppid, parent_source))
         elif ppid == 1:
             units = samples[(samples["host"].astype(str) == host) & (samples["pid"] == pid) & samples["unit"].notna()]
             if len(units):
                 found.at[index, "limit_source"] = (f"inherited from systemd (pid 1): LimitNOFILE of unit "
                                                    f"{units['unit'].iloc[-1]}")
+
+
+    _name_parents(engine, found, samples, inherited)
+
+
+def _name_parents(engine: Engine, found: pd.DataFrame, samples: pd.DataFrame,
+                  inherited: list[tuple[Any, str, int, str | None]]) -> None:
+    """Say which parent each process inherited its limit from, by name: from the parents'
+    samples, else from their events (one query, for the parents never sampled only: the events of
+    a fleet are hundreds of millions of rows)."""
+    unsampled = sorted({ppid for _, host, ppid, _ in inherited
+                        if not ((samples["host"].astype(str) == host) & (samples["pid"] == ppid)).any()})
+    names = engine.query("SELECT host, pid, min(comm) AS comm FROM events "
+                         f"WHERE pid IN ({', '.join(map(str, unsampled))}) GROUP BY host, pid") if unsampled else \
+        pd.DataFrame({"host": pd.Series(dtype=str), "pid": pd.Series(dtype="int64"), "comm": pd.Series(dtype=str)})
+    for index, host, ppid, parent_source in inherited:
+        found.at[index, "limit_source"] = (f"inherited from pid {ppid} ({_comm_of(samples, names, host, ppid)})"
+                                           + (f", whose limit was {parent_source}" if parent_source else ""))
 
 
 def _comm_of(samples: pd.DataFrame, names: pd.DataFrame, host: str, pid: int) -> str:
