@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +13,21 @@ from pathlib import Path
 from typing import Any
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: The fdtrace command of this environment.
+FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+
+
+def build_go(source_text: str, work: Path, name: str, cgo: bool = False) -> Path:
+    """A Go program built from ``source_text`` in ``work`` (its own module cache there, no module
+    mode), as ``work/name``; ``cgo``: with cgo enabled (the C library's resolver)."""
+    source = work / f"{name}.go"
+    source.write_text(source_text)
+    binary = work / name
+    env = {**os.environ, "GOCACHE": str(work / "cache"), "GOPATH": str(work / "gopath"), "HOME": str(work),
+           "GO111MODULE": "off", "GOFLAGS": "", **({"CGO_ENABLED": "1"} if cgo else {})}
+    subprocess.run(["go", "build", "-o", str(binary), str(source)], check=True, env=env, cwd=work,
+                   capture_output=True, timeout=300)
+    return binary
 
 
 def _remove(group: Path) -> None:

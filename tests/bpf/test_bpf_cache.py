@@ -10,7 +10,6 @@ import pwd
 import select
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,11 +17,10 @@ import pytest
 
 from fdtrace.kernel.bpf_cache import CACHE_ENV, cache_key
 from tests.conftest import needs_root
-from tests.helpers import drain
+from tests.helpers import FDTRACE, drain
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 LOADED = "BPF programs loaded as compiled at an earlier start"
 COMPILED = "BPF programs compiled in "
 NOBODY = pwd.getpwnam("nobody").pw_uid

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -17,10 +16,9 @@ import pandas as pd
 import pytest
 
 from fdtrace.analysis import leaks, load
-from tests.helpers import replay_app, replay_to_end
+from tests.helpers import FDTRACE, replay_app, replay_to_end
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")]
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 SOURCE = Path(__file__).parents[1] / "data" / "call_sites" / "sites.c"
 
 

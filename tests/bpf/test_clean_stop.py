@@ -20,11 +20,11 @@ import pytest
 
 from tests.bpf.test_go_threads import build
 from tests.conftest import needs_root
+from tests.helpers import FDTRACE
 
 pytestmark = [needs_root(), pytest.mark.bpf,
               pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 STOPS = 20
 
 HOLDER = """

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import python_child
+from tests.helpers import FDTRACE
 
 pytestmark = pytest.mark.bpf
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 SUMMARY = re.compile(r"^fdtrace: (\d+) events \((.*)\); lost (\d+)(?: \((.*)\))?$")
 
 WAIT_THEN = "import sys\nsys.stdin.readline()\n"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +16,9 @@ import pytest
 
 from fdtrace.analysis import load
 from tests.conftest import python_child
-from tests.helpers import started
+from tests.helpers import FDTRACE, started
 
 pytestmark = pytest.mark.bpf
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 CGROUPFS = Path("/sys/fs/cgroup")
 V1_PIDS = CGROUPFS / "pids"
 V2 = CGROUPFS / "unified" if (CGROUPFS / "unified" / "cgroup.procs").exists() else CGROUPFS

@@ -19,10 +19,10 @@ import pytest
 
 from fdtrace.analysis import load
 from fdtrace.integrations.phases.live import LivePhases
+from tests.helpers import FDTRACE
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.bpf
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 TRAIN = str(Path(__file__).parents[1] / "data" / "ddp_train.py")
 STEPS = 3
 

@@ -6,17 +6,15 @@ never answers; it is a socket on the loopback of a network namespace the test ma
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fdtrace.policy import DNS_LOOKUP_SITE
+from tests.helpers import FDTRACE, build_go
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 LOOKUPS = 20
 PROGRAM = """package main
 
@@ -79,12 +77,7 @@ def census_until(pid: int, done: Callable[[list[dict[str, Any]]], bool]) -> dict
 
 
 def test_a_go_programs_cgo_lookups_are_named_with_the_pure_go_resolver_advice(tmp_path: Path) -> None:
-    source, binary = tmp_path / "dns.go", tmp_path / "dns"
-    source.write_text(PROGRAM)
-    env = {**os.environ, "GOCACHE": str(tmp_path / "cache"), "GOPATH": str(tmp_path / "gopath"),
-           "HOME": str(tmp_path), "GO111MODULE": "off", "GOFLAGS": "", "CGO_ENABLED": "1"}
-    subprocess.run(["go", "build", "-o", str(binary), str(source)], check=True, env=env, cwd=tmp_path,
-                   capture_output=True, timeout=300)
+    binary = build_go(PROGRAM, tmp_path, "dns", cgo=True)
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("nameserver 127.0.0.1\noptions timeout:30 attempts:1\n")
     script = (f"ip link set lo up && mount --bind {resolv} /etc/resolv.conf && "

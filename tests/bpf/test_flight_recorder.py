@@ -17,11 +17,10 @@ import pytest
 
 from fdtrace.analysis import load
 from tests.conftest import needs_root
-from tests.helpers import started
+from tests.helpers import FDTRACE, started
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 MAX_SIZE, KEEP_INCIDENTS = 400 * 1024, 300 * 1024
 REFUSED = 47  # socket() calls refused with EMFILE by the burst
 

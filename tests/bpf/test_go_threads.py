@@ -4,11 +4,9 @@ raw clone() threads are seen, its growth is in a recording, and doctor flags it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,10 +16,9 @@ from fdtrace.analysis import failures, headroom, least_headroom, load, thread_si
 from fdtrace.analysis.report import recommendations
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import binding_limit
-from tests.helpers import started
+from tests.helpers import FDTRACE, build_go, started
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 GOROUTINES = 300
 
 PROGRAM = """package main
@@ -66,14 +63,7 @@ func main() {
 
 
 def build(tmp_path: Path) -> Path:
-    source = tmp_path / "threads.go"
-    source.write_text(PROGRAM)
-    binary = tmp_path / "go-threads"
-    env = {**os.environ, "GOCACHE": str(tmp_path / "cache"), "GOPATH": str(tmp_path / "gopath"),
-           "HOME": str(tmp_path), "GO111MODULE": "off", "GOFLAGS": ""}
-    subprocess.run(["go", "build", "-o", str(binary), str(source)], check=True, env=env, cwd=tmp_path,
-                   capture_output=True, timeout=300)
-    return binary
+    return build_go(PROGRAM, tmp_path, "go-threads")
 
 
 def start_recorder(out: Path) -> subprocess.Popen[str]:
@@ -87,9 +77,15 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
     recorder = start_recorder(out)
     program = subprocess.Popen([str(binary), str(GOROUTINES)])
     try:
-        # 300 goroutines at 200 a second, then it sleeps: doctor reads the recording as it is
-        # flushed, until it sees the growth (a busy machine takes longer)
+        # 300 goroutines at 200 a second, then it sleeps: wait until the recording (flushed each
+        # round) holds their threads' starts, then until doctor reads the growth from it (a busy
+        # machine takes longer)
         deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            events = load(out).events
+            if ((events["pid"] == program.pid) & (events["kind"] == "thread_start")).sum() >= GOROUTINES:
+                break
+            time.sleep(0.3)
         while True:
             result = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--from", str(out), "--json"],
                                     capture_output=True, text=True, timeout=60)
@@ -259,13 +255,8 @@ def test_a_go_program_that_dies_of_its_thread_limit_within_a_second_is_caught(tm
     program that lives well under a second still leaves its go_thread_limit event, and the
     postmortem commands find it from its events alone (no sample of it was taken)."""
     limit = 250
-    source = tmp_path / "storm.go"
-    source.write_text(STORM.replace("STORM_LIMIT", str(limit)).replace("STORM_GOROUTINES", str(GOROUTINES)))
-    binary = tmp_path / "thread_storm"
-    env = {**os.environ, "GOCACHE": str(tmp_path / "cache"), "GOPATH": str(tmp_path / "gopath"),
-           "HOME": str(tmp_path), "GO111MODULE": "off", "GOFLAGS": ""}
-    subprocess.run(["go", "build", "-o", str(binary), str(source)], check=True, env=env, cwd=tmp_path,
-                   capture_output=True, timeout=300)
+    binary = build_go(STORM.replace("STORM_LIMIT", str(limit)).replace("STORM_GOROUTINES", str(GOROUTINES)),
+                      tmp_path, "thread_storm")
     out = tmp_path / "rec"
     # Rounds 60 s apart, the first one done (its flush is on disk) before the program starts: no
     # sampling round sees the program alive, only its events do.

@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LiveTracer
+from tests.helpers import FDTRACE
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")]
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 
 
 def free_port() -> int:

@@ -21,11 +21,10 @@ from fdtrace.analysis import load
 from fdtrace.analysis.needs import fd_needs
 from fdtrace.policy import with_margin
 from tests.conftest import needs_root
-from tests.helpers import started
+from tests.helpers import FDTRACE, started
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 LOWERED = 64
 REFUSED = 5
 

@@ -21,11 +21,10 @@ import pytest
 from fdtrace.analysis import load
 from fdtrace.analysis.memory import memory_needs, oom_victims
 from tests.conftest import needs_root
-from tests.helpers import memory_cgroup, started
+from tests.helpers import FDTRACE, memory_cgroup, started
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 LIMIT = 150 << 20
 PER_SOCKET = 100 * 1024
 FIRST = 200  # sockets held while the test compares the samples with the kernel's files

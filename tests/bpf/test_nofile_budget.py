@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +18,10 @@ from fdtrace.analysis import load
 from fdtrace.kernel.features import probe_kernel
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.kernel.session import KernelSession, descriptor_budget, planned_probes
+from tests.helpers import FDTRACE
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(os.geteuid() != 0, reason="attaching BPF programs needs root")]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 NEEDS = re.compile(r"^fdtrace: error: the hard RLIMIT_NOFILE is (\d+): fdtrace needs (\d+) file descriptors "
                    r"\((.*)\); raise it \(prlimit --nofile=(\d+):\4, ulimit -Hn, or LimitNOFILE= of its unit\)$")
 SITES = Path(__file__).parents[1] / "data" / "call_sites" / "sites.c"

@@ -10,7 +10,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,11 +21,10 @@ import pytest
 from fdtrace.policy import with_margin
 from tests.bpf.test_haproxy import free_port
 from tests.conftest import needs_root
-from tests.helpers import replay_app, replay_to_end, started
+from tests.helpers import FDTRACE, replay_app, replay_to_end, started
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 MAXSOCK = 2 * 4096 + 3 * 2 + 2 + 20  # as haproxy 2.6 counts it: connections, 2 threads, a bind and a stats socket
 CLIENTS = 300
 

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import python_child
+from tests.helpers import FDTRACE
 
 pytestmark = pytest.mark.bpf
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 
 CHILD = """
 import os, socket, sys, time

@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from importlib import resources
@@ -19,10 +18,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import python_child
+from tests.helpers import FDTRACE
 
 pytestmark = [pytest.mark.bpf,
               pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is missing")]
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 RULES = Path(str(resources.files("fdtrace") / "data" / "fdtrace-alerts.yml"))
 
 # Opens descriptors up to its limit, then keeps failing once a second (socket() and open()).

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +18,10 @@ from fdtrace.sources.prometheus_fleet import PrometheusFleet
 from fdtrace.tui.fleet import FleetApp, HostScreen
 from tests.bpf.test_prometheus_alerts import CHILD, free_port
 from tests.conftest import python_child
-from tests.helpers import started
+from tests.helpers import FDTRACE, started
 
 pytestmark = [pytest.mark.bpf,
               pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is missing")]
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 QUIET = "import sys, time\nsys.stdin.readline()\ntime.sleep(120)\n"
 
 

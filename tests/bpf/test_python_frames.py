@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 
 from fdtrace.analysis import load, threads
 from fdtrace.procfs.python_frames import PythonStackReader
+from tests.helpers import FDTRACE
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 THREADS = 20
 HOLDER = """import os, sys, threading
 

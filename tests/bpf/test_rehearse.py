@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FDTRACE
+
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed"),
               pytest.mark.skipif(os.geteuid() != 0, reason="tracing needs root")]
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 
 #: An echo server: every connection gets back what it sends; "ready" once it listens.
 ECHO = """

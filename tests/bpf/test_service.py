@@ -20,13 +20,12 @@ import pytest
 
 from fdtrace.analysis import load
 from tests.conftest import needs_root
-from tests.helpers import started
+from tests.helpers import FDTRACE, started
 
 pytestmark = [needs_root(), pytest.mark.bpf,
               pytest.mark.skipif(shutil.which("systemd-analyze") is None or shutil.which("setpriv") is None,
                                  reason="needs systemd-analyze and setpriv")]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 NOBODY = pwd.getpwnam("nobody")
 
 CHILD = """

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,10 +17,10 @@ import pyarrow.parquet as pq
 from fdtrace.recording.compaction import compact_host
 from fdtrace.recording.fleet import find_fleet
 from fdtrace.recording.summaries import SUMMARY_KEY
+from tests.helpers import FDTRACE
 
 DATA = Path(__file__).parents[1] / "data"
 EMFILE, DDP = DATA / "emfile", DATA / "ddp"
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 #: What tests/data/emfile holds (fdtrace info says so): events, of which EMFILE failures.
 EMFILE_EVENTS = 76
 EMFILE_FAILURES = 4

@@ -13,16 +13,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from fdtrace.sinks.metrics_server import HEAD_TIMEOUT_S, MAX_PER_PEER, WORKERS
-from tests.helpers import started
+from tests.helpers import FDTRACE, started
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as another user: needs root")
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 NOBODY = pwd.getpwnam("nobody")
 CONNECTIONS = 300
 #: nobody's client: CONNECTIONS connections to the port, each sent half a request, all held open.

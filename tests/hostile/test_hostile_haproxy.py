@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -19,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FDTRACE
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as another user: needs root")
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 NOBODY = pwd.getpwnam("nobody")
 
 

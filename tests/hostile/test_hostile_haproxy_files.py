@@ -9,7 +9,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FDTRACE
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as another user: needs root")
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 NOBODY = pwd.getpwnam("nobody")
 SECRET = "SECRET-7f3a9c41"
 #: A configuration whose values are the secret: any echo of one would show it.

@@ -23,11 +23,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import needs_root
-from tests.helpers import drain, replay_app, replay_to_end
+from tests.helpers import FDTRACE, drain, replay_app, replay_to_end
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 TITLE_AND_CLEAR = "\x1b]0;PWNED\x07\x1b[2J"  # 14 bytes: a task name holds 15
 NEWLINE_AND_TAG = "\n<svg onload=1>"
 NAMES = (TITLE_AND_CLEAR, NEWLINE_AND_TAG)

@@ -9,7 +9,6 @@ import os
 import pwd
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,10 +16,10 @@ import pytest
 
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.schema import SCHEMA_VERSION
+from tests.helpers import FDTRACE
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as another user: needs root")
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 NOBODY = pwd.getpwnam("nobody").pw_uid
 

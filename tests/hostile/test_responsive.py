@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from fdtrace.analysis import load
+from tests.helpers import FDTRACE
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(os.geteuid() != 0, reason="attaches BPF programs: needs root")]
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 
 
 def trickling_socket(path: Path, stop: threading.Event) -> threading.Thread:

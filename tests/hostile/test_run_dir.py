@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FDTRACE
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs a job as another user: needs root")
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 MARK = "from fdtrace.integrations.phases import phase\nwith phase('eval'):\n    pass\nprint('ran')\n"
 
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import needs_root
-from tests.helpers import memory_cgroup
+from tests.helpers import FDTRACE, memory_cgroup
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 
 
 def test_maps_refused_for_want_of_memory_are_named_in_one_line(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import hashlib
 import os
 import pwd
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,10 +20,10 @@ from fdtrace.recording import load
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import HeldDirectory, check_directory, write_atomically
 from fdtrace.schema import SCHEMA_VERSION
+from tests.helpers import FDTRACE
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants directories as another user: needs root")
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 NOBODY = pwd.getpwnam("nobody").pw_uid
 META = {"schema_version": SCHEMA_VERSION, "host": "h"}
 

@@ -18,12 +18,11 @@ from fdtrace.recording.fleet import find_fleet
 from fdtrace.recording.summaries import read_summary
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.schema import SCHEMA_VERSION
+from tests.helpers import FDTRACE
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 from fleet_data import generate_fleet  # noqa: E402
-
-FDTRACE = str(Path(sys.executable).parent / "fdtrace")
 
 
 def test_compact_a_fleet(tmp_path: Path) -> None:

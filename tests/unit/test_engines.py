@@ -20,12 +20,12 @@ from fdtrace.analysis.report import build, to_markdown
 from fdtrace.analysis.summary import summary
 from fdtrace.recording.compaction import compact_host
 from fdtrace.recording.fleet import find_fleet
+from tests.helpers import FDTRACE
 
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 from fleet_data import HostTruth, generate_fleet  # noqa: E402
 
-FDTRACE = str(Path(sys.executable).parent / "fdtrace")
 #: How far the generated hosts' wall clocks are off (host index -> ns ahead of true time).
 CLOCK_ERRORS = {1: 2_000_000, 2: -1_500_000_000}
 

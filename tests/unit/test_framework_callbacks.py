@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
+from tests.helpers import FDTRACE
+
 STEPS = 3
 
 LIGHTNING = """

@@ -8,7 +8,6 @@ import gzip
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +16,9 @@ import pytest
 from fdtrace.analysis import load
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.kineto import kineto_phases, to_monotonic
+from tests.helpers import FDTRACE
 
 DDP = Path(__file__).parents[1] / "data" / "ddp"
-FDTRACE = str(Path(sys.executable).with_name("fdtrace"))
 BASE = 1_700_000_000_000_000_000
 
 
