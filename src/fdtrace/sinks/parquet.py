@@ -61,8 +61,6 @@ def incidents(events: Any) -> list[tuple[int, str]]:
                 pa.schema([(c, pa.string()) for c in columns])).to_pylist(), strict=True)]
 
 
-
-
 class ParquetSink:
     """Writes a recording directory from the updates of a live source.
 
