@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fdtrace.analysis import failures, headroom, least_headroom, load, thread_sites, threads
@@ -75,16 +76,22 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
     binary = build(tmp_path)
     out = tmp_path / "rec"
     recorder = start_recorder(out)
-    program = subprocess.Popen([str(binary), str(GOROUTINES)])
+    program = subprocess.Popen([str(binary), str(GOROUTINES), "wait"], stdin=subprocess.PIPE)
+    assert program.stdin is not None
+
+    def mine() -> pd.DataFrame:
+        """The program's samples on disk (the recorder flushes each round)."""
+        samples = load(out).samples if (out / "samples").is_dir() else pd.DataFrame({"pid": [], "threads": []})
+        return samples[samples["pid"] == program.pid]
     try:
-        # 300 goroutines at 200 a second, then it sleeps: wait until the recording (flushed each
-        # round) holds their threads' starts, then until doctor reads the growth from it (a busy
-        # machine takes longer)
+        # Growth is judged from the samples: one round sees the program before its threads start,
+        # then it starts 300 (200 a second) and rounds see them; a busy machine takes longer.
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            events = load(out).events
-            if ((events["pid"] == program.pid) & (events["kind"] == "thread_start")).sum() >= GOROUTINES:
-                break
+        while mine().empty and time.monotonic() < deadline:
+            time.sleep(0.2)
+        program.stdin.write(b"x")
+        program.stdin.flush()
+        while time.monotonic() < deadline and not (mine()["threads"] >= GOROUTINES).any():
             time.sleep(0.3)
         while True:
             result = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--from", str(out), "--json"],
