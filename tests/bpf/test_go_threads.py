@@ -107,10 +107,11 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
         assert "threads of its limit 2000 (debug.SetMaxThreads, read from its memory), growing" in go["current"]
         assert result.returncode >= 1
     finally:
-        program.kill()
-        program.wait()
+        # the recorder stops first: a round taken while the killed program exits would read no limit
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=30)
+        program.kill()
+        program.wait()
     rec = load(out)
     started = rec.events[(rec.events["pid"] == program.pid) & (rec.events["kind"] == "thread_start")]
     assert len(started) >= GOROUTINES  # Go's raw clone() threads, each one seen

@@ -153,3 +153,17 @@ def test_what_was_skipped_is_said_in_words() -> None:
     sampler.skip(ProcessGoneError(2))
     sampler.skip(OSError(24, "Too many open files"))
     assert sampler.describe_skipped() == "2 processes gone when sampled, 1 process not read (EMFILE)"
+
+
+def test_a_process_is_exiting_by_its_stat_flags(tmp_path: Any) -> None:
+    def stat(pid: int, flags: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (go (x) y) R 1 {pid} {pid} 0 -1 {flags} 0 0 0 0\n")
+    stat(10, 0x400100)  # a running task
+    stat(11, 0x400104)  # PF_EXITING: in do_exit(), its memory about to go
+    procfs = ProcFS(tmp_path)
+    assert not procfs.exiting(10) and procfs.exiting(11) and procfs.exiting(12)  # 12: gone
+    assert not ProcFS().exiting(os.getpid())
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert ProcFS().exiting(child.pid)  # reaped: gone

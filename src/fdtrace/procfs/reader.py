@@ -60,6 +60,10 @@ def skip_reason(error: BaseException) -> str:
     return type(error).__name__
 
 
+#: The flag of a task in do_exit() (PF_EXITING of include/linux/sched.h), in /proc/PID/stat's ninth field.
+PF_EXITING = 0x4
+
+
 @dataclass(frozen=True)
 class ProcStat:
     """The fields of /proc/PID/stat fdtrace uses."""
@@ -127,6 +131,15 @@ class ProcFS:
                             int(fields[19]) * TICK_NS)
         except (IndexError, ValueError):
             raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
+
+    def exiting(self, pid: int) -> bool:
+        """Whether ``pid`` has begun to exit (PF_EXITING in /proc/PID/stat's flags: set before the
+        kernel lets go of its memory and files), or is gone already."""
+        try:
+            text = self.read(pid, "stat")
+            return bool(int(text[text.rfind(")") + 2 :].split()[6]) & PF_EXITING)
+        except (ProcessGoneError, IndexError, ValueError):
+            return True
 
     def read_bytes(self, pid: int, name: str, limit: int | None = None) -> bytes:
         """The bytes of /proc/PID/NAME (one open and read, no Path objects: this runs for every

@@ -123,6 +123,8 @@ class ProcSampler:
         where = placement(lines)
         memory = cgroup_memory(procfs, self.cgroupfs, pid, self._memcgs, lines=lines)
         go_limit, unread = self._go_limit(pid) if self._is_go(pid, stat.start_ns) else (None, None)
+        if unread is not None and procfs.exiting(pid):  # its memory went because it is exiting: not a limit unread
+            return None
         if procfs.stat(pid).start_ns != stat.start_ns:  # its pid was reused while it was read: two processes' values
             return None
         return ProcessSample(pid, stat.start_ns, stat.comm, open_fds, soft, hard, threads, sockets, cmdline,
