@@ -121,6 +121,10 @@ def rehearse(target: str, comm: str | None, pid: int | None, ranks: int, per_ran
         except FdtraceError as error:
             stop_ranks(rank_list)
             fail(_one(error))
+        from fdtrace.sources.live import LiveSource
+
+        if isinstance(pipeline.source, LiveSource):
+            rehearsal.ask_round = pipeline.source.round_now
         if rehearsal.cancelled is not None:
             pipeline.close()
             stop_ranks(rank_list)

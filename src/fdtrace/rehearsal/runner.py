@@ -10,7 +10,7 @@ import selectors
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fdtrace.errors import FdtraceError
@@ -79,6 +79,10 @@ def ensure_own_limit(shape: Shape, tracing: bool) -> int:
     return need
 
 
+#: How long a burst holds its connections at most for the tracer's round to read the target.
+ROUND_WAIT_S = 2.0
+
+
 class TargetSampler(ProcSampler):
     """The live source's sampler, sampling the target every round (with events or not)."""
 
@@ -129,10 +133,13 @@ class Rehearsal:
         max_rate: connections opened per second at most, on average over the rehearsal.
         duration_s: seconds the rehearsal may take at most.
         sampler: the /proc reader of the target's descriptors.
+        ask_round: asks the tracer for a sampling round now (``LiveSource.round_now``), taken at
+            each burst's peak while its connections are held.
     """
 
     def __init__(self, shape: Shape, ranks: list[Rank], pid: int | None, watch: TargetWatch | None,
-                 max_rate: float, duration_s: float | None, sampler: ProcSampler | None = None) -> None:
+                 max_rate: float, duration_s: float | None, sampler: ProcSampler | None = None,
+                 ask_round: Callable[[], threading.Event] | None = None) -> None:
         self.shape = shape
         self.ranks = ranks
         self.pid = pid
@@ -140,6 +147,7 @@ class Rehearsal:
         self.max_rate = max_rate
         self.duration_s = duration_s
         self.sampler = sampler or ProcSampler()
+        self.ask_round = ask_round
         self.bursts: list[Burst] = []
         self.first_sample: ProcessSample | None = None
         self.stopped: str | None = None
@@ -231,6 +239,8 @@ class Rehearsal:
         held = self._sample()
         if held is not None:
             record.fds_held, record.threads = held.open_fds, held.threads
+        if self.ask_round is not None:  # the tracer's round too, while the connections are held
+            self.ask_round().wait(ROUND_WAIT_S)
         if own is None:
             self._wake.wait(self.shape.hold_s)
             for rank in active:

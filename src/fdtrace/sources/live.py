@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,6 +85,8 @@ class LiveSource:
         self._pids_with_events: set[int] = set()
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
+        self._rounds_asked: list[threading.Event] = []
+        self._rounds_asked_lock = threading.Lock()
         self._next_phases = 0
         self._clock_quality = ClockQualityReader()
         self._boot_wall_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
@@ -128,9 +131,24 @@ class LiveSource:
             self._next_phases = time.monotonic_ns() + PHASES_INTERVAL_NS
             update.phases = self.phases.poll()
         if now >= self._next_round:
-            self._next_round = max(self._next_round + self.options.interval_s, now)
+            with self._rounds_asked_lock:
+                asked, self._rounds_asked = self._rounds_asked, []
+            self._next_round = now + self.options.interval_s if asked else \
+                max(self._next_round + self.options.interval_s, now)
             self._round(update)
+            for done in asked:
+                done.set()
         return update
+
+    def round_now(self) -> threading.Event:
+        """Ask for a sampling round at the next poll, from any thread (``fdtrace rehearse`` asks one
+        while a burst's connections are held, so the recording holds the peak a timed round could
+        miss); the event is set once the round's figures are read."""
+        done = threading.Event()
+        with self._rounds_asked_lock:
+            self._rounds_asked.append(done)
+            self._next_round = 0.0
+        return done
 
     def finish(self) -> Update:
         update = self._events(final=True)
