@@ -158,12 +158,11 @@ def test_what_was_skipped_is_said_in_words() -> None:
 def test_a_process_is_exiting_by_its_stat_flags(tmp_path: Any) -> None:
     def stat(pid: int, flags: int) -> None:
         (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "stat").write_text(f"{pid} (go (x) y) R 1 {pid} {pid} 0 -1 {flags} 0 0 0 0\n")
+        fields = ["R", "1", str(pid), str(pid), "0", "-1", str(flags), *["0"] * 12, "500", "0"]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (go (x) y) {' '.join(fields)}\n")
     stat(10, 0x400100)  # a running task
     stat(11, 0x400104)  # PF_EXITING: in do_exit(), its memory about to go
     procfs = ProcFS(tmp_path)
-    assert not procfs.exiting(10) and procfs.exiting(11) and procfs.exiting(12)  # 12: gone
-    assert not ProcFS().exiting(os.getpid())
-    child = subprocess.Popen(["true"])
-    child.wait()
-    assert ProcFS().exiting(child.pid)  # reaped: gone
+    assert not procfs.stat(10).exiting and procfs.stat(11).exiting
+    assert procfs.stat(11).comm == "go (x) y" and procfs.stat(11).start_ns == procfs.stat(10).start_ns > 0
+    assert not ProcFS().stat(os.getpid()).exiting

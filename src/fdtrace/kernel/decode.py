@@ -325,8 +325,7 @@ def decode(
         "exit_code": _masked(_slot(extra, Kind.PROCESS_EXIT, "exit_code"), exit_known & ~signaled, pa.int32()),
         "signal": _dictionary(np.minimum(exit_signal, 64), _SIGNAL_VALUES, mask=~signaled),
         **{name: _slot_column(extra, kinds, Kind.OOM_KILL, name, is_oom) for name in _OOM_SLOTS},
-        "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()) if is_oom.any()
-        else pa.nulls(n, pa.int16()),
+        "oom_score_adj": _masked(raw["ret"].astype(np.int16), is_oom, pa.int16()),
         "stack_id": _stack_ids(raw, kinds),
         **_limit_columns(extra, is_limit),
         **placements,

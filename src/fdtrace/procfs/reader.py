@@ -73,11 +73,19 @@ class ProcStat:
     ppid: int
     #: Process start in CLOCK_BOOTTIME ns (field 22, at tick resolution).
     start_ns: int
+    #: The task's flags (field 9).
+    flags: int = 0
 
     @property
     def exited(self) -> bool:
         """A zombie or dead task: nothing of it is left to sample."""
         return self.state in ("Z", "X")
+
+    @property
+    def exiting(self) -> bool:
+        """In do_exit() (PF_EXITING): its memory and files are being let go, so what is read of
+        it now may be half gone."""
+        return bool(self.flags & PF_EXITING)
 
 
 @dataclass(frozen=True)
@@ -128,18 +136,9 @@ class ProcFS:
         fields = text[text.rfind(")") + 2 :].split()
         try:
             return ProcStat(text[text.find("(") + 1 : text.rfind(")")], fields[0], int(fields[1]),
-                            int(fields[19]) * TICK_NS)
+                            int(fields[19]) * TICK_NS, int(fields[6]))
         except (IndexError, ValueError):
             raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
-
-    def exiting(self, pid: int) -> bool:
-        """Whether ``pid`` has begun to exit (PF_EXITING in /proc/PID/stat's flags: set before the
-        kernel lets go of its memory and files), or is gone already."""
-        try:
-            text = self.read(pid, "stat")
-            return bool(int(text[text.rfind(")") + 2 :].split()[6]) & PF_EXITING)
-        except (ProcessGoneError, IndexError, ValueError):
-            return True
 
     def read_bytes(self, pid: int, name: str, limit: int | None = None) -> bytes:
         """The bytes of /proc/PID/NAME (one open and read, no Path objects: this runs for every

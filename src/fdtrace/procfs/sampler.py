@@ -123,9 +123,10 @@ class ProcSampler:
         where = placement(lines)
         memory = cgroup_memory(procfs, self.cgroupfs, pid, self._memcgs, lines=lines)
         go_limit, unread = self._go_limit(pid) if self._is_go(pid, stat.start_ns) else (None, None)
-        if unread is not None and procfs.exiting(pid):  # its memory went because it is exiting: not a limit unread
+        again = procfs.stat(pid)
+        if again.start_ns != stat.start_ns:  # its pid was reused while it was read: two processes' values
             return None
-        if procfs.stat(pid).start_ns != stat.start_ns:  # its pid was reused while it was read: two processes' values
+        if again.exiting:  # it began to exit while it was read: its memory, files or limit may be half gone
             return None
         return ProcessSample(pid, stat.start_ns, stat.comm, open_fds, soft, hard, threads, sockets, cmdline,
                              uid=uid, nproc_soft_limit=nproc if uid != 0 else None,
