@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from importlib import resources
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.cli.common import fail, note, parse_size, say
 from fdtrace.errors import FdtraceError
 
@@ -75,11 +75,12 @@ def _install(unit: str, user: str, unit_dir: Path) -> None:
 
         pwd.getpwnam(user)
     except KeyError:
-        useradd = shutil.which("useradd")
+        useradd = program("useradd")
         if useradd is None:
             fail(FdtraceError(f"there is no user {user} and no useradd to make one: make it, then run this again"))
         made = subprocess.run([useradd, "--system", "--no-create-home", "--home-dir", "/var/lib/fdtrace",
-                               "--shell", "/usr/sbin/nologin", "--user-group", user], capture_output=True, text=True)
+                               "--shell", "/usr/sbin/nologin", "--user-group", user], capture_output=True, text=True,
+                              env=child_environment(), cwd=CHILD_CWD, stdin=subprocess.DEVNULL)
         if made.returncode != 0:
             fail(FdtraceError(f"useradd {user} failed: {' '.join(made.stderr.split())[:200]}"))
         note(f"made the system user {user}")
@@ -92,7 +93,10 @@ def _install(unit: str, user: str, unit_dir: Path) -> None:
         fail(FdtraceError(f"{path}: cannot write the unit ({exc.strerror})"))
     note(f"wrote {path}")
     if Path("/run/systemd/system").is_dir():
-        subprocess.run(["systemctl", "daemon-reload"], check=False)
+        systemctl = program("/usr/bin/systemctl", "/bin/systemctl")
+        if systemctl is not None:
+            subprocess.run([systemctl, "daemon-reload"], check=False, env=child_environment(), cwd=CHILD_CWD,
+                           stdin=subprocess.DEVNULL)
         note(f"start it, and at every boot: systemctl enable --now {UNIT_NAME}")
     else:
         note("systemd is not running here: the unit takes effect where it is (systemctl enable --now fdtrace)")

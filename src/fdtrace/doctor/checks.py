@@ -21,6 +21,7 @@ from fdtrace.analysis.report.advice import (
     soft_hard,
     thread_fix,
 )
+from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.integrations.haproxy import (
     HaproxyConfig,
     config_fds,
@@ -39,7 +40,7 @@ from fdtrace.procfs.thread_limits import threads_by_uid
 from fdtrace.schema.records import ProcessSample
 
 #: systemd's systemctl, by absolute path: never the first one on a PATH someone else may have set.
-SYSTEMCTL = next((path for path in ("/usr/bin/systemctl", "/bin/systemctl") if os.access(path, os.X_OK)), None)
+SYSTEMCTL = program("/usr/bin/systemctl", "/bin/systemctl")
 
 
 class Status(enum.IntEnum):
@@ -168,7 +169,8 @@ class Doctor:
             return None
         try:
             result = subprocess.run([self.systemctl, "show", "-p", "LimitNOFILE", "-p", "LimitNOFILESoft", unit],
-                                    capture_output=True, text=True, timeout=5, check=False)
+                                    capture_output=True, text=True, timeout=5, check=False,
+                                    env=child_environment(), cwd=CHILD_CWD, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return " ".join(result.stdout.split()) if result.returncode == 0 and result.stdout.strip() else None

@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.errors import FdtraceError
 from fdtrace.schema import FD_ALLOC_SYSCALLS, SOCKET_SYSCALLS
 
@@ -74,10 +75,19 @@ def ensure_tracefs(root: Path = TRACEFS, mount: bool = True) -> str | None:
                            "besides CAP_BPF and CAP_PERFMON (fdtrace service prints a unit that grants them)",
                            exit_code=77) from None
     if mount:
-        result = subprocess.run(
-            ["mount", "-t", "tracefs", "tracefs", str(root)],
-            capture_output=True, text=True, check=False,
-        )
+        mount_program = program("/usr/bin/mount", "/bin/mount")
+        if mount_program is None:
+            raise FdtraceError(f"tracefs is not mounted at {root} and there is no mount program: "
+                               f"run 'mount -t tracefs tracefs {root}' as root")
+        try:
+            result = subprocess.run(
+                [mount_program, "-t", "tracefs", "tracefs", str(root)],
+                capture_output=True, text=True, check=False, env=child_environment(), cwd=CHILD_CWD,
+                stdin=subprocess.DEVNULL, timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise FdtraceError(f"tracefs is not mounted at {root} and mounting it failed ({exc}): "
+                               f"run 'mount -t tracefs tracefs {root}' as root") from None
         if result.returncode == 0 and (root / "events").is_dir():
             return f"tracefs was not mounted: mounted it at {root}"
         reason = (result.stderr.strip().splitlines() or ["mount failed"])[-1]

@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import Any
 
+from fdtrace.children import CHILD_CWD, child_environment, python_module_command
 from fdtrace.rehearsal.connections import RankConnections
 
 #: Seconds a rank process may take to start (the machine may be busy: it is under test).
@@ -141,12 +142,15 @@ class ThreadRank(Rank):
 
 
 class ProcessRank(Rank):
-    """A rank that is a process of its own (``python -m fdtrace.rehearsal.rank``), served on
-    its stdin and stdout; it inherits this process's environment and descriptor limits."""
+    """A rank that is a process of its own (``python -I -m fdtrace.rehearsal.rank``), served on
+    its stdin and stdout; it inherits this process's descriptor limits, and nothing of the
+    caller's working directory or environment (``fdtrace.children``): rehearse runs as root,
+    often from a directory another user can write."""
 
     def __init__(self, index: int, family: int, host: str, port: int) -> None:
-        self._process = subprocess.Popen([sys.executable, "-m", "fdtrace.rehearsal.rank", str(family), host, str(port)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self._process = subprocess.Popen(python_module_command("fdtrace.rehearsal.rank", str(family), host, str(port)),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                         env=child_environment(), cwd=CHILD_CWD, close_fds=True)
         assert self._process.stdin is not None and self._process.stdout is not None
         super().__init__(index, LineChannel(self._process.stdout.fileno(), self._process.stdin.fileno()))
 
