@@ -63,13 +63,31 @@ class Balancer:
     port: int
     config: Path
     limit: int
+    stats: Path
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     def open_fds(self) -> int:
+        """Its descriptors once no stats session is open (a `show info` of the readiness check or
+        of a tracer's round is closed by haproxy a moment after the client hangs up)."""
+        deadline = time.monotonic() + 30
+        while stats_sessions(self.stats) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+
+def stats_sessions(path: Path) -> int:
+    """The connected sessions of the stats socket at ``path`` (/proc/net/unix, state 03; haproxy
+    binds ``PATH.PID.tmp`` and renames it, and the kernel keeps the bound name)."""
+    count = 0
+    with open("/proc/net/unix") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            count += len(fields) == 8 and fields[5] == "03" and fields[7].startswith(str(path))
+    return count
 
 
 @dataclass
@@ -109,7 +127,7 @@ def haproxy(folder: Path, name: str, limit: int, backend: int) -> Balancer:
         assert process.poll() is None, f"haproxy {name} exited with {process.returncode}"
         assert time.monotonic() < deadline, f"haproxy {name} did not start"
         time.sleep(0.05)
-    return Balancer(process, port, config, limit)
+    return Balancer(process, port, config, limit, stats)
 
 
 @pytest.fixture(scope="module")
