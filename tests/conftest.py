@@ -103,3 +103,34 @@ def live_tracer() -> Iterator[LiveTracer]:
 def python_child(code: str) -> list[str]:
     """argv of a Python child running ``code`` (no site imports: nothing but what it says)."""
     return [sys.executable, "-S", "-c", code]
+
+
+#: Where the suite writes what a test module left running (set FDTRACE_LEFTOVERS to a path).
+LEFTOVERS = os.environ.get("FDTRACE_LEFTOVERS")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leftover_children(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With FDTRACE_LEFTOVERS set: after each module, the processes and threads the suite still has
+    that it did not have before the module (a test that does not stop what it started tips later
+    tests on a busy machine). It only reports; it changes nothing."""
+    if not LEFTOVERS:
+        yield
+        return
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    threads_before = {t.name for t in threading.enumerate()}
+    yield
+    lines = []
+    for child in me.children(recursive=True):
+        if child.pid not in before:
+            try:
+                lines.append(f"  process {child.pid}: {' '.join(child.cmdline())[:200]}")
+            except psutil.Error:
+                continue
+    lines += [f"  thread {t.name}" for t in threading.enumerate() if t.name not in threads_before]
+    if lines:
+        with open(LEFTOVERS, "a") as out:
+            out.write(f"{request.module.__name__}\n" + "\n".join(lines) + "\n")
