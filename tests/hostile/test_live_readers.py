@@ -45,34 +45,42 @@ def writer(tmp_path: Path) -> Iterator[RecordingWriter]:
 
 
 def test_a_merge_after_the_views_were_made_is_read_through(writer: RecordingWriter) -> None:
+    """The views' state of the recording stays on disk while they are open: the merge publishes
+    its file, and the seven parts it replaced are deleted only after the reader let go."""
+    folder = writer.root / "events" / "host=vm"
     recording = load(writer.root, engine="duckdb")
     try:
-        before = sorted(p.name for p in (writer.root / "events" / "host=vm").iterdir())
+        before = sorted(p.name for p in folder.iterdir())
         writer.compact()  # --rotate: the seven parts the views were made over become one file
-        after = sorted(p.name for p in (writer.root / "events" / "host=vm").iterdir())
-        assert len(before) == 7 and after == ["part-000001-000007.parquet"]
+        after = sorted(p.name for p in folder.iterdir())
+        assert len(before) == 7 and after == sorted([*before, "part-000001-000007.parquet"])
         counted = recording.sql("SELECT count(*) AS n FROM events")
         text = summary(recording)
     finally:
         recording.close()
     assert int(counted["n"].iloc[0]) == damage.EMFILE_EVENTS and recording.skipped == []
     assert "\nevents: 76\n" in text and "4 calls failed (EMFILE socket 3, EMFILE pipe2 1)" in text
+    writer.flush()  # the next flush deletes what no reader holds any more
+    assert sorted(p.name for p in folder.iterdir()) == ["part-000001-000007.parquet"]
 
 
-def test_a_merge_between_listing_and_reading_is_listed_again(writer: RecordingWriter,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_merge_between_listing_and_reading_changes_nothing_read(writer: RecordingWriter,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge between the manifest's reading and the parts' reading changes nothing read: the
+    parts it replaced stay until the reader is done."""
     opened = reader.open_part
     merged: list[bool] = []
 
     def open_then_merge(path: Path) -> reader.Part:
         if not merged and path.parent.name == "host=vm" and path.parent.parent.name == "events":
             merged.append(True)
-            writer.compact()  # after the listing: the listed parts are gone
+            writer.compact()  # after the listing: the listed parts are out of the manifest
         return opened(path)
 
     monkeypatch.setattr(reader, "open_part", open_then_merge)
     loaded = load(writer.root)
-    assert merged and len(loaded.events) == damage.EMFILE_EVENTS and loaded.skipped == []
+    assert merged and len(loaded.events) == damage.EMFILE_EVENTS and loaded.skipped == [] and loaded.notes == []
+    assert len(list((writer.root / "events" / "host=vm").iterdir())) == 8  # deleted at the next flush
 
 
 def test_auto_chooses_by_the_rows_the_footers_give_not_by_bytes(tmp_path: Path,
