@@ -6,7 +6,11 @@ merge moved; now the part list is a snapshot, taken again when a merge moved a f
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +21,14 @@ import pytest
 from fdtrace.analysis import load
 from fdtrace.analysis.engines import dataset
 from fdtrace.analysis.summary import summary
+from fdtrace.errors import FdtraceError
 from fdtrace.recording import reader
+from fdtrace.recording.compaction import compact_host
+from fdtrace.recording.fleet import find_fleet
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.schema import SCHEMA_VERSION
+from fdtrace.sources.replay import ReplaySource
 from tests.hostile import mutations as damage
 
 #: Flushes the writer of the live test makes at most (about a second of its time each run of info).
@@ -45,34 +53,42 @@ def writer(tmp_path: Path) -> Iterator[RecordingWriter]:
 
 
 def test_a_merge_after_the_views_were_made_is_read_through(writer: RecordingWriter) -> None:
+    """The views' state of the recording stays on disk while they are open: the merge publishes
+    its file, and the seven parts it replaced are deleted only after the reader let go."""
+    folder = writer.root / "events" / "host=vm"
     recording = load(writer.root, engine="duckdb")
     try:
-        before = sorted(p.name for p in (writer.root / "events" / "host=vm").iterdir())
+        before = sorted(p.name for p in folder.iterdir())
         writer.compact()  # --rotate: the seven parts the views were made over become one file
-        after = sorted(p.name for p in (writer.root / "events" / "host=vm").iterdir())
-        assert len(before) == 7 and after == ["part-000001-000007.parquet"]
+        after = sorted(p.name for p in folder.iterdir())
+        assert len(before) == 7 and after == sorted([*before, "part-000001-000007.parquet"])
         counted = recording.sql("SELECT count(*) AS n FROM events")
         text = summary(recording)
     finally:
         recording.close()
     assert int(counted["n"].iloc[0]) == damage.EMFILE_EVENTS and recording.skipped == []
     assert "\nevents: 76\n" in text and "4 calls failed (EMFILE socket 3, EMFILE pipe2 1)" in text
+    writer.flush()  # the next flush deletes what no reader holds any more
+    assert sorted(p.name for p in folder.iterdir()) == ["part-000001-000007.parquet"]
 
 
-def test_a_merge_between_listing_and_reading_is_listed_again(writer: RecordingWriter,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_merge_between_listing_and_reading_changes_nothing_read(writer: RecordingWriter,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge between the manifest's reading and the parts' reading changes nothing read: the
+    parts it replaced stay until the reader is done."""
     opened = reader.open_part
     merged: list[bool] = []
 
     def open_then_merge(path: Path) -> reader.Part:
         if not merged and path.parent.name == "host=vm" and path.parent.parent.name == "events":
             merged.append(True)
-            writer.compact()  # after the listing: the listed parts are gone
+            writer.compact()  # after the listing: the listed parts are out of the manifest
         return opened(path)
 
     monkeypatch.setattr(reader, "open_part", open_then_merge)
     loaded = load(writer.root)
-    assert merged and len(loaded.events) == damage.EMFILE_EVENTS and loaded.skipped == []
+    assert merged and len(loaded.events) == damage.EMFILE_EVENTS and loaded.skipped == [] and loaded.notes == []
+    assert len(list((writer.root / "events" / "host=vm").iterdir())) == 8  # deleted at the next flush
 
 
 def test_auto_chooses_by_the_rows_the_footers_give_not_by_bytes(tmp_path: Path,
@@ -134,3 +150,93 @@ def test_info_while_the_recorder_flushes_and_merges(tmp_path: Path) -> None:
         recorder.join()
         writer.close()
     assert seen == sorted(seen) and seen[0] > 0
+
+
+def test_a_recording_without_a_manifest_is_listed_as_before(tmp_path: Path) -> None:
+    """tests/data/emfile was written before manifests: every reader lists its folders, and
+    compact merges it without making one (an older recorder may still be writing it)."""
+    old = damage.copy(damage.EMFILE, tmp_path / "old")
+    assert not list((old / "meta").glob(".host=*"))
+    loaded = load(old)
+    assert len(loaded.events) == damage.EMFILE_EVENTS and loaded.skipped == [] and loaded.notes == []
+    shown = damage.succeeded(damage.fdtrace("info", str(old), "--engine", "duckdb"))
+    assert "\nevents: 76\n" in shown.stdout and "skipped" not in shown.stdout
+    replayed = ReplaySource(old)
+    assert replayed.player.events.num_rows == damage.EMFILE_EVENTS and replayed.skipped == []
+    for host in find_fleet(old).hosts:
+        compact_host(host)
+    assert not list((old / "meta").glob(".host=*.parts.json"))
+    assert [p.name for p in damage.parts(old)] == ["part-000002-000010.parquet"]  # its seven parts, merged
+    assert len(load(old).events) == damage.EMFILE_EVENTS
+
+
+@pytest.fixture
+def written(tmp_path: Path) -> Path:
+    """A recording of the fixture's events, finished, with its manifest."""
+    writer = RecordingWriter(tmp_path / "rec", "vm", META)
+    for events in fixture_events():
+        writer.add("events", events)
+        writer.flush()
+    writer.write_meta(complete=True)
+    writer.close()
+    return writer.root
+
+
+def _plant(path: Path, how: str, precious: Path) -> None:
+    path.unlink()
+    if how == "symlink":
+        path.symlink_to(precious)
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "huge":
+        with open(path, "wb") as file:
+            file.truncate(200 << 20)  # sparse: 200 MB of zeros
+    elif how == "lies":  # a billion parts
+        path.write_text(json.dumps({"version": 1, "generation": 7, "parts": {"events": [[1, 10**9, 1]]}}))
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo", "huge", "lies"])
+def test_a_planted_manifest_is_not_trusted_followed_or_overwritten(written: Path, tmp_path: Path, how: str) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text("root's file\n")
+    manifest = written / "meta" / ".host=vm.parts.json"
+    _plant(manifest, how, precious)
+    started = time.monotonic()
+    shown = damage.succeeded(damage.fdtrace("info", str(written), "--engine", "duckdb", timeout=60))
+    assert time.monotonic() - started < 60
+    assert "\nevents: 76\n" in shown.stdout and "unusable manifest" in shown.stdout  # listed instead, and said
+    loaded = load(written)
+    assert len(loaded.events) == damage.EMFILE_EVENTS and any("unusable manifest" in s for s in loaded.skipped)
+    # a recorder resuming it publishes its own manifest over the planted name, never through it
+    RecordingWriter(written, "vm", META, resume=True).close()
+    assert precious.read_text() == "root's file\n"
+    assert stat.S_ISREG(os.lstat(manifest).st_mode) and os.lstat(manifest).st_size < 4096
+    again = load(written)
+    assert len(again.events) == damage.EMFILE_EVENTS and again.skipped == [] and again.notes == []
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo"])
+def test_a_planted_readers_lock_makes_readers_go_on_without_it_and_say_so(written: Path, tmp_path: Path,
+                                                                          how: str) -> None:
+    precious = tmp_path / "precious"
+    precious.write_text("root's file\n")
+    lock = written / "meta" / ".host=vm.readers"
+    _plant(lock, how, precious)
+    shown = damage.succeeded(damage.fdtrace("info", str(written), "--engine", "duckdb", timeout=60))
+    assert "\nevents: 76\n" in shown.stdout and "read without the readers' lock" in shown.stdout
+    replayed = ReplaySource(written)
+    assert replayed.player.events.num_rows == damage.EMFILE_EVENTS
+    assert any("read without the readers' lock" in n for n in replayed.notes)
+    with pytest.raises(FdtraceError, match="cannot open the recording's lock"):  # the writer refuses it
+        RecordingWriter(written, "vm", META, resume=True)
+    assert precious.read_text() == "root's file\n"
+
+
+def test_the_readers_lock_is_private_in_a_shared_recording(tmp_path: Path) -> None:
+    """Only its owner may hold the recorder's deletions back: other users read a --shared
+    recording without the lock (and are told so)."""
+    writer = RecordingWriter(tmp_path / "rec", "vm", META, shared=True)
+    writer.close()
+    meta = tmp_path / "rec" / "meta"
+    assert stat.S_IMODE(os.lstat(meta / ".host=vm.readers").st_mode) == 0o600
+    assert stat.S_IMODE(os.lstat(meta / ".host=vm.parts.json").st_mode) == 0o644

@@ -96,6 +96,7 @@ def test_a_planted_lock_is_refused_in_one_line(tmp_path: Path) -> None:
     lock = tmp_path / "host-00" / "meta" / ".host=host-00.lock"
     target = tmp_path / "elsewhere"
     target.write_text("not to be touched\n")
+    lock.unlink()  # the recorder's, made when it started
     lock.symlink_to(target)
     before = sorted(p.name for p in (tmp_path / "host-00" / "events" / "host=host-00").iterdir())
     result = subprocess.run([FDTRACE, "compact", str(tmp_path)], capture_output=True, text=True)

@@ -1,10 +1,15 @@
 """``fdtrace compact``: many small part files merged into few large ones per table and host, the
 way engines like them (DuckDB and Spark pay per file opened and per row group read).
 
-Safe on a recording that is still being written: a merged file is written whole under its final
-name beside its parts (readers then read it and skip the parts it covers), and the parts are
-deleted only under the host's lock, which the recorder also takes before it merges or rotates
-out parts of its own; when the parts changed meanwhile, the merged file is deleted instead.
+Safe on a recording that is still being written, by the protocol of its manifest
+(``fdtrace.recording.manifest``): the parts are read from one state of the recording, under the
+readers' lock, like any reader's; each merged file is written whole beside its parts; then,
+under the writers' lock, which the recorder takes to publish its own changes, the merged files
+whose parts are still in the manifest replace them there, and the parts are retired (deleted
+when no reader holds the readers' lock, by compact or by the recorder later). A merge whose
+parts the recorder changed meanwhile is given up: its file, which no manifest names, is
+deleted. A recording written before manifests is compacted as before: merged files renamed
+into place beside their parts, which are deleted under the writers' lock.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from fdtrace.recording.layout import (
     part_names,
     part_range,
 )
+from fdtrace.recording.manifest import MAX_MANIFEST_BYTES, Manifest, manifest_name, readers_lock_name
 from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import HeldDirectory
@@ -144,6 +150,9 @@ def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compac
     look to the last deletion."""
     done = Compacted(recording.host)
     with HeldDirectory.open(recording.root) as root, root.subdirectory("meta") as meta:
+        if meta.exists(manifest_name(recording.host)):
+            _compact_published(recording, root, meta, target, done)
+            return done
         for table in TABLES:
             if not root.exists(table):
                 continue
@@ -202,3 +211,140 @@ def _compact_table(recording: HostRecording, table: str, folder: HeldDirectory, 
                 done.changed_meanwhile += 1
         finally:
             os.close(fd)
+
+
+def _lock(meta: HeldDirectory, name: str, mode: int) -> int:
+    try:
+        return meta.open_lock(name, mode)
+    except OSError as exc:
+        raise FdtraceError(f"{meta.path / name}: cannot take the host's lock ({exc.strerror})") from None
+
+
+def _manifest(meta: HeldDirectory, host: str) -> Manifest:
+    from fdtrace.recording.reader import loads_bounded
+
+    try:
+        with meta.open_file(manifest_name(host)) as file:
+            return Manifest.decode(loads_bounded(file.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES]))
+    except (OSError, ValueError) as exc:
+        raise FdtraceError(f"{meta.path / manifest_name(host)}: unusable manifest "
+                           f"({' '.join(str(exc).split())[:200]})") from None
+
+
+@dataclass
+class _Merged:
+    table: str
+    group: list[str]
+    name: str
+    rows: int
+
+
+def _compact_published(recording: HostRecording, root: HeldDirectory, meta: HeldDirectory, target: int,
+                       done: Compacted) -> None:
+    """Compaction of a recording with a manifest (see the module's doc)."""
+    import pyarrow as pa
+
+    host = recording.host
+    mode = stat.S_IMODE(meta.lstat(manifest_name(host)).st_mode)
+    readers = _lock(meta, readers_lock_name(host), 0o600)
+    writers = -1
+    folders: dict[str, HeldDirectory] = {}
+    try:
+        writers = _lock(meta, lock_name(host), mode)
+        fcntl.flock(readers, fcntl.LOCK_SH)  # a reader: the recorder deletes nothing read meanwhile
+        manifest = _manifest(meta, host)
+        merged: list[_Merged] = []
+        for table, names in manifest.parts.items():
+            if not names:
+                continue
+            if not root.exists(table):
+                continue
+            with root.subdirectory(table) as table_folder:
+                folders[table] = folder = table_folder.subdirectory(host_folder(host))
+            parts = [(name, info.st_size, stat.S_IMODE(info.st_mode)) for name in names
+                     if (info := _lstat(folder, name)) is not None and stat.S_ISREG(info.st_mode)]
+            done.files_before += len(parts)
+            done.files_after += len(parts)
+            bare = _unsummarized(folder, parts) if table == "events" else set()
+            for chosen in _groups(parts, target, bare):
+                group = [name for name, _, _ in chosen]
+                first, last = part_range(Path(group[0])), part_range(Path(group[-1]))
+                assert first is not None and last is not None
+                rows = [0]
+
+                def write(out: BinaryIO, chosen: list[str] = group, counted: list[int] = rows,
+                          table: str = table, folder: HeldDirectory = folder) -> None:
+                    counted[0] = _merge(table, recording.version, folder, chosen, out)
+
+                name = part_name(first[0], last[1])
+                try:
+                    folder.write_file(name, write, chosen[0][2])
+                except (OSError, pa.ArrowException, ValueError) as exc:
+                    raise FdtraceError(f"{folder.path}: cannot compact ({' '.join(str(exc).split())[:200]})") \
+                        from None
+                merged.append(_Merged(table, group, name, rows[0]))
+        fcntl.flock(readers, fcntl.LOCK_UN)
+        if not merged:
+            return
+        fcntl.flock(writers, fcntl.LOCK_EX)  # the recorder publishes nothing meanwhile
+        current = _manifest(meta, host)
+        changed = False
+        for merge_ in merged:
+            live = current.parts.get(merge_.table, [])
+            retired = current.retired.setdefault(merge_.table, [])
+            if len(merge_.group) == 1 and merge_.name in live:  # rewritten in place, now with its summary
+                done.rows += merge_.rows
+                continue
+            at = live.index(merge_.group[0]) if merge_.group[0] in live else -1
+            if at >= 0 and live[at:at + len(merge_.group)] == merge_.group and merge_.name not in live:
+                live[at:at + len(merge_.group)] = [merge_.name]
+                retired += [name for name in merge_.group if name not in retired]
+                done.files_after -= len(merge_.group) - 1
+                done.rows += merge_.rows
+                changed = True
+                continue
+            done.changed_meanwhile += 1
+            if merge_.name not in live and merge_.name not in retired:  # named by no manifest: nobody reads it
+                folders[merge_.table].unlink(merge_.name)
+        if changed:
+            current.generation += 1
+            text = current.encode()
+            meta.write_file(manifest_name(host), lambda out: out.write(text), mode)
+        fcntl.flock(writers, fcntl.LOCK_UN)
+        _collect(readers, current, folders)
+    except OSError as exc:
+        raise FdtraceError(f"{meta.path}: cannot compact ({exc.strerror})") from None
+    finally:
+        for folder in folders.values():
+            folder.close()
+        for fd in (readers, writers):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _lstat(folder: HeldDirectory, name: str) -> os.stat_result | None:
+    try:
+        return folder.lstat(name)
+    except FileNotFoundError:
+        return None
+
+
+def _collect(readers: int, manifest: Manifest, folders: dict[str, HeldDirectory]) -> None:
+    """Delete the retired parts if no reader holds the readers' lock now (never waiting: else the
+    recorder, or the next compact, deletes them)."""
+    try:
+        fcntl.flock(readers, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    try:
+        for table, names in manifest.retired.items():
+            folder = folders.get(table)
+            if folder is None:
+                continue  # the recorder deletes them
+            for name in names:
+                try:
+                    folder.unlink(name)
+                except FileNotFoundError:
+                    continue
+    finally:
+        fcntl.flock(readers, fcntl.LOCK_UN)

@@ -18,7 +18,7 @@ from typing import Any
 
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import TABLES
-from fdtrace.recording.reader import list_parts, read_meta
+from fdtrace.recording.reader import HostSnapshot, read_meta, well_formed
 from fdtrace.schema import SCHEMA_VERSION
 
 #: How far below a given directory recordings are looked for.
@@ -44,9 +44,11 @@ class HostRecording:
 class Fleet:
     """Every host recording found, and what could not be used (named, with the reason).
 
-    The part files of each table are listed once, host by host (``list_parts``: a snapshot
-    under each host's lock), and read from that list until ``refresh()``: every query of a
-    recording that is still written sees the same files.
+    Each host is read as one state of its recording (``snapshot()``: the readers' lock held
+    and its manifest read), taken when its parts are first asked for and held until
+    ``close()``: every query of a recording that is still written sees the same files, and its
+    recorder deletes none of them meanwhile. A recording written before manifests is listed
+    instead, and listed again after ``refresh()``.
     """
 
     hosts: list[HostRecording]
@@ -55,6 +57,7 @@ class Fleet:
     notes: list[str] = field(default_factory=list)
     doubted: set[Path] = field(default_factory=set)  # parts an engine leaves to fdtrace's reader (see table_files)
     _listed: dict[str, list[tuple[HostRecording, Path]]] = field(default_factory=dict, repr=False)
+    _snapshots: dict[tuple[Path, str], HostSnapshot] = field(default_factory=dict, repr=False)
 
     @property
     def names(self) -> list[str]:
@@ -73,7 +76,7 @@ class Fleet:
         if table not in self._listed:
             found = []
             for recording in self.hosts:
-                listing = list_parts(recording.root, table, recording.host)
+                listing = self.snapshot(recording).listing(table)
                 found += [(recording, path) for path in listing.paths]
                 for why in listing.skipped:
                     self.skip(why)
@@ -81,10 +84,42 @@ class Fleet:
             self._listed[table] = found
         return [(r, p) for r, p in self._listed[table] if p not in self.damaged]
 
+    def snapshot(self, recording: HostRecording) -> HostSnapshot:
+        """The state of one host's recording this fleet reads (taken once; see the class's doc).
+        The metadata's counts (rows written, rotated out) become those of that state."""
+        key = (recording.root, recording.host)
+        if key not in self._snapshots:
+            taken = HostSnapshot(recording.root, recording.host)
+            self._snapshots[key] = taken
+            for why in taken.skipped:
+                self.skip(why)
+            self.notes += [n for n in taken.notes if n not in self.notes]
+            for name in ("rows", "bytes", "rotated_out"):
+                value = taken.counts.get(name)
+                if isinstance(value, int if name == "bytes" else dict) and well_formed(name, value):
+                    recording.meta[name] = value
+        return self._snapshots[key]
+
+    def steady(self, recording: HostRecording) -> bool:
+        """Whether a host's parts stay as listed until ``close()`` (``HostSnapshot.steady``)."""
+        return self.snapshot(recording).steady
+
     def refresh(self) -> None:
-        """Forget the part lists: the next ``parts()`` lists the files as they are now (after a
-        recorder merged some of them away)."""
+        """Forget the part lists of the hosts not read as one steady state: the next ``parts()``
+        lists their files as they are now (after a recorder merged some of them away)."""
         self._listed.clear()
+        for key, taken in list(self._snapshots.items()):
+            if not taken.steady:
+                taken.close()
+                del self._snapshots[key]
+
+    def close(self) -> None:
+        """Let go of every host's state: their recorders may delete what they merged or rotated
+        out. The part lists are forgotten."""
+        self._listed.clear()
+        for taken in self._snapshots.values():
+            taken.close()
+        self._snapshots.clear()
 
     def skip(self, why: str) -> None:
         """Name something that could not be read (once)."""

@@ -155,7 +155,7 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < INT_LIMIT
 
 
-def _well_formed(name: str, value: Any) -> bool:
+def well_formed(name: str, value: Any) -> bool:
     """Whether a metadata field of the right type holds what its readers expect inside."""
     if name in ("probes_attached", "probes_skipped", "argv"):
         return all(isinstance(item, str) for item in value)
@@ -186,7 +186,7 @@ def _meta_problem(path: Path, host: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"{path}: its host is {meta.get('host')!r:.80}, not {host!r} as its name says"
     wrong = sorted(name for name, types in META_FIELDS.items() if name in meta and (
         not isinstance(meta[name], types) or (isinstance(meta[name], bool) and bool not in types)
-        or not _well_formed(name, meta[name])))
+        or not well_formed(name, meta[name])))
     for name in wrong:
         del meta[name]
     return meta, f"{path}: ignored fields of the wrong type: {', '.join(wrong)}" if wrong else ""
@@ -722,9 +722,10 @@ def _covering(names: Iterator[str] | list[str]) -> dict[str, list[str]]:
 
 
 def list_parts(root: Path, table: str, host: str) -> Listing:
-    """One host's part files of ``table`` to read, in order, taken as one snapshot under the
-    host's lock (held shared for the listing only): regular files only, a merged file instead of
-    the parts it covers when it holds their rows (see ``_believed``)."""
+    """One host's part files of ``table`` as its folder lists them (a recording written before
+    manifests), in order, under the host's writers' lock (held shared for the listing only):
+    regular files only, a merged file instead of the parts it covers when it holds their rows
+    (see ``_believed``). An older recorder may merge meanwhile: then the folder is listed again."""
     folder = host_dir(root, table, host)
     for _ in range(RELISTS + 1):
         listing = Listing([])
@@ -746,39 +747,192 @@ def list_parts(root: Path, table: str, host: str) -> Listing:
     return listing
 
 
+class HostSnapshot:
+    """One host's recording as one state its writer published (``fdtrace.recording.manifest``):
+    the readers' lock taken shared, then the manifest read; every table's parts are the
+    manifest's, and stay on disk until ``close()``, whatever the recorder merges or rotates out
+    meanwhile. A recording without a manifest (written by an older fdtrace) is listed table by
+    table instead (``list_parts``), as before.
+
+    Attributes:
+        root: the recording directory.
+        host: the host.
+        generation: the manifest's generation (None: no usable manifest, the folders are listed).
+        held: whether the readers' lock is held (with a manifest: its parts cannot go).
+        counts: the metadata's counts at that state (rows, bytes, rotated_out), from the manifest.
+        skipped: what could not be used (an unusable manifest, parts it names that are not there).
+        notes: how it was read, when not as one steady state (no readers' lock).
+    """
+
+    def __init__(self, root: Path, host: str, wait_s: float = LOCK_WAIT_S) -> None:
+        self.root = root
+        self.host = host
+        self.generation: int | None = None
+        self.held = False
+        self.counts: dict[str, Any] = {}
+        self.skipped: list[str] = []
+        self.notes: list[str] = []
+        self._names: dict[str, list[str]] = {}
+        self._listings: dict[str, Listing] = {}
+        self._fd = -1
+        self._take(wait_s)
+
+    @property
+    def steady(self) -> bool:
+        """Whether its parts stay as listed until it is closed (a manifest read under the lock)."""
+        return self.held and self.generation is not None
+
+    def _take(self, wait_s: float) -> None:
+        from fdtrace.recording.manifest import MAX_MANIFEST_BYTES, Manifest, manifest_name, readers_lock_name
+
+        meta = self.root / "meta"
+        manifest_path = meta / manifest_name(self.host)
+        try:
+            os.lstat(manifest_path)
+        except FileNotFoundError:
+            return  # written before manifests: listed
+        except OSError as exc:
+            self.skipped.append(f"{manifest_path}: cannot be looked at ({_one_line(exc)}): the parts are listed")
+            return
+        lock_path_ = meta / readers_lock_name(self.host)
+        why = self._lock(lock_path_, wait_s)
+        try:
+            manifest = Manifest.decode(loads_bounded(read_regular(manifest_path, MAX_MANIFEST_BYTES)))
+        except (OSError, ValueError) as exc:
+            self.skipped.append(f"{manifest_path}: unusable manifest ({_one_line(exc)}): the part files are "
+                                "listed instead")
+            self.close()
+            return
+        if why:
+            self.notes.append(f"{lock_path_}: read without the readers' lock ({why}): parts the recorder merges or "
+                              "rotates out while this reads may be missing")
+        self.generation = manifest.generation
+        self._names = manifest.parts
+        self.counts = manifest.counts
+
+    def _lock(self, path: Path, wait_s: float) -> str:
+        """Hold the readers' lock shared ("" when held, else why not). A writer holds it
+        exclusively only while it deletes parts; past ``wait_s`` (someone holding it for ever)
+        the reader goes on without it."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            return f"cannot open it: {_one_line(exc)}"
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return "not a regular file"
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return f"held exclusively for more than {wait_s:g} s"
+                time.sleep(0.005)
+            except OSError as exc:
+                os.close(fd)
+                return _one_line(exc)
+        self._fd, self.held = fd, True
+        return ""
+
+    def listing(self, table: str) -> Listing:
+        """The part files of ``table`` to read (see the class's doc), in order: regular files
+        only, a merged file instead of the parts it covers when it holds their rows."""
+        if table not in self._listings:
+            self._listings[table] = self._listed(table)
+        return self._listings[table]
+
+    def _listed(self, table: str) -> Listing:
+        if self.generation is None:
+            return list_parts(self.root, table, self.host)
+        folder = host_dir(self.root, table, self.host)
+        listing = Listing([])
+        present, missing = [], []
+        for name in self._names.get(table, []):
+            try:
+                info = os.lstat(folder / name)
+            except FileNotFoundError:
+                missing.append(name)
+                continue
+            except OSError as exc:
+                listing.skipped.append(f"{folder / name}: {_one_line(exc)}")
+                continue
+            if stat.S_ISREG(info.st_mode):
+                present.append(name)
+            else:
+                listing.skipped.append(f"{folder / name}: not a regular file")
+        if missing:
+            listing.skipped.append(f"{folder}: {_plural(len(missing), 'part file')} of its manifest "
+                                   f"(generation {self.generation}) not there, {missing[0]} first")
+        try:
+            listing.paths = [folder / n for n in _believed(folder, present, listing.skipped, listing.notes)]
+        except FileNotFoundError as exc:  # only without the readers' lock
+            listing.skipped.append(f"{folder}: a part went while it was listed ({_one_line(exc)})")
+        return listing
+
+    def close(self) -> None:
+        """Let go of the readers' lock: the recorder may delete what it retired."""
+        fd, self._fd, self.held = self._fd, -1, False
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> HostSnapshot:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 def read_parts(root: Path, table: str, host: str, skipped: list[str], columns: list[str] | None = None,
-               version: int = SCHEMA_VERSION, notes: list[str] | None = None) -> Any:
+               version: int = SCHEMA_VERSION, notes: list[str] | None = None,
+               snapshot: HostSnapshot | None = None) -> Any:
     """One host's part files of ``table`` as one ``pyarrow.Table`` of the current declaration of
     that table (None when there are none), whatever version wrote them: the one upgrade step.
     Unreadable parts are named in ``skipped``, parts read in part in ``notes`` (in ``skipped``
     when None). ``columns``: only these; ``version``: the schema version its metadata gives.
-    A part that a merge moved after the listing makes the host's parts be listed again."""
+    ``snapshot``: the host's state to read (several tables of one state); without one, one is
+    taken for this table. A recording that is not read as one steady state (no manifest, or no
+    readers' lock) is listed again when a part went after the listing."""
     import pyarrow as pa
 
     notes = skipped if notes is None else notes
-    for attempt in range(RELISTS + 1):
-        last = attempt == RELISTS
-        with host_lock(root, host) if last else _nothing():
-            listing = list_parts(root, table, host)
+    own = snapshot is None
+    current = HostSnapshot(root, host) if snapshot is None else snapshot
+    try:
+        for attempt in range(RELISTS + 1):
+            last = attempt == RELISTS or current.steady
+            listing = current.listing(table)
             parts, said, moved = [], list(listing.notes), False
-            problems = list(listing.skipped)
-            for path in listing.paths:
-                try:
-                    with open_part(path) as part:
-                        parts.append(read_part(part, table, version, columns, said))
-                except FileNotFoundError:
-                    if not last:
-                        moved = True
-                        break
-                    problems.append(f"{path}: gone while it was read")
-                except (OSError, ValueError, pa.ArrowException) as exc:
-                    problems.append(f"{path}: {_one_line(exc)}")
-        if moved:
-            continue
-        skipped.extend(p for p in problems if p not in skipped)
-        notes.extend(n for n in said if n not in notes)
-        return pa.concat_tables(parts, promote_options="default") if parts else None
-    raise AssertionError("unreachable")
+            problems = list(current.skipped) + list(listing.skipped)
+            with host_lock(root, host) if last and current.generation is None else _nothing():
+                for path in listing.paths:
+                    try:
+                        with open_part(path) as part:
+                            parts.append(read_part(part, table, version, columns, said))
+                    except FileNotFoundError:
+                        if not last:
+                            moved = True
+                            break
+                        problems.append(f"{path}: gone while it was read")
+                    except (OSError, ValueError, pa.ArrowException) as exc:
+                        problems.append(f"{path}: {_one_line(exc)}")
+            if moved:  # not one steady state: take the host's state again
+                if own:
+                    current.close()
+                current, own = HostSnapshot(root, host), True
+                continue
+            skipped.extend(p for p in problems if p not in skipped)
+            notes.extend(n for n in [*current.notes, *said] if n not in notes)
+            return pa.concat_tables(parts, promote_options="default") if parts else None
+        raise AssertionError("unreachable")
+    finally:
+        if own:
+            current.close()
 
 
 @contextmanager
@@ -787,16 +941,17 @@ def _nothing() -> Iterator[None]:
 
 
 def read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str],
-               columns: list[str] | None = None, notes: list[str] | None = None) -> Any:
+               columns: list[str] | None = None, notes: list[str] | None = None,
+               snapshots: dict[str, HostSnapshot] | None = None) -> Any:
     """One table of some hosts of a recording as a DataFrame (``host`` categorical, in time
     order), upgraded to the current declaration; unreadable parts are named in ``skipped``,
-    parts read in part in ``notes``."""
+    parts read in part in ``notes``; ``snapshots``: the hosts' states to read (by host)."""
     import pandas as pd
     import pyarrow as pa
 
     frames = []
     for host, version in sorted(hosts.items()):
-        data = read_parts(root, table, host, skipped, columns, version, notes)
+        data = read_parts(root, table, host, skipped, columns, version, notes, (snapshots or {}).get(host))
         if data is None:
             continue
         # 64-bit stack ids do not survive float64 (pandas' type for an int column with nulls)
@@ -850,17 +1005,24 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
 
 def load_fleet(fleet: Any, columns: dict[str, list[str]] | None = None,
                phases: list[str | Path] | None = None) -> Recording:
-    """``load()`` of a fleet already found (``fdtrace.recording.fleet.find_fleet``)."""
+    """``load()`` of a fleet already found (``fdtrace.recording.fleet.find_fleet``): every table
+    of a host read from one state of it (``HostSnapshot``), let go of once read."""
     import pandas as pd
 
-    skipped: list[str] = list(fleet.skipped)
-    notes: list[str] = list(fleet.notes)
     tables: dict[str, list[Any]] = {t: [] for t in TABLES}
     roots = list(dict.fromkeys(h.root for h in fleet.hosts))
-    for root in roots:
-        versions = {h.host: h.version for h in fleet.hosts if h.root == root}
-        for table in TABLES:
-            tables[table].append(read_table(root, table, versions, skipped, (columns or {}).get(table), notes))
+    try:
+        snapshots = {(h.root, h.host): fleet.snapshot(h) for h in fleet.hosts}
+        skipped: list[str] = list(fleet.skipped)
+        notes: list[str] = list(fleet.notes)
+        for root in roots:
+            versions = {h.host: h.version for h in fleet.hosts if h.root == root}
+            mine = {host: snapshots[(root, host)] for host in versions}
+            for table in TABLES:
+                tables[table].append(read_table(root, table, versions, skipped, (columns or {}).get(table), notes,
+                                                mine))
+    finally:
+        fleet.close()
     frames = {}
     for table, parts in tables.items():
         frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]

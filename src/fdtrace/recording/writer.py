@@ -9,6 +9,7 @@ import fcntl
 import functools
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,7 +23,6 @@ import pyarrow.parquet as pq
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import (
     TABLES,
-    compactions,
     host_folder,
     lock_name,
     meta_name,
@@ -31,6 +31,7 @@ from fdtrace.recording.layout import (
     part_names,
     part_range,
 )
+from fdtrace.recording.manifest import MAX_MANIFEST_BYTES, Manifest, manifest_name, readers_lock_name
 from fdtrace.recording.summaries import SUMMARY_KEY, encode, merge, read_summary, summarize, without_summary
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.safe_files import (
@@ -125,12 +126,19 @@ class RecordingWriter:
         self._unmerged: dict[str, int] = dict.fromkeys(TABLES, 0)  # parts since the last compaction
         self._flush_number = 1
         self._lock_depth = 0
-        self._lock_fd = -1
-        self._compactions = 0  # how many changes of fdtrace compact this writer has seen
+        self._generation = 0  # of the manifest this writer published or took over last
+        self._retired: dict[str, list[str]] = {t: [] for t in TABLES}  # out of the manifest, still on disk
         self._folders: dict[str, HeldDirectory] = {}
+        self._locks: dict[str, int] = {}
         self._open_folders(resume)
-        if resume:
-            self._resume()
+        try:
+            if resume:
+                self._resume()
+            with self._locked():  # the manifest before the metadata: a reader that finds one finds both
+                self._publish()
+        except BaseException:
+            self._release_folders()
+            raise
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdtrace-writer")
         self._pending: list[Future[None]] = []
         self.write_meta(complete=False)
@@ -154,6 +162,16 @@ class RecordingWriter:
                 folder.close()
             raise
         self._folders = {"root": held[0], "meta": held[1], **dict(zip(TABLES, held[2:], strict=True))}
+        # Both locks held open for the writer's life; the readers' one private even when --shared:
+        # only its owner may hold deletions back (see fdtrace.recording.manifest).
+        for key, name, mode in (("writers", lock_name(self.host), self.file_mode),
+                                ("readers", readers_lock_name(self.host), PRIVATE_FILE)):
+            try:
+                self._locks[key] = self._folders["meta"].open_lock(name, mode)
+            except OSError as exc:
+                self._release_folders()
+                raise FdtraceError(f"{self.root / 'meta' / name}: cannot open the recording's lock ({exc.strerror}): "
+                                   "is it a link or a FIFO someone planted?") from None
 
     def _resume(self) -> None:
         """Take over the recording of this host already here (see the class's doc)."""
@@ -194,7 +212,11 @@ class RecordingWriter:
             self._windows.append(IncidentWindow(start, end, first, self._wall_offset_ns, kinds))
         self.meta.update(first_started=old.get("first_started", old.get("started")),
                          runs=_count(old.get("runs", 1)) + 1)
-        self._refresh()
+        manifest = self._read_manifest()
+        if manifest is not None:
+            self._adopt(manifest)
+        else:  # written before manifests: its parts as the folders list them
+            self._refresh()
         self._unmerged = dict.fromkeys(TABLES, 0)  # what the last run wrote stays as it is
         self._flush_number = 1 + max((part.last for parts in self._parts.values() for part in parts), default=0)
 
@@ -202,9 +224,13 @@ class RecordingWriter:
         for folder in self._folders.values():
             folder.close()
         self._folders = {}
+        for fd in self._locks.values():
+            os.close(fd)
+        self._locks = {}
 
-    #: Descriptors a writer holds open while it records (its folders, a lock, a part being written).
-    DESCRIPTORS = len(TABLES) + 4
+    #: Descriptors a writer holds open while it records (its folders, two locks, a part being
+    #: written and one being merged, the manifest being written).
+    DESCRIPTORS = len(TABLES) + 7
 
     @property
     def size(self) -> int:
@@ -258,9 +284,11 @@ class RecordingWriter:
             self._pending.pop(0).result()
 
     def close(self) -> None:
-        """Wait for the writes and stop the writer thread."""
+        """Wait for the writes, delete the parts merged or rotated out when no reader holds them
+        (else they are left named in the manifest, for the next writer), and stop the writer
+        thread."""
         try:
-            self.wait()
+            self._submit(self._finish, wait=True)
         finally:
             self._executor.shutdown(wait=True)
             self._release_folders()
@@ -324,6 +352,13 @@ class RecordingWriter:
         return any(window.start_ns <= end and start <= window.end_ns for window in self._windows)
 
     def _write_flush(self, number: int, pending: dict[str, list[pa.Table]], asked_ns: int) -> None:
+        # Under the writers' lock from the start: a manifest compact published meanwhile is
+        # taken over before this flush's parts join the lists.
+        with self._locked():
+            self._write_flush_locked(number, pending, asked_ns)
+        self._collect()
+
+    def _write_flush_locked(self, number: int, pending: dict[str, list[pa.Table]], asked_ns: int) -> None:
         start_ns, self._last_flush_ns = self._last_flush_ns, asked_ns
         for table, buffered in pending.items():
             data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
@@ -335,8 +370,13 @@ class RecordingWriter:
             self.rows_written[table] += data.num_rows
             self.bytes_written += size
         if self.max_size is not None:
-            with self._locked():
-                self._rotate_out()
+            self._rotate_out()
+        self._publish()
+
+    def _finish(self) -> None:
+        with self._locked():
+            self._collect()
+            self._publish()
 
     def compact(self, wait: bool = True) -> None:
         """Merge each table's parts since the last compaction into one file (see ``_compact``)."""
@@ -344,52 +384,131 @@ class RecordingWriter:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """Hold the host's lock (``layout.lock_path``) while parts are merged or deleted, so that
-        ``fdtrace compact`` never deletes what this writer reads; when the compactor changed the
-        parts since (it counts its changes in the lock file), see them as they are on disk."""
+        """Hold the host's writers' lock (``layout.lock_path``) while the parts change and the
+        manifest is published, so that ``fdtrace compact`` and this writer never publish over each
+        other; when the manifest on disk is not the one this writer published last (compact
+        changed the parts), take its parts over first."""
         if self._lock_depth == 0:
-            self._lock_fd = self._guard(lambda: self._folders["meta"].open_lock(lock_name(self.host), self.file_mode))
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            generation = compactions(self._lock_fd)
-            if generation != self._compactions:  # fdtrace compact changed the parts since
-                self._refresh()
-                self._compactions = generation
+            fcntl.flock(self._locks["writers"], fcntl.LOCK_EX)
+            try:
+                manifest = self._read_manifest()
+                if manifest is not None and manifest.generation != self._generation:
+                    self._adopt(manifest)
+            except BaseException:
+                fcntl.flock(self._locks["writers"], fcntl.LOCK_UN)
+                raise
         self._lock_depth += 1
         try:
             yield
         finally:
             self._lock_depth -= 1
             if self._lock_depth == 0:
-                os.close(self._lock_fd)
+                fcntl.flock(self._locks["writers"], fcntl.LOCK_UN)
+
+    def _read_manifest(self) -> Manifest | None:
+        """The manifest on disk (None: there is none, or it cannot be used: this writer's own
+        state is then published over it)."""
+        from fdtrace.recording.reader import loads_bounded
+
+        try:
+            with self._folders["meta"].open_file(manifest_name(self.host)) as file:
+                return Manifest.decode(loads_bounded(file.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES]))
+        except (OSError, ValueError):
+            return None
+
+    def _publish(self) -> None:
+        """Publish the parts as they are now as the next generation of the manifest (under the
+        writers' lock)."""
+        assert self._lock_depth > 0
+        manifest = Manifest(self._generation + 1, {t: [p.name for p in parts] for t, parts in self._parts.items()},
+                            {t: list(names) for t, names in self._retired.items()},
+                            {"rows": dict(self.rows_written), "bytes": self.bytes_written,
+                             "rotated_out": json.loads(json.dumps(self.rotated_out))})
+        text = manifest.encode()
+        self._guard(lambda: self._folders["meta"].write_file(manifest_name(self.host), lambda out: out.write(text),
+                                                              self.file_mode))
+        self._generation = manifest.generation
+
+    def _retire(self, table: str, name: str) -> None:
+        """A part taken out of the recording: deleted by ``_collect`` once no reader can need it."""
+        self._retired[table].append(name)
+
+    def _collect(self) -> None:
+        """Delete the retired parts if no reader holds the readers' lock now (never waiting for
+        one: else at the next flush, merge or close). Called after the manifest without them
+        was published, so a reader that takes the lock later never lists them."""
+        if not any(self._retired.values()):
+            return
+        try:
+            fcntl.flock(self._locks["readers"], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a reader of an older state holds it
+        try:
+            for table, names in self._retired.items():
+                for name in names:
+                    try:
+                        self._folders[table].unlink(name)
+                    except FileNotFoundError:
+                        continue  # deleted already (by fdtrace compact, or before a crash)
+                    except OSError as exc:
+                        raise FdtraceError(f"{self.root}: cannot delete a merged part {name} "
+                                           f"({exc.strerror})", exit_code=1) from None
+                names.clear()
+        finally:
+            fcntl.flock(self._locks["readers"], fcntl.LOCK_UN)
+
+    def _adopt(self, manifest: Manifest) -> None:
+        """Take over the parts of a manifest someone else published (``fdtrace compact``, or the
+        run of the recorder before a resume): parts known keep what this writer knows of them,
+        others are read from their footers; its retired parts are deleted with this writer's."""
+        for table in TABLES:
+            self._parts[table] = self._described(table, manifest.parts.get(table, []))
+            retired = self._retired[table]
+            retired += [name for name in manifest.retired.get(table, []) if name not in retired]
+            self._unmerged[table] = min(self._unmerged[table], self._singles(table))
+        self._generation = manifest.generation
+        self._recount()
+
+    def _described(self, table: str, names: list[str]) -> list[_Part]:
+        """``_Part``s of these names of a table (footers read for those this writer has not
+        written; one that cannot be read is left out)."""
+        folder = self._folders[table]
+        known = {part.name: part for part in self._parts[table]}
+        fresh = []
+        for name in names:
+            part = known.get(name)
+            covered = part_range(Path(name))
+            try:
+                if part is None and covered is not None:
+                    with folder.open_file(name) as file:
+                        metadata = pq.read_metadata(file)
+                    part = _Part(covered[0], covered[1], name, metadata.num_rows, 0,
+                                 *_stored_span(metadata, self._wall_offset_ns if self._other_boot else None))
+                if part is not None:
+                    part.size = folder.lstat(name).st_size  # compact may have rewritten it in place
+                    fresh.append(part)
+            except (OSError, pa.ArrowException):
+                continue
+        return fresh
+
+    def _singles(self, table: str) -> int:
+        """How many of a table's newest parts are a flush's own (not merged)."""
+        singles = 0
+        for part in reversed(self._parts[table]):
+            if part.first != part.last:
+                break
+            singles += 1
+        return singles
 
     def _refresh(self) -> None:
-        """The part lists as the directory has them: merged files someone else wrote replace the
-        parts they cover."""
+        """The part lists as the folders have them (a recording written before manifests):
+        merged files replace the parts they cover, which are retired."""
         for table in TABLES:
-            folder = self._folders[table]
-            known = {part.name: part for part in self._parts[table]}
-            fresh = []
-            for name in part_names(folder.names()):
-                part = known.get(name)
-                covered = part_range(Path(name))
-                try:
-                    if part is None and covered is not None:
-                        with folder.open_file(name) as file:
-                            metadata = pq.read_metadata(file)
-                        part = _Part(covered[0], covered[1], name, metadata.num_rows, 0,
-                                     *_stored_span(metadata, self._wall_offset_ns if self._other_boot else None))
-                    if part is not None:
-                        part.size = folder.lstat(name).st_size  # compact may have rewritten it in place
-                        fresh.append(part)
-                except (OSError, pa.ArrowException):
-                    continue
-            singles = 0
-            for part in reversed(fresh):
-                if part.first != part.last:
-                    break
-                singles += 1
-            self._parts[table] = fresh
-            self._unmerged[table] = min(self._unmerged[table], singles)
+            listed = self._folders[table].names()
+            kept = part_names(listed)
+            self._parts[table] = self._described(table, kept)
+            self._retired[table] += [n for n in listed if part_range(Path(n)) is not None and n not in kept]
+            self._unmerged[table] = min(self._unmerged[table], self._singles(table))
         self._recount()
 
     def _compact(self) -> None:
@@ -402,6 +521,8 @@ class RecordingWriter:
         """
         with self._locked():
             self._compact_locked()
+            self._publish()
+        self._collect()
 
     def _compact_locked(self) -> None:
         for table, parts in self._parts.items():
@@ -417,7 +538,7 @@ class RecordingWriter:
             merge = functools.partial(_merge_parts, table, folder, merging)
             size = self._guard(functools.partial(folder.write_file, name, merge, self.file_mode))
             for part in merging:
-                self._guard(functools.partial(folder.unlink, part.name))
+                self._retire(table, part.name)
             rows = sum(part.rows for part in merging)
             for _ in merging:
                 self._remove(table, len(parts) - 1)
@@ -451,7 +572,7 @@ class RecordingWriter:
             part = self._remove(table, index)
             if index >= unmerged_from:  # one of the parts not merged yet
                 self._unmerged[table] -= 1
-            self._guard(functools.partial(self._folders[table].unlink, part.name))
+            self._retire(table, part.name)
             self.rotated_out["files"] += 1
             self.rotated_out["bytes"] += part.size
             self.rotated_out["rows"][table] += part.rows
@@ -545,11 +666,33 @@ def _merge_parts(table: str, folder: HeldDirectory, parts: list[_Part], out: Bin
 
 def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
     """Add rows to a finished recording as a new part of ``table`` (e.g. the phases that
-    `fdtrace run` collects after its recorder has stopped). Returns the file written."""
-    with HeldDirectory.open(Path(root)) as recording, recording.subdirectory(table, PRIVATE_DIR) as table_folder, \
+    `fdtrace run` collects after its recorder has stopped), published in its manifest (under the
+    writers' lock) when it has one. Returns the file written."""
+    from fdtrace.recording.reader import loads_bounded
+
+    with HeldDirectory.open(Path(root)) as recording, recording.subdirectory("meta") as meta, \
+            recording.subdirectory(table, PRIVATE_DIR) as table_folder, \
             table_folder.subdirectory(host_folder(host), PRIVATE_DIR) as folder:
-        ranges = [part_range(Path(name)) for name in part_names(folder.names())]
-        last = max((covered[1] for covered in ranges if covered is not None), default=0)
-        name = part_name(last + 1, last + 1)
-        folder.write_file(name, lambda out: pq.write_table(rows, out, **parquet_options(table, rows.column_names)))
+        lock = meta.open_lock(lock_name(host))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            manifest = None
+            if meta.exists(manifest_name(host)):
+                with meta.open_file(manifest_name(host)) as file:
+                    manifest = Manifest.decode(loads_bounded(file.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES]))
+            names = part_names(folder.names())
+            if manifest is not None:  # numbers it used, for parts since deleted too
+                names += manifest.parts.get(table, []) + manifest.retired.get(table, [])
+            ranges = [part_range(Path(name)) for name in names]
+            last = max((covered[1] for covered in ranges if covered is not None), default=0)
+            name = part_name(last + 1, last + 1)
+            folder.write_file(name, lambda out: pq.write_table(rows, out, **parquet_options(table, rows.column_names)))
+            if manifest is not None:
+                manifest.generation += 1
+                manifest.parts.setdefault(table, []).append(name)
+                text = manifest.encode()
+                meta.write_file(manifest_name(host), lambda out: out.write(text),
+                                stat.S_IMODE(meta.lstat(manifest_name(host)).st_mode))
+        finally:
+            os.close(lock)
     return Path(root) / table / host_folder(host) / name

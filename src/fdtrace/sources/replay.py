@@ -19,6 +19,8 @@ from fdtrace.integrations.phases.live import phases_at
 from fdtrace.pipeline import Notice, Pipeline, Position
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.recording import read_parts
+from fdtrace.recording.fleet import Fleet
+from fdtrace.recording.reader import HostSnapshot
 from fdtrace.schema import STATS, arrow_schema, codecs
 from fdtrace.schema.failures import incident_mask
 from fdtrace.schema.tables import PARTITION_COLUMN
@@ -64,18 +66,31 @@ class EventPlayer:
 
     def __init__(self, paths: str | Path | list[str | Path] | list[Path], speed: float = 1.0,
                  clock: Callable[[], int] = time.monotonic_ns, skipped: list[str] | None = None,
-                 hosts: list[tuple[Path, str, int]] | None = None, notes: list[str] | None = None) -> None:
+                 hosts: list[tuple[Path, str, int]] | None = None, notes: list[str] | None = None,
+                 snapshots: dict[tuple[Path, str], HostSnapshot] | None = None) -> None:
         roots = _roots(paths)
         self.skipped: list[str] = skipped if skipped is not None else []
         self.notes: list[str] = notes if notes is not None else []
         events, losses = [], []
-        for root, host, version in hosts if hosts is not None else recorded_hosts(roots, self.skipped, self.notes):
-            part = read_parts(root, "events", host, self.skipped, version=version, notes=self.notes)
-            if part is not None:
-                events.append(_with_host(part, host))
-            loss = read_parts(root, "losses", host, self.skipped, version=version, notes=self.notes)
-            if loss is not None:
-                losses.append(codecs.with_host(loss, host))
+        fleet = None
+        if hosts is None:
+            fleet = recorded_fleet(roots, self.skipped, self.notes)
+            hosts = [(h.root, h.host, h.version) for h in fleet.hosts]
+            snapshots = {(h.root, h.host): fleet.snapshot(h) for h in fleet.hosts}
+        try:
+            for root, host, version in hosts:
+                state = (snapshots or {}).get((root, host))
+                part = read_parts(root, "events", host, self.skipped, version=version, notes=self.notes,
+                                  snapshot=state)
+                if part is not None:
+                    events.append(_with_host(part, host))
+                loss = read_parts(root, "losses", host, self.skipped, version=version, notes=self.notes,
+                                  snapshot=state)
+                if loss is not None:
+                    losses.append(codecs.with_host(loss, host))
+        finally:
+            if fleet is not None:
+                fleet.close()
         if not events:
             raise FdtraceError(f"{', '.join(map(str, roots))}: the recording holds no events to replay")
         table = _in_span(pa.concat_tables(events), losses, self.notes)
@@ -253,18 +268,17 @@ def _in_span(events: pa.Table, losses: list[pa.Table], notes: list[str]) -> pa.T
     return events.filter(pc.and_(pc.greater_equal(stamps, span.first_ns), pc.less_equal(stamps, span.last_ns)))
 
 
-def recorded_hosts(roots: list[Path], skipped: list[str],
-                   notes: list[str] | None = None) -> list[tuple[Path, str, int]]:
-    """(recording, host, schema version) of every readable host, its metadata read once; a host
-    whose metadata cannot be used is named in ``skipped`` (the others are replayed), a second
-    copy of a host's recording in ``notes``."""
+def recorded_fleet(roots: list[Path], skipped: list[str], notes: list[str] | None = None) -> Fleet:
+    """Every readable host of the recordings, its metadata read once; a host whose metadata
+    cannot be used is named in ``skipped`` (the others are replayed), a second copy of a host's
+    recording in ``notes``. Close it once read (``Fleet.close``)."""
     from fdtrace.recording.fleet import find_fleet
 
     fleet = find_fleet(list[str | Path](roots))
     skipped += [s for s in fleet.skipped if s not in skipped]
     if notes is not None:
         notes += fleet.notes
-    return [(h.root, h.host, h.version) for h in fleet.hosts]
+    return fleet
 
 
 def _roots(paths: str | Path | list[str | Path] | list[Path]) -> list[Path]:
@@ -286,16 +300,26 @@ class ReplaySource:
         roots = _roots(paths)
         self.skipped: list[str] = []
         self.notes: list[str] = []
-        hosts = recorded_hosts(roots, self.skipped, self.notes)
-        self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts,
-                                  notes=self.notes)
+        # Every table of a host from one state of its recording, held until all are read: a
+        # recorder still writing it merges and rotates out meanwhile without changing what is read.
+        fleet = recorded_fleet(roots, self.skipped, self.notes)
         tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock",
                                                                    "fd_sites", "thread_census", "stacks")}
-        for root, host, version in hosts:
-            for name, bucket in tables.items():
-                part = read_parts(root, name, host, self.skipped, version=version, notes=self.notes)
-                if part is not None:
-                    bucket.append(part)
+        try:
+            hosts = [(h.root, h.host, h.version) for h in fleet.hosts]
+            snapshots = {(h.root, h.host): fleet.snapshot(h) for h in fleet.hosts}
+            self.skipped += [s for s in fleet.skipped if s not in self.skipped]
+            self.notes += [n for n in fleet.notes if n not in self.notes]
+            self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts,
+                                      notes=self.notes, snapshots=snapshots)
+            for root, host, version in hosts:
+                for name, bucket in tables.items():
+                    part = read_parts(root, name, host, self.skipped, version=version, notes=self.notes,
+                                      snapshot=snapshots[(root, host)])
+                    if part is not None:
+                        bucket.append(part)
+        finally:
+            fleet.close()
         self._host = ",".join(dict.fromkeys(host for _, host, _ in hosts))
         self._samples = _by_time(tables["samples"])
         self._system = _by_time(tables["system"])

@@ -93,7 +93,8 @@ def table_files(fleet: Any, table: str, demoted: set[Path] | frozenset[Path] = f
     file; any other (or one in ``demoted``: the engine could not read it) is read by fdtrace's
     reader, which checks every value, and what it leaves out is named in the fleet's ``notes``;
     one that cannot be read at all is named in its ``skipped``. The parts read by fdtrace are
-    in ``fleet.doubted``. Raises PartGoneError when a listed file went meanwhile."""
+    in ``fleet.doubted``. Raises PartGoneError when a listed file went meanwhile (only where a host
+    is not read as one steady state: ``Fleet.steady``)."""
     import pyarrow as pa
 
     from fdtrace.recording.reader import doubts, open_part, read_part
@@ -111,8 +112,12 @@ def table_files(fleet: Any, table: str, demoted: set[Path] | frozenset[Path] = f
                     continue
                 notes: list[str] = []
                 data = read_part(part, table, recording.version, wanted, notes)
-        except FileNotFoundError:
-            raise PartGoneError(str(path)) from None
+        except FileNotFoundError as exc:
+            if not fleet.steady(recording):  # listed without the readers' lock: list again
+                raise PartGoneError(str(path)) from None
+            fleet.damaged.add(path)  # its manifest names it, its recorder cannot have deleted it
+            fleet.skip(f"{path}: {' '.join(str(exc).split())[:200]}")
+            continue
         except (OSError, ValueError, pa.ArrowException) as exc:  # pyarrow's ArrowInvalid is a ValueError
             fleet.damaged.add(path)
             fleet.skip(f"{path}: {' '.join(str(exc).split())[:200]}")

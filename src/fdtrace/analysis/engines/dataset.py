@@ -74,7 +74,8 @@ class EngineRecording:
             notes: list[str] = []
             for root in sorted({h.root for h in self.fleet.hosts}):
                 hosts = {h.host: h.version for h in self.fleet.hosts if h.root == root}
-                frames.append(read_table(root, name, hosts, problems, notes=notes))
+                states = {h.host: self.fleet.snapshot(h) for h in self.fleet.hosts if h.root == root}
+                frames.append(read_table(root, name, hosts, problems, notes=notes, snapshots=states))
             self.skipped += [p for p in problems if p not in self.skipped]  # the views may have named them
             self.notes += [n for n in notes if n not in self.notes]
             frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -136,8 +137,12 @@ class EngineRecording:
         raise AttributeError(name)
 
     def close(self) -> None:
-        """Stop the engine."""
-        self.engine.close()
+        """Stop the engine, and let go of the recordings' states (their recorders may then delete
+        the parts they merged or rotated out meanwhile)."""
+        try:
+            self.engine.close()
+        finally:
+            self.fleet.close()
 
     def __enter__(self) -> EngineRecording:
         return self
@@ -189,7 +194,13 @@ def memory_available() -> int | None:
 
 def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") -> str:
     """The engine ``engine`` stands for with these recordings (``auto`` chooses by size)."""
-    return engine if engine != "auto" else _chosen(find_fleet(paths), engine)
+    if engine != "auto":
+        return engine
+    fleet = find_fleet(paths)
+    try:
+        return _chosen(fleet, engine)
+    finally:
+        fleet.close()
 
 
 class Dataset(Protocol):
@@ -260,12 +271,16 @@ def open_dataset(paths: str | Path | list[str | Path], engine: str = "auto", *,
     if phases and engine not in ("auto", "pandas"):
         raise FdtraceError(f"phase files need the pandas engine (the {engine} engine reads phases from the "
                            "recordings)")
-    chosen = "pandas" if phases else _chosen(fleet, engine)
-    if chosen == "pandas":
-        if engine == "auto" and not phases:
-            fleet.refresh()  # listed again when read: a live recorder may have merged parts since
-        return on_one_clock(load_fleet(fleet, columns, phases), clock_correction)
-    return _over_engine(fleet, chosen, spark_master, memory_limit, clock_correction)
+    try:
+        chosen = "pandas" if phases else _chosen(fleet, engine)
+        if chosen == "pandas":
+            if engine == "auto" and not phases:
+                fleet.refresh()  # a recording without a manifest is listed again when read
+            return on_one_clock(load_fleet(fleet, columns, phases), clock_correction)
+        return _over_engine(fleet, chosen, spark_master, memory_limit, clock_correction)
+    except BaseException:
+        fleet.close()
+        raise
 
 
 def on_one_clock(recording: Recording, correct: bool) -> Recording:
