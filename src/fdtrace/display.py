@@ -4,7 +4,7 @@ A task name, a command line, a path, a cgroup, a symbol or a line of a HAProxy a
 by whoever runs the program, and fdtrace shows them to root's terminal. ``shown()`` makes every
 character that is not printable visible as an escape (``\\x1b``, ``\\n``, ``\\u202e``), so an
 escape sequence cannot retitle or clear the terminal and a newline cannot split a row; every
-terminal output and the Markdown report go through it.
+terminal output and the Markdown report go through it, and the HTML report through ``html_shown()``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,15 @@ def shown_lines(text: str) -> str:
 #: What Markdown (CommonMark, GitHub's tables) would read as markup that does more than emphasis:
 #: links and link definitions, images, code, HTML, entities and table cells.
 _MARKDOWN_MARKUP = frozenset("\\`[]<>|&")
+
+
+def html_shown(value: object) -> str:
+    """``shown(value)`` for an HTML page (or a Plotly label, which reads HTML entities): its
+    escapes made visible first, then ``&``, ``<``, ``>`` and quotes escaped, so a name such as
+    ``<svg onload=...>`` or an escape sequence stays text."""
+    import html
+
+    return html.escape(shown(value))
 
 
 def markdown_shown(value: object) -> str:

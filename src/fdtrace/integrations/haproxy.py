@@ -159,7 +159,8 @@ def _mode(st: os.stat_result) -> str:
 class ProcessFiles:
     """A process's files as it could open them: paths walked from its root (/proc/PID/root) or
     working directory (/proc/PID/cwd), one component at a time and without following a link
-    blindly, each folder searched only where its user and groups may search it; a file is read
+    blindly, each folder searched only where its real user and groups may search it (never for
+    a process whose effective ids are not its real ones, or whose program is setuid or setgid); a file is read
     only when its owner is the process's user or root and the process's user and groups may
     read it, up to ``limit`` bytes, and only a regular file. Raises NotReadableError with the reason.
 
@@ -174,6 +175,24 @@ class ProcessFiles:
             self.who = procfs.credentials(pid)
         except READ_ERRORS as error:
             raise NotReadableError(f"the process's user is not known ({skip_reason(error)})") from None
+        # A setuid or setgid program (su linked as haproxy, -f /etc/shadow) runs with rights its
+        # user does not have: nothing is read on its behalf, neither as its effective ids nor as
+        # its real ones (it chose its name and arguments).
+        if self.who.changed:
+            raise NotReadableError(f"its effective ids are not its real ones (uid {self.who.uid}): a setuid or "
+                                   "setgid program's files are not read on its behalf")
+        if self._setid_binary():
+            raise NotReadableError("its program is setuid or setgid: its files are not read on its behalf")
+
+    def _setid_binary(self) -> bool:
+        """Whether the process's executable has the setuid or setgid bit (or cannot be told)."""
+        if not self.procfs.live and not os.path.lexists(self.procfs.exe(self.pid)):
+            return False  # a procfs tree a test made, without executables
+        try:
+            mode = os.stat(self.procfs.exe(self.pid)).st_mode
+        except OSError:
+            return True  # gone, or hidden: not read on its behalf
+        return bool(mode & (stat.S_ISUID | stat.S_ISGID))
 
     def _start(self, name: str) -> int:
         base = f"{self.procfs.root}/{self.pid}/{name}"

@@ -90,11 +90,19 @@ class ProcStat:
 
 @dataclass(frozen=True)
 class Credentials:
-    """Whom a process's file accesses are checked as: its filesystem user id and its groups (the
-    filesystem group id and the supplementary ones)."""
+    """Whom a process's file accesses are checked as: its real user id and its groups (the real
+    group id and the supplementary ones); and whether its ids differ from one another (real,
+    effective, saved, filesystem), as a setuid or setgid program's do.
+
+    Attributes:
+        uid: the real user id.
+        gids: the real group id and the supplementary groups.
+        changed: its effective, saved or filesystem user or group id is not its real one.
+    """
 
     uid: int
     gids: frozenset[int]
+    changed: bool = False
 
 
 #: /proc/PID/limits is in fixed-width columns: name, soft, hard (then units).
@@ -199,16 +207,21 @@ class ProcFS:
         return limits
 
     def credentials(self, pid: int) -> Credentials:
-        """The ids /proc/PID/status gives for file access (Uid's and Gid's fourth field, the
-        filesystem ids, and Groups). A status without them reads as ProcessGoneError."""
+        """The ids of /proc/PID/status: the real user and group (Uid's and Gid's first field) and
+        Groups, and whether any of the other three (effective, saved, filesystem) differs from the
+        real one. A status without them reads as ProcessGoneError."""
         status = self.status(pid, ("Uid", "Gid", "Groups"))
         try:
-            uid = int(status["Uid"].split()[3])
-            gids = {int(status["Gid"].split()[3])} if "Gid" in status else set()
+            uids = [int(word) for word in status["Uid"].split()[:4]]
+            gid_list = [int(word) for word in status["Gid"].split()[:4]]
+            if len(uids) != 4 or len(gid_list) != 4:
+                raise ValueError("not four ids")
+            gids = {gid_list[0]}
             gids.update(int(gid) for gid in status.get("Groups", "").split())
         except (KeyError, IndexError, ValueError):
             raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
-        return Credentials(uid, frozenset(gids))
+        changed = len(set(uids)) > 1 or len(set(gid_list)) > 1
+        return Credentials(uids[0], frozenset(gids), changed)
 
     def cmdline(self, pid: int) -> list[str]:
         """The arguments of the process."""

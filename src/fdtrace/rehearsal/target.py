@@ -136,6 +136,115 @@ def _has_address(procfs: ProcFS, pid: int, address: str, family: int) -> bool:
         return False
 
 
+#: rtnetlink: the request and its answer (linux/rtnetlink.h, linux/netlink.h).
+_RTM_NEWROUTE, _RTM_GETROUTE, _NLMSG_ERROR, _NLM_F_REQUEST = 24, 26, 2, 1
+_RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_VIA = 1, 4, 5, 18
+_RTN_LOCAL = 2
+#: ioctl(2): an interface's flags, and the one a loopback device has (linux/if.h, linux/sockios.h).
+_SIOCGIFFLAGS, _IFF_LOOPBACK = 0x8913, 0x8
+#: Where ``ip netns add`` names the namespaces root made (a folder only root may write).
+NAMED_NAMESPACES = "/run/netns"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How this network namespace reaches an address (the kernel's answer to ``ip route get``).
+
+    Attributes:
+        local: the kernel delivers it to this namespace itself (a route of type local).
+        device: the interface it goes out through ("" when the kernel names none).
+        loopback: that interface is a loopback device.
+        gateway: it goes through a gateway (another machine forwards it).
+    """
+
+    local: bool
+    device: str
+    loopback: bool
+    gateway: bool
+
+    @property
+    def here(self) -> bool:
+        """Whether nothing sent there leaves this namespace: a local route on its loopback."""
+        return self.local and self.loopback
+
+
+def route_to(address: str, family: int) -> Route | None:
+    """The route this network namespace's kernel takes to ``address`` (rtnetlink's RTM_GETROUTE,
+    as ``ip route get`` asks); None when it has none (unreachable) or cannot say."""
+    import struct
+
+    packed = socket.inet_pton(family, address)
+    attribute = struct.pack("=HH", 4 + len(packed), _RTA_DST) + packed
+    body = struct.pack("=BBBBBBBBI", family, len(packed) * 8, 0, 0, 0, 0, 0, 0, 0) + attribute
+    request = struct.pack("=IHHII", 16 + len(body), _RTM_GETROUTE, _NLM_F_REQUEST, 1, 0) + body
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as link:
+            link.settimeout(2.0)
+            link.send(request)
+            answer = link.recv(65536)
+    except OSError:
+        return None
+    if len(answer) < 16:
+        return None
+    length, kind = struct.unpack_from("=IH", answer)
+    if kind != _RTM_NEWROUTE or length > len(answer) or length < 28:
+        return None  # NLMSG_ERROR: no route (ENETUNREACH) or refused
+    route_type = answer[16 + 7]
+    oif, gateway, at = 0, False, 28
+    while at + 4 <= length:
+        size, attr = struct.unpack_from("=HH", answer, at)
+        if size < 4:
+            break
+        if attr == _RTA_OIF and size >= 8:
+            oif = struct.unpack_from("=I", answer, at + 4)[0]
+        elif attr in (_RTA_GATEWAY, _RTA_VIA):
+            gateway = True
+        at += (size + 3) & ~3
+    device = _interface_name(oif)
+    return Route(route_type == _RTN_LOCAL, device, _is_loopback(device), gateway)
+
+
+def _interface_name(index: int) -> str:
+    try:
+        return socket.if_indextoname(index) if index else ""
+    except OSError:
+        return ""
+
+
+def _is_loopback(device: str) -> bool:
+    """Whether an interface of this namespace is a loopback device (its IFF_LOOPBACK flag)."""
+    import fcntl
+    import struct
+
+    if not device:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            answer = fcntl.ioctl(probe, _SIOCGIFFLAGS, struct.pack("16sH14x", device.encode()[:15], 0))
+        except OSError:
+            return False
+    return bool(struct.unpack_from("16sH", answer)[1] & _IFF_LOOPBACK)
+
+
+def named_namespaces() -> set[str]:
+    """The network namespaces root named (``ip netns add``: /run/netns, a folder only root may
+    write), as ``net:[INODE]``."""
+    found: set[str] = set()
+    try:
+        folder = os.stat(NAMED_NAMESPACES)
+        if folder.st_uid != 0 or folder.st_mode & 0o022:
+            return found  # not root's alone: nothing there is believed
+        names = os.listdir(NAMED_NAMESPACES)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            found.add(f"net:[{os.stat(os.path.join(NAMED_NAMESPACES, name)).st_ino}]")
+        except OSError:
+            continue
+    return found
+
+
 def namespace_of(procfs: ProcFS, address: str, family: int) -> tuple[str, int] | None:
     """(the network namespace, a process in it) holding ``address``: this process's own when
     the address can be bound here, else the first other namespace of this host (seen through
@@ -204,17 +313,38 @@ def listeners(procfs: ProcFS, namespace: str, member: int, address: str, port: i
     return tuple(sorted(holders))
 
 
+def local_namespace(procfs: ProcFS, address: str, family: int) -> tuple[str, int] | str:
+    """(the network namespace, a process in it) of a target on this host, or why it is not: an
+    address is on this host only when this namespace's kernel routes it to its own loopback, or
+    when a namespace root named (``ip netns add``) holds it and the route there goes through no
+    gateway. An address that another namespace holds (any user can make one, and give it any
+    address) while the route to it leaves the machine is elsewhere."""
+    route = route_to(address, family)
+    if route is None:
+        return "no route to it here"
+    if route.here:
+        own = os.getpid()
+        return _namespace(procfs, own) or "net:[self]", own
+    found = namespace_of(procfs, address, family)
+    how = f"its route goes out through {route.device or 'no device'}" + (" via a gateway" if route.gateway else "")
+    if found is None:
+        return how
+    if found[0] in named_namespaces() and not route.gateway and not route.local:
+        return found
+    return f"{how}, not this namespace's loopback; the network namespace {found[0]} holds it"
+
+
 def find_target(text: str, allow_remote: bool = False, procfs: ProcFS | None = None) -> Target:
-    """Resolve ``HOST:PORT`` and find who listens there. A target on this host (or in one of
-    its network namespaces) must have a listener; one elsewhere needs ``allow_remote`` and must
+    """Resolve ``HOST:PORT`` and find who listens there. A target on this host (see
+    ``local_namespace``) must have a listener; one elsewhere needs ``allow_remote`` and must
     accept a probe connection. Raises FdtraceError (one line, exit status 1)."""
     procfs = procfs or ProcFS()
     host, address, port, family = resolve(text)
-    found = namespace_of(procfs, address, family)
-    if found is None:
+    found = local_namespace(procfs, address, family)
+    if isinstance(found, str):
         if not allow_remote:
-            raise _error(f"--target {shown(text)}: {address} is not on this host nor in one of its network "
-                         "namespaces; give --allow-remote to rehearse a balancer elsewhere on purpose")
+            raise _error(f"--target {shown(text)}: {address} is not on this host ({found}); give --allow-remote to "
+                         "rehearse a balancer elsewhere on purpose")
         probe(address, port, family, text)
         return Target(text, host, address, port, family, None)
     namespace, member = found

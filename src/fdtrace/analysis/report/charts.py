@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from fdtrace.display import html_shown
 from fdtrace.integrations.phases.collect import PHASE_COLOURS
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ def figure(report: Report) -> go.Figure | None:
 
     if report.fd_series:
         at = next_row()
-        for label, frame in report.fd_series.items():
+        for raw, frame in report.fd_series.items():
+            label = html_shown(raw)  # Plotly reads HTML in names: a process's name is text
             times = _naive(frame["time"])
             fig.add_trace(go.Scatter(x=times, y=frame["open_fds"], name=label, legendgroup=label,
                                      line={"color": colour(label)},
@@ -84,16 +86,18 @@ def figure(report: Report) -> go.Figure | None:
     if len(report.failure_rate.columns) or len(report.markers):
         at = next_row()
         times = _naive(report.failure_rate.index)
-        for label in report.failure_rate.columns:
-            fig.add_trace(go.Scatter(x=times, y=report.failure_rate[label], name=label, legendgroup=label,
+        for raw in report.failure_rate.columns:
+            label = html_shown(raw)
+            fig.add_trace(go.Scatter(x=times, y=report.failure_rate[raw], name=label, legendgroup=label,
                                      showlegend=label not in colours, line={"color": colour(label)},
                                      hovertemplate="%{x|%H:%M:%S}<br>%{y} EMFILE/ENFILE<extra>" + label + "</extra>"),
                           row=at, col=1)
         for kind, marks in report.markers.groupby("marker", sort=False):
-            fig.add_trace(go.Scatter(x=_naive(marks["time"]), y=[0] * len(marks), mode="markers", name=str(kind),
+            fig.add_trace(go.Scatter(x=_naive(marks["time"]), y=[0] * len(marks), mode="markers", name=html_shown(kind),
                                      marker={"symbol": MARKER_SYMBOLS.get(str(kind), "circle"), "size": 11,
                                              "color": "black"},
-                                     text=marks["text"], hovertemplate="%{x|%H:%M:%S.%L}<br>%{text}<extra></extra>"),
+                                     text=[html_shown(t) for t in marks["text"]],
+                                     hovertemplate="%{x|%H:%M:%S.%L}<br>%{text}<extra></extra>"),
                           row=at, col=1)
         fig.update_yaxes(title_text="failures / s", row=at, col=1)
     # Threads, then memory: each process's line and its limit dashed; (series, axis title, (column,
@@ -106,15 +110,17 @@ def figure(report: Report) -> go.Figure | None:
         if not series:
             continue
         at = next_row()
-        for label, frame in series.items():
+        for raw, frame in series.items():
+            label = html_shown(raw)
             legend = label not in colours
             _with_limit(fig, at, label, colour(label), legend, frame, value, limit, frame[named] if named else None)
         fig.update_yaxes(title_text=unit, row=at, col=1)
     if len(report.call_rate.columns):
         at = next_row()
         times = _naive(report.call_rate.index)
-        for label in report.call_rate.columns:
-            fig.add_trace(go.Scatter(x=times, y=report.call_rate[label].where(report.call_rate[label] > 0), name=label,
+        for raw in report.call_rate.columns:
+            label = html_shown(raw)
+            fig.add_trace(go.Scatter(x=times, y=report.call_rate[raw].where(report.call_rate[raw] > 0), name=label,
                                      legendgroup=label, showlegend=label not in colours, line={"color": colour(label)},
                                      connectgaps=False,
                                      hovertemplate="%{x|%H:%M:%S}<br>%{y} calls<extra>" + label + "</extra>"),
@@ -154,7 +160,7 @@ def _phase_bands(fig: go.Figure, marks: pd.DataFrame, at: int) -> None:
             start, end = (pd.Timestamp(int(mark.start_wall_ns)), pd.Timestamp(int(mark.end_wall_ns)))
             xs += [start, end, end, start, start, None]
             ys += [mark.rank + low, mark.rank + low, mark.rank + high, mark.rank + high, mark.rank + low, None]
-        fig.add_trace(go.Scatter(x=xs, y=ys, fill="toself", mode="lines", name=str(phase), line={"width": 0},
+        fig.add_trace(go.Scatter(x=xs, y=ys, fill="toself", mode="lines", name=html_shown(phase), line={"width": 0},
                                  fillcolor=PHASE_COLOURS.get(str(phase), "#cccccc"), hoveron="fills",
                                  hoverinfo="name"), row=at, col=1)
     fig.update_yaxes(title_text="rank", dtick=1, row=at, col=1)

@@ -3,7 +3,6 @@ Markdown, from a computed ``Report``. "What to change" comes first after the sum
 
 from __future__ import annotations
 
-import html
 import math
 import time
 from typing import Any
@@ -12,14 +11,14 @@ import pandas as pd
 
 from fdtrace.analysis.report.charts import figure_html
 from fdtrace.analysis.report.model import Report, time_text
-from fdtrace.display import markdown_shown
+from fdtrace.display import html_shown, markdown_shown
 
 
 def _svg_heat(heat: pd.DataFrame, value: str, title: str, maximum: float | None = None) -> str:
     """Hosts (rows) by time (columns) as inline SVG, each cell shaded by ``value`` (darker: more)."""
     cells = heat.dropna(subset=[value])
     if not len(cells) or not (cells[value] > 0).any():
-        return f"<p><em>{html.escape(title)}: none</em></p>"
+        return f"<p><em>{html_shown(title)}: none</em></p>"
     hosts = sorted(heat["host"].astype(str).unique())
     # Every bin from the first to the last, so that the columns keep time's proportions.
     step = pd.Timedelta(seconds=heat.attrs.get("width_s", 1))
@@ -30,16 +29,16 @@ def _svg_heat(heat: pd.DataFrame, value: str, title: str, maximum: float | None 
     column = {t: i for i, t in enumerate(times)}
     row = {h: i for i, h in enumerate(hosts)}
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-             f'<text x="{left}" y="14" font-size="13">{html.escape(title)}</text>']
+             f'<text x="{left}" y="14" font-size="13">{html_shown(title)}</text>']
     for host, i in row.items():
         parts.append(f'<text x="2" y="{24 + i * cell_h + cell_h - 2}" font-size="{min(11, cell_h)}">'
-                     f'{html.escape(host[:14])}</text>')
+                     f'{html_shown(host[:14])}</text>')
     for cell in cells[cells[value] > 0].itertuples():
         share = min(1.0, float(getattr(cell, value)) / top) if top else 0.0
         shade = int(235 - 200 * share)
         x, y = left + column[cell.time] * cell_w, 22 + row[str(cell.host)] * cell_h
         parts.append(f'<rect x="{x}" y="{y}" width="{cell_w}" height="{cell_h}" fill="rgb(235,{shade},{shade})">'
-                     f'<title>{html.escape(str(cell.host))} {pd.Timestamp(cell.time):%H:%M:%S}: '
+                     f'<title>{html_shown(str(cell.host))} {pd.Timestamp(cell.time):%H:%M:%S}: '
                      f'{getattr(cell, value):,.3g}</title></rect>')
     first, last = pd.Timestamp(times[0]), pd.Timestamp(times[-1])
     parts.append(f'<text x="{left}" y="{height - 4}" font-size="11">{first:%Y-%m-%d %H:%M:%S} UTC</text>'
@@ -114,10 +113,10 @@ def _shown(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 def _frame_html(frame: pd.DataFrame, empty: str) -> str:
     if frame.empty:
-        return f"<p>{html.escape(empty)}</p>"
+        return f"<p>{html_shown(empty)}</p>"
     columns, headers = _shown(frame)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(row[c], c))}</td>" for c in columns) + "</tr>"
+    head = "".join(f"<th>{html_shown(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html_shown(_cell(row[c], c))}</td>" for c in columns) + "</tr>"
                    for _, row in frame.iterrows())
     return f"<table><tr>{head}</tr>{body}</table>"
 
@@ -170,22 +169,22 @@ def to_html(report: Report) -> str:
     """The report as one self-contained HTML page."""
     style = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}h2{margin-top:1.5em}")
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(report.title)}</title>",
-             f"<style>{style}</style></head><body><h1>{html.escape(report.title)}</h1>",
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html_shown(report.title)}</title>",
+             f"<style>{style}</style></head><body><h1>{html_shown(report.title)}</h1>",
              f"<p>made {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>",
              f"<h2>{SECTIONS[0]}</h2><table>"]
-    parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in report.summary]
+    parts += [f"<tr><th>{html_shown(k)}</th><td>{html_shown(v)}</td></tr>" for k, v in report.summary]
     parts.append("</table>")
-    parts += [f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html.escape(r)}</li>" for r in report.recommendations), "</ul>"]
+    parts += [f"<h2>{SECTIONS[8]}</h2><ul>", *(f"<li>{html_shown(r)}</li>" for r in report.recommendations), "</ul>"]
     parts += _fleet_html(report)
     parts += [f"<h2>{SECTIONS[1]}</h2>", figure_html(report),
-              *(f"<p>{html.escape(note)}</p>" for note in report.thread_notes)]
+              *(f"<p>{html_shown(note)}</p>" for note in report.thread_notes)]
     parts += [f"<h2>{SECTIONS[2]}</h2>", _frame_html(report.spikes, NO_SPIKES),
               f"<h2>{SECTIONS[3]}</h2>", _frame_html(report.phase_stats, NO_PHASES),
               f"<h2>{SECTIONS[4]}</h2>", _frame_html(_headroom_view(report), "No samples."),
               f"<h2>{SECTIONS[11]}</h2>", _frame_html(_memory_view(report), NO_MEMORY),
               *([_frame_html(report.oom_victims[VICTIM_COLUMNS], "")] if len(report.oom_victims) else []),
-              f"<h2>{SECTIONS[5]}</h2>", f"<p>{html.escape(first_failure(report))}</p>",
+              f"<h2>{SECTIONS[5]}</h2>", f"<p>{html_shown(first_failure(report))}</p>",
               _frame_html(report.incidents, ""),
               f"<h2>{SECTIONS[6]}</h2>", _frame_html(report.destinations.head(20), NO_DESTINATIONS),
               f"<h2>{SECTIONS[9]}</h2>", _frame_html(report.leaks, NO_SITES),
