@@ -98,6 +98,17 @@ class LiveSource:
         """Things the user should know (tracefs mounted, probes this kernel lacks)."""
         return self.kernel.notes
 
+    def shortfalls(self) -> list[str]:
+        """What the bounded readers of other users' data left unread so far, in words: binaries
+        whose symbols were not read, Python stack walks abandoned, shared slots (Go uprobes,
+        stats sockets) refused."""
+        said = self._blocked_code.shortfalls()
+        if self.kernel.started:
+            said += self.kernel.tracer.go_shortfalls()
+        if self._haproxy_watch is not None:
+            said += self._haproxy_watch.shortfalls()
+        return said
+
     @property
     def counters(self) -> CounterStore:
         """The exact per-process totals as last read."""
@@ -177,7 +188,9 @@ class LiveSource:
         offsets = dataclasses.replace(sample_offsets(), quality=self._clock_quality.read())
         samples, system = [], None
         if self.options.sample:
-            samples = self.sampler.round(self._pids_with_events, self.options.top_processes, exclude=os.getpid())
+            # the processes asked for by --pid are sampled every round, events or not
+            samples = self.sampler.round(self._pids_with_events | set(self.options.trace.pids),
+                                         self.options.top_processes, exclude=os.getpid())
             if self.options.comms and self.options.samples_of_comms_only:
                 samples = [s for s in samples if s.comm in self.options.comms]
             system = self.sampler.system()

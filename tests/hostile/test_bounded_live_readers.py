@@ -1,0 +1,191 @@
+"""Live readers of another user's data bounded by what they may cost (issue 37, B and C): a
+library whose string table is moved to a 64 MiB sparse tail, mapped many times over by threads
+blocked in it, and a fake CPython whose runtime holds thousands of thread states. Before, the
+first made `record` reach 6 GB in 12 s (every copy's 64 MiB of zeros read and kept), the second
+held a round for 200 s. Each planted process runs as `nobody`; fdtrace's own peak memory is read
+from the kernel's accounting of the child (wait4's ru_maxrss), and each command runs in a memory
+cgroup so that a regression fails the test instead of the machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FDTRACE, memory_cgroup
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("gcc") is None,
+                                reason="plants processes as nobody, built with gcc: needs root")
+
+#: The copies of the crafted library one process maps (the trial's 300, fewer to keep it quick:
+#: before, 40 copies were already 2.5 GiB).
+COPIES = 40
+#: Where the string table is moved to, and its claimed size: 64 MiB of a sparse tail.
+SPARSE_AT = SPARSE_SIZE = 64 << 20
+#: fdtrace's own peak resident memory may not pass this (its imports take about 120 MiB).
+MAX_RSS_BYTES = 400 << 20
+#: The cgroup the commands run in (a regression is killed there, not on the host).
+CGROUP_BYTES = 1 << 30
+
+LIBRARY = r"""
+#include <unistd.h>
+__attribute__((noinline)) long wait_here(int fd) { char b; long r = read(fd, &b, 1); return r + 1; }
+"""
+VICTIM = r"""
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+static int pipefd[2];
+static void *run(void *f) { ((long (*)(int))f)(pipefd[0]); return 0; }
+int main(int argc, char **argv) {
+    if (pipe(pipefd)) return 1;
+    for (int i = 1; i < argc; i++) {
+        void *h = dlopen(argv[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+        pthread_t t;
+        pthread_create(&t, 0, run, dlsym(h, "wait_here"));
+    }
+    printf("ready\n");
+    fflush(stdout);
+    pause();
+}
+"""
+
+
+def gcc(source: str, out: Path, *flags: str) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", *flags, "-o", str(out), str(src)], check=True,
+                   capture_output=True, timeout=120)
+    return out
+
+
+def move_strtab_to_sparse_tail(library: Path) -> None:
+    """Point the library's .strtab (the table .symtab links to) at SPARSE_SIZE bytes at SPARSE_AT,
+    and make the file that long: a hole, no bytes on disk."""
+    data = bytearray(library.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    entry, count = struct.unpack_from("<HH", data, 0x3A)
+    for index in range(count):
+        at = shoff + index * entry
+        if struct.unpack_from("<I", data, at + 4)[0] == 2:  # SHT_SYMTAB
+            link, = struct.unpack_from("<I", data, at + 0x28)
+            strings = shoff + link * entry
+            struct.pack_into("<QQ", data, strings + 0x18, SPARSE_AT, SPARSE_SIZE)
+            break
+    else:
+        raise AssertionError("no .symtab")
+    library.write_bytes(data)
+    os.truncate(library, SPARSE_AT + SPARSE_SIZE)
+
+
+@pytest.fixture(scope="module")
+def planted() -> Iterator[Path]:
+    """A folder `nobody` can read, for what the attacker plants."""
+    folder = Path(tempfile.mkdtemp(prefix="fdtrace-hostile-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def blocked_threads(pid: int, syscall: int) -> int:
+    count = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            count += (task / "syscall").read_text().split()[0] == str(syscall)
+        except (OSError, IndexError):
+            pass
+    return count
+
+
+def start_as_nobody(argv: list[str], threads: int, syscall: int = 0) -> subprocess.Popen[str]:
+    """``argv`` started as nobody, once it says "ready" and ``threads`` of its threads are blocked
+    in ``syscall`` (0: read)."""
+    process = subprocess.Popen(argv, user="nobody", group="nogroup", stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while blocked_threads(process.pid, syscall) < threads:
+        assert time.monotonic() < deadline, "the planted threads never blocked"
+        time.sleep(0.05)
+    return process
+
+
+def fdtrace_measured(args: list[str], procs: Path, out: Path,
+                     timeout: float = 120) -> tuple[int, int, str, str]:
+    """(exit status, peak resident bytes, stdout, stderr) of a fdtrace command run in a cgroup."""
+    with open(out / "stdout", "w") as stdout, open(out / "stderr", "w") as stderr:
+        process = subprocess.Popen([FDTRACE, *args], stdout=stdout, stderr=stderr,
+                                   preexec_fn=lambda: procs.write_text(str(os.getpid())))
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError(f"fdtrace {' '.join(args)} ran past {timeout} s")
+            time.sleep(0.05)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, usage.ru_maxrss * 1024, (out / "stdout").read_text(), (out / "stderr").read_text()
+
+
+@pytest.fixture(scope="module")
+def sparse_victim(planted: Path) -> Iterator[subprocess.Popen[str]]:
+    """A nobody process mapping COPIES copies of a library whose string table is a 64 MiB hole,
+    a thread blocked in read() inside each."""
+    library = gcc(LIBRARY, planted / "libplanted.so", "-shared", "-fPIC")
+    move_strtab_to_sparse_tail(library)
+    copies = []
+    for index in range(COPIES):
+        copy = planted / f"libplanted{index}.so"
+        subprocess.run(["cp", "--sparse=always", str(library), str(copy)], check=True)
+        copies.append(str(copy))
+    assert sum(os.stat(c).st_blocks * 512 for c in copies) < 4 << 20  # a few MiB on disk in all
+    victim = gcc(VICTIM, planted / "victim", "-lpthread", "-ldl")
+    process = start_as_nobody([str(victim), *copies], threads=COPIES)
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_threads_of_a_process_mapping_sparse_libraries_read_no_hole(sparse_victim: subprocess.Popen[str],
+                                                                     tmp_path: Path) -> None:
+    import json
+
+    with memory_cgroup(CGROUP_BYTES) as procs:
+        status, peak, stdout, stderr = fdtrace_measured(["threads", "--pid", str(sparse_victim.pid), "--json"],
+                                                        procs, tmp_path)
+    assert status == 0, stderr
+    assert peak < MAX_RSS_BYTES, f"fdtrace threads reached {peak >> 20} MiB"
+    said = json.loads(stdout)
+    assert said["threads"] == COPIES + 1
+    blocked = [s for s in said["census"] if s["syscall"] == "read"]
+    assert sum(s["threads"] for s in blocked) == COPIES
+    # every copy's table was refused on its bytes on disk, and that is counted, once per copy
+    assert said["unread"] == [f"symbols of {COPIES} binaries not read (tables larger than the file holds on disk, "
+                              "or not ELF)"]
+
+
+def test_record_beside_a_process_mapping_sparse_libraries(sparse_victim: subprocess.Popen[str],
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    with memory_cgroup(CGROUP_BYTES) as procs:
+        status, peak, _, stderr = fdtrace_measured(
+            ["record", "-o", str(out), "--duration", "4", "--interval", "0.5", "--pid", str(sparse_victim.pid)],
+            procs, tmp_path)
+    assert status == 0, stderr
+    assert peak < MAX_RSS_BYTES, f"fdtrace record reached {peak >> 20} MiB"
+    assert f"left unread: symbols of {COPIES} binaries not read" in stderr
