@@ -189,3 +189,128 @@ def test_record_beside_a_process_mapping_sparse_libraries(sparse_victim: subproc
     assert status == 0, stderr
     assert peak < MAX_RSS_BYTES, f"fdtrace record reached {peak >> 20} MiB"
     assert f"left unread: symbols of {COPIES} binaries not read" in stderr
+
+
+#: A fake CPython 3.11 (its executable is named python3.11, exporting _PyRuntime and Py_Version):
+#: INTERPRETERS interpreters of THREADS thread states each, every state naming the process's own
+#: thread and a chain of FRAMES frames, each frame's code with a line table of LINETABLE bytes.
+FAKE_PYTHON = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+unsigned char _PyRuntime[4096];
+uint64_t Py_Version = 0x030B00F0;  /* 3.11.0 final */
+#define W(base, at, value) (*(uint64_t *)((char *)(base) + (at)) = (uint64_t)(value))
+static void *text(const char *s) {  /* a compact ASCII str object */
+    char *o = calloc(1, 48 + strlen(s) + 1);
+    W(o, 16, strlen(s));
+    *(uint32_t *)(o + 32) = 4 | 32 | 64;  /* kind 1, compact, ascii */
+    memcpy(o + 48, s, strlen(s));
+    return o;
+}
+int main(int argc, char **argv) {
+    int interpreters = atoi(argv[1]), threads = atoi(argv[2]), frames = atoi(argv[3]);
+    long linetable = atol(argv[4]);
+    char *previous = 0, *first = 0;
+    for (int f = frames - 1; f >= 0; f--) {  /* the innermost frame last: it is the current one */
+        char *code = calloc(1, 256), *frame = calloc(1, 128), *table = calloc(1, 32 + linetable);
+        W(table, 16, linetable);
+        W(code, 112, text("/srv/app.py"));
+        W(code, 128, text(f == 0 ? "planted_wait" : "planted_caller"));
+        W(code, 136, table);
+        *(int32_t *)(code + 72) = 7;
+        W(frame, 32, code);
+        W(frame, 48, previous);
+        W(frame, 56, code + 184);  /* its first instruction */
+        previous = first = frame;
+    }
+    char *cframe = calloc(1, 64);
+    W(cframe, 8, first);
+    char *interpreter = 0;
+    for (int i = 0; i < interpreters; i++) {
+        char *next = calloc(1, 64), *state = 0;
+        W(next, 0, interpreter);
+        for (int t = 0; t < threads; t++) {
+            char *s = calloc(1, 256);
+            W(s, 8, state);
+            W(s, 56, cframe);
+            W(s, 160, getpid());
+            state = s;
+        }
+        W(next, 16, state);
+        interpreter = next;
+    }
+    W(_PyRuntime, 40, interpreter);
+    printf("ready\n");
+    fflush(stdout);
+    char b;
+    return read(0, &b, 1) < 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_python(planted: Path) -> Iterator[subprocess.Popen[str]]:
+    """The trial's fake CPython: 16 interpreters of 4096 thread states, 128 frames under each,
+    each frame's code with a 1 MiB line table (never touched: no memory of the process's)."""
+    from fdtrace.procfs.python_frames import LAYOUTS
+
+    layout = LAYOUTS[3, 11]  # the offsets FAKE_PYTHON writes at
+    assert (layout.interpreters_head, layout.threads_head, layout.thread_next, layout.native_thread_id,
+            layout.cframe, layout.current_frame, layout.frame_code, layout.frame_previous, layout.frame_prev_instr,
+            layout.code_filename, layout.code_qualname, layout.code_linetable, layout.code_firstlineno,
+            layout.code_instructions, layout.ascii_data) == (40, 16, 8, 160, 56, 8, 32, 48, 56, 112, 128, 136, 72,
+                                                             184, 48)
+    binary = gcc(FAKE_PYTHON, planted / "python3.11", "-rdynamic")
+    process = subprocess.Popen([str(binary), "16", "4096", "128", str(1 << 20)], user="nobody", group="nogroup",
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while blocked_threads(process.pid, 0) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_fake_cpython_walk_is_abandoned_within_its_bounds_and_said(fake_python: subprocess.Popen[str],
+                                                                      tmp_path: Path) -> None:
+    import json
+
+    began = time.monotonic()
+    with memory_cgroup(CGROUP_BYTES) as procs:
+        status, peak, stdout, stderr = fdtrace_measured(["threads", "--pid", str(fake_python.pid), "--json"],
+                                                        procs, tmp_path)
+    took = time.monotonic() - began
+    assert status == 0, stderr
+    assert took < 20, f"took {took:.1f} s"  # 200 s before, for one round
+    assert peak < MAX_RSS_BYTES, f"fdtrace threads reached {peak >> 20} MiB"
+    said = json.loads(stdout)
+    # the right answer: its one thread waits in read() in the Python function planted innermost
+    assert said["census"] == [{"syscall": "read", "fd_kind": "pipe", "site": "planted_wait (app.py:7)", "threads": 1}]
+    assert said["python"]["version"] == "3.11"
+    assert said["python"]["frames_unread"].startswith("walk abandoned after 1 threads' stacks (more than 4096 "
+                                                      "thread states)")
+    assert said["unread"] == ["1 Python stack walks abandoned (over their bounds)"]
+
+
+def test_record_beside_a_fake_cpython_keeps_its_rounds(fake_python: subprocess.Popen[str], tmp_path: Path) -> None:
+    from fdtrace.analysis import load
+
+    out = tmp_path / "rec"
+    with memory_cgroup(CGROUP_BYTES) as procs:
+        status, peak, _, stderr = fdtrace_measured(
+            ["record", "-o", str(out), "--duration", "5", "--interval", "0.5", "--pid", str(fake_python.pid)],
+            procs, tmp_path)
+    assert status == 0, stderr
+    assert peak < MAX_RSS_BYTES, f"fdtrace record reached {peak >> 20} MiB"
+    assert "Python stack walks abandoned (over their bounds)" in stderr
+    times = sorted(set(load(out).samples.query(f"pid == {fake_python.pid}")["ts_ns"]))
+    gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:], strict=False)]
+    assert len(times) >= 4 and max(gaps) < 3.0, gaps  # a round every 0.5 s; one was 199.8 s late before
