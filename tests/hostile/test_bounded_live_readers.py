@@ -314,3 +314,51 @@ def test_record_beside_a_fake_cpython_keeps_its_rounds(fake_python: subprocess.P
     times = sorted(set(load(out).samples.query(f"pid == {fake_python.pid}")["ts_ns"]))
     gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:], strict=False)]
     assert len(times) >= 4 and max(gaps) < 3.0, gaps  # a round every 0.5 s; one was 199.8 s late before
+
+
+#: The trial's -f list: 400 paths that all name one folder of 64 configuration files of 1 MiB.
+CONFIG_PATHS = 400
+CONFIG_FILES = 64
+
+
+def test_a_long_f_list_reads_a_bounded_configuration(planted: Path, tmp_path: Path) -> None:
+    import json
+
+    from fdtrace.integrations.haproxy import MAX_CONFIG_PATHS, MAX_PROCESS_CONFIG_BYTES
+
+    folder = planted / "configs"
+    folder.mkdir()
+    folder.chmod(0o755)
+    for index in range(CONFIG_FILES):
+        with open(folder / f"{index:02d}.cfg", "wb") as config:
+            config.write(b"#" * (1 << 20))
+    for index in range(CONFIG_PATHS):
+        (folder / f"d{index}").mkdir()
+    script = planted / "haproxy"
+    script.write_text("#!/bin/sh\nsleep 60\n")
+    script.chmod(0o755)
+    args = [word for index in range(CONFIG_PATHS) for word in ("-f", f"d{index}/..")]  # each the folder itself
+    process = subprocess.Popen([str(script), *args], user="nobody", group="nogroup", cwd=folder,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{process.pid}/comm").read_text().strip() != "haproxy":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        began = time.monotonic()
+        with memory_cgroup(CGROUP_BYTES) as procs:
+            status, peak, stdout, stderr = fdtrace_measured(["doctor", "--pid", str(process.pid), "--json"], procs,
+                                                            tmp_path)
+        took = time.monotonic() - began
+    finally:
+        os.killpg(process.pid, 9)
+        process.wait()
+    assert status in (0, 1, 2) and "Traceback" not in stderr, stderr
+    assert took < 20, f"took {took:.1f} s"  # 58.4 s between two rounds before
+    assert peak < MAX_RSS_BYTES, f"fdtrace doctor reached {peak >> 20} MiB"
+    findings = [c["current"] for c in json.loads(stdout)["checks"] if c["name"] == "haproxy config"]
+    spent = [f"d{index}/..: not read: the {MAX_PROCESS_CONFIG_BYTES >> 20} MiB of configuration read for one "
+             "process were read" for index in range(1, MAX_CONFIG_PATHS)]
+    rest = (f"d{MAX_CONFIG_PATHS}/..: not read: {CONFIG_PATHS - MAX_CONFIG_PATHS} more -f paths on the command "
+            f"line not followed (at most {MAX_CONFIG_PATHS})")
+    assert [f for f in findings if "not read" in f] == [*spent, rest]
