@@ -82,6 +82,7 @@ class LiveSource:
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
         self._procfs = ProcFS()
         self._blocked_code = BlockedCode()  # the census's code of blocked threads
+        self._go_shortfalls: list[str] = []
         self._pids_with_events: set[int] = set()
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
@@ -104,7 +105,8 @@ class LiveSource:
         stats sockets) refused."""
         said = self._blocked_code.shortfalls()
         if self.kernel.started:
-            said += self.kernel.tracer.go_shortfalls()
+            self._go_shortfalls = self.kernel.tracer.go_shortfalls()
+        said += self._go_shortfalls  # as last read, once the kernel session has stopped
         if self._haproxy_watch is not None:
             said += self._haproxy_watch.shortfalls()
         return said
@@ -168,6 +170,7 @@ class LiveSource:
         return update
 
     def stop(self) -> None:
+        self.shortfalls()  # what the kernel session counted, kept past its end
         if self.haproxy is not None:
             self.haproxy.close()
         self.kernel.stop(exiting=self.options.exiting)
