@@ -147,3 +147,90 @@ def test_another_users_fake_go_programs_leave_roots_go_program_watched(planted: 
     refused = FAKE_GO_COPIES - GO_USER_SLOTS
     assert (f"left unread: {refused} Go binaries not watched for its thread-limit message: no uprobe slot left for "
             f"its user (uid {NOBODY_UID} {refused}; {GO_USER_SLOTS + 1} of 256 slots taken") in said, said
+
+
+#: The trial's fake haproxys: each (a script, so its name is haproxy) names a stats socket of its
+#: own in its configuration, answers `show info` there, and opens a socket every 0.2 s (events: it
+#: is sampled each round, its configuration read).
+FAKE_HAPROXYS = 20
+FAKE_HAPROXY = """#!/usr/bin/python3 -S
+import os, socket, sys, threading, time
+path = open(sys.argv[2]).read().split("stats socket ", 1)[1].split()[0]
+server = socket.socket(socket.AF_UNIX)
+server.bind(path)
+server.listen(8)
+def serve():
+    while True:
+        conn, _ = server.accept()
+        conn.recv(100)
+        conn.sendall(f"Name: HAProxy\\nPid: {os.getpid()}\\nCurrConns: 7\\nMaxconn: 100\\nMaxsock: 223\\n".encode())
+        conn.close()
+threading.Thread(target=serve, daemon=True).start()
+print("ready", flush=True)
+while True:
+    socket.socket().close()
+    time.sleep(0.2)
+"""
+
+
+def recorded_haproxy(out: Path) -> list[dict[str, object]]:
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, object]] = []
+    for part in out.glob("haproxy/host=*/part-*.parquet"):
+        try:
+            rows += pq.read_table(part, columns=["socket", "error", "source", "curr_conns"]).to_pylist()
+        except OSError:  # renamed into place while listed
+            continue
+    return rows
+
+
+def test_another_users_fake_haproxys_leave_roots_haproxy_sampled(planted: Path) -> None:
+    from fdtrace.integrations.haproxy import FOUND_PER_USER, MAX_SOCKETS
+
+    if shutil.which("haproxy") is None:
+        pytest.skip("haproxy is not installed")
+    script = planted / "haproxy"
+    script.write_text(FAKE_HAPROXY)
+    script.chmod(0o755)
+    sockets = planted / "sockets"
+    sockets.mkdir()
+    os.chown(sockets, NOBODY_UID, -1)
+    fakes = []
+    for index in range(FAKE_HAPROXYS):
+        config = planted / f"fake{index}.cfg"
+        config.write_text(f"global\n    stats socket {sockets}/s{index}.sock\n")
+        fakes.append(subprocess.Popen([str(script), "-f", str(config)], user="nobody", group="nogroup",
+                                      stdout=subprocess.PIPE, text=True))
+    root = Path(tempfile.mkdtemp(prefix="fdtrace-root-"))
+    stats = root / "stats.sock"
+    config = root / "haproxy.cfg"
+    config.write_text(f"global\n    maxconn 100\n    stats socket {stats} mode 600\n"
+                      "defaults\n    mode tcp\n    timeout connect 2s\n    timeout client 10s\n"
+                      "    timeout server 10s\n")
+    out = planted / "haproxy-rec"
+    recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "0.5"], "recording to")
+    haproxy = None
+    try:
+        for fake in fakes:
+            assert fake.stdout is not None and fake.stdout.readline().strip() == "ready"
+        wait_for("nobody's sockets sampled", lambda: len({r["socket"] for r in recorded_haproxy(out)
+                                                          if r["source"] == "found"}) >= FOUND_PER_USER)
+        haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
+        wait_for("root's haproxy started", stats.exists, 30)
+        wait_for("root's haproxy sampled", lambda: any(r["socket"] == str(stats) and r["error"] is None
+                                                       and r["source"] == "found" for r in recorded_haproxy(out)))
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        _, said = recorder.communicate(timeout=60)
+        for process in [*fakes, *([haproxy] if haproxy is not None else [])]:
+            process.kill()
+            process.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    found = {r["socket"] for r in recorded_haproxy(out) if r["source"] == "found"}
+    assert str(stats) in found
+    assert len({f for f in found if f.startswith(f"{sockets}/")}) == FOUND_PER_USER  # nobody's: 4 of its 20
+    refused = FAKE_HAPROXYS - FOUND_PER_USER
+    assert (f"left unread: {refused} HAProxy stats sockets of configurations not sampled: no slot left for its user "
+            f"(uid {NOBODY_UID} {refused}; {MAX_SOCKETS} slots, {FOUND_PER_USER} at most per user") in said, said
