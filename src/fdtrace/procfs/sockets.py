@@ -51,7 +51,7 @@ def local_peer_uids(procfs: ProcFS, connections: list[tuple[tuple[str, int], tup
             if len(fields) < 8:
                 continue
             at = wanted.get((table, fields[1], fields[2]))
-            if at is not None and fields[7].isdigit():
+            if at is not None and fields[7].isdigit() and fields[3] not in ("06", "07"):  # see _OWNERLESS
                 found[at] = int(fields[7])
     return found
 
@@ -63,6 +63,8 @@ _NLM_F_REQUEST = 1
 _NLMSG_ERROR = 2
 _INET_DIAG_NOCOOKIE = 0xFFFFFFFF
 _TCP_STATES = 0xFFF  # every TCP state
+#: TCP states whose socket has no owner left (TIME_WAIT, CLOSE): the kernel says uid 0 for them.
+_OWNERLESS = (6, 7)
 #: Where inet_diag_msg's idiag_uid lies, after the 16-byte netlink header.
 _UID_AT = 16 + 4 + 48 + 12
 
@@ -117,6 +119,8 @@ class PeerLookup:
                     continue  # an answer to an earlier question that timed out
                 if kind == _NLMSG_ERROR or kind != _SOCK_DIAG_BY_FAMILY or len(answer) < _UID_AT + 4:
                     return None
+                if answer[17] in _OWNERLESS:
+                    return None  # a peer that already hung up: the kernel gives its socket as root's
                 return int(struct.unpack_from("=I", answer, _UID_AT)[0])
         except OSError:
             return None
