@@ -197,7 +197,7 @@ class ElfFile:
             raise ElfError("a table lies outside the file")
         if size > self.on_disk + ON_DISK_SLACK:
             raise ElfError(f"a table of {size} bytes in a file holding {self.on_disk} on disk (a sparse file)")
-        if self.budget is not None and size > 4096:
+        if self.budget is not None:
             self.budget.take(size)
         return os.pread(self.fd, size, offset)
 
