@@ -25,9 +25,8 @@ def test_one_user_takes_its_cap_and_root_still_gets_a_slot() -> None:
 
 
 def test_users_together_leave_the_kept_slots_to_root_and_services() -> None:
-    slots: Counter[int] = Counter({uid: GO_USER_SLOTS for uid in range(1000, 1000 + MAX_GO_BINARIES)})
-    assert not slot_left(slots, 5000)
-    slots = Counter({1000 + i: GO_USER_SLOTS for i in range((MAX_GO_BINARIES - GO_SYSTEM_SLOTS) // GO_USER_SLOTS)})
+    users = (MAX_GO_BINARIES - GO_SYSTEM_SLOTS) // GO_USER_SLOTS
+    slots: Counter[int] = Counter(dict.fromkeys(range(1000, 1000 + users), GO_USER_SLOTS))
     assert not slot_left(slots, 5000) and slot_left(slots, 0)
     slots[0] = GO_SYSTEM_SLOTS
     assert not slot_left(slots, 0)  # every slot taken: counted as refused, even for root
