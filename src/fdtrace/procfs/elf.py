@@ -260,6 +260,7 @@ class ElfFile:
         if section.size > limit:
             raise ElfError(f"{name} too large")
         raw = self._read(section.offset, section.size)
+        asked = limit
         if self.budget is not None:  # what it inflates to counts too (a zlib bomb is small on disk)
             limit = max(0, min(limit, self.budget.limit - self.budget.spent))
         try:
@@ -268,15 +269,18 @@ class ElfFile:
                 kind, = struct.unpack_from(self.order + "I", raw, 0)
                 if kind != 1:
                     raise ElfError(f"{name}: compressed with an unknown method {kind}")
-                return self._inflated(zlib.decompressobj().decompress(raw[header:], limit))
+                return self._inflated(zlib.decompressobj().decompress(raw[header:], limit), limit < asked)
             if legacy and raw.startswith(b"ZLIB"):
-                return self._inflated(zlib.decompressobj().decompress(raw[12:], limit))
+                return self._inflated(zlib.decompressobj().decompress(raw[12:], limit), limit < asked)
         except zlib.error as exc:
             raise ElfError(f"{name}: {exc}") from None
         return raw
 
-    def _inflated(self, data: bytes) -> bytes:
+    def _inflated(self, data: bytes, cut_by_budget: bool) -> bytes:
         if self.budget is not None:
+            if cut_by_budget and len(data) >= self.budget.limit - self.budget.spent:
+                self.budget.spent = self.budget.limit  # it needs more than is left: a later round's
+                raise BudgetSpentError(f"the {self.budget.limit >> 20} MiB of ELF tables allowed a round are read")
             self.budget.take(len(data))
         return data
 

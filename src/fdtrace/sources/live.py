@@ -109,6 +109,9 @@ class LiveSource:
         said += self._go_shortfalls  # as last read, once the kernel session has stopped
         if self._haproxy_watch is not None:
             said += self._haproxy_watch.shortfalls()
+        if self.sampler.unread_go_limits:
+            said.append(f"{self.sampler.unread_go_limits} reads of a Go program's thread limit left for a later round "
+                        "(the bytes of binaries read a round were spent)")
         return said
 
     @property
