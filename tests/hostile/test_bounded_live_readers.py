@@ -188,7 +188,10 @@ def test_record_beside_a_process_mapping_sparse_libraries(sparse_victim: subproc
             procs, tmp_path)
     assert status == 0, stderr
     assert peak < MAX_RSS_BYTES, f"fdtrace record reached {peak >> 20} MiB"
-    assert f"left unread: symbols of {COPIES} binaries not read" in stderr
+    said = f"symbols of {COPIES} binaries not read (tables larger than the file holds on disk, or not ELF)"
+    assert f"left unread: {said}" in stderr
+    info = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0 and f"\n  left unread while recording: {said}\n" in info.stdout, info.stdout
 
 
 #: A fake CPython 3.11 (its executable is named python3.11, exporting _PyRuntime and Py_Version):

@@ -170,6 +170,7 @@ class LiveSource:
         update = self._events(final=True)
         self._round(update)
         update.final = True
+        update.unread = self.shortfalls()
         return update
 
     def stop(self) -> None:
