@@ -176,7 +176,7 @@ def test_threads_of_a_process_mapping_sparse_libraries_read_no_hole(sparse_victi
     assert sum(s["threads"] for s in blocked) == COPIES
     # every copy's table was refused on its bytes on disk, and that is counted, once per copy
     assert said["unread"] == [f"symbols of {COPIES} binaries not read (tables larger than the file holds on disk, "
-                              "or not ELF)"]
+                              "not ELF, or unreadable)"]
 
 
 def test_record_beside_a_process_mapping_sparse_libraries(sparse_victim: subprocess.Popen[str],
@@ -188,7 +188,7 @@ def test_record_beside_a_process_mapping_sparse_libraries(sparse_victim: subproc
             procs, tmp_path)
     assert status == 0, stderr
     assert peak < MAX_RSS_BYTES, f"fdtrace record reached {peak >> 20} MiB"
-    said = f"symbols of {COPIES} binaries not read (tables larger than the file holds on disk, or not ELF)"
+    said = f"symbols of {COPIES} binaries not read (tables larger than the file holds on disk, not ELF, or unreadable)"
     assert f"left unread: {said}" in stderr
     info = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120)
     assert info.returncode == 0 and f"\n  left unread while recording: {said}\n" in info.stdout, info.stdout

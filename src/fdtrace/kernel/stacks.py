@@ -417,7 +417,7 @@ class BlockedCode:
         unread = self.symbolizer.unread
         if unread["unreadable"]:
             said.append(f"symbols of {unread['unreadable']} binaries not read (tables larger than the file holds "
-                        "on disk, or not ELF)")
+                        "on disk, not ELF, or unreadable)")
         if unread[OVER_BUDGET]:
             said.append(f"{unread[OVER_BUDGET]} binaries' symbols left for a later round (over the "
                         f"{self.symbolizer.budget.limit >> 20} MiB a second read)")
