@@ -81,3 +81,33 @@ def test_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
 def test_cxx_names_are_demangled() -> None:
     assert demangled("_ZN3foo3barEi") == "foo::bar(int)"
     assert demangled("main.main") == "main.main"
+
+
+def test_a_table_in_a_sparse_tail_is_refused_and_a_budget_is_shared(binary: Path, tmp_path: Path) -> None:
+    """Issue 37 B: a table is read only where the file holds its bytes on disk (a 64 MiB hole is
+    not), and a budget shared across files stops reads past it without judging the file."""
+    import struct
+
+    from fdtrace.procfs.elf import BudgetSpentError, ReadBudget
+
+    copy = tmp_path / "sparse"
+    data = bytearray(binary.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    entry, count = struct.unpack_from("<HH", data, 0x3A)
+    for index in range(count):
+        at = shoff + index * entry
+        if struct.unpack_from("<I", data, at + 4)[0] == 2:  # .symtab: its strings to the tail
+            strings = shoff + struct.unpack_from("<I", data, at + 0x28)[0] * entry
+            struct.pack_into("<QQ", data, strings + 0x18, 64 << 20, 64 << 20)
+    copy.write_bytes(data)
+    os.truncate(copy, 128 << 20)
+    assert os.stat(copy).st_blocks * 512 < 1 << 20
+    with pytest.raises(ElfError, match="sparse"):
+        read_module(str(copy))
+    budget = ReadBudget(1 << 20)
+    assert read_module(str(binary), budget).symbols is not None and 0 < budget.spent < 1 << 20
+    budget.spent = budget.limit - 1
+    with pytest.raises(BudgetSpentError):
+        read_module(str(binary), budget)
+    budget.renew()
+    assert read_module(str(binary), budget).symbols is not None

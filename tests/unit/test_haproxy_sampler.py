@@ -90,3 +90,24 @@ def test_the_socket_of_a_haproxy_at_its_fd_limit_is_not_connected_to(silent: tup
     watch.look([SimpleNamespace(**{**vars(at_limit), "open_fds": 100})])  # below its limit again: asked
     sampler.sample_now()
     assert server.connections == 1
+
+
+def test_stats_socket_slots_go_to_root_and_system_services_first_then_per_user() -> None:
+    """Issue 37 I: the slots of found sockets by priority, the refused counted once each."""
+    from fdtrace.integrations.haproxy import FOUND_PER_USER, MAX_SOCKETS
+
+    sampler = HaproxySampler(["/run/asked.sock"])
+    taken = [sampler.add(f"/home/mallory/s{i}.sock", 100 + i, 1001) for i in range(20)]
+    assert taken == [True] * FOUND_PER_USER + [False] * (20 - FOUND_PER_USER)
+    assert sampler.add("/home/mallory/s19.sock", 119, 1001) is False  # asked again: counted once
+    others = [sampler.add(f"/home/u{uid}/s.sock", uid, uid) for uid in range(1002, 1020)]
+    assert sum(others) == MAX_SOCKETS - 1 - FOUND_PER_USER and len(sampler.sockets) == MAX_SOCKETS
+    # full: root's haproxy and a system service's take the slot of the user holding the most
+    assert sampler.add("/run/haproxy/admin.sock", 1, 0) and sampler.add("/run/svc.sock", 2, 999)
+    assert len(sampler.sockets) == MAX_SOCKETS and "/run/asked.sock" in sampler.sockets
+    assert sum(p.startswith("/home/mallory/") for p in sampler.sockets) == FOUND_PER_USER - 2
+    assert sampler.refused[1001] == 20 - FOUND_PER_USER + 2
+    assert sum(sampler.refused.values()) == 20 - FOUND_PER_USER + 2 + 18 - (MAX_SOCKETS - 1 - FOUND_PER_USER)
+    said = sampler.shortfalls()
+    assert len(said) == 1 and said[0].startswith(f"{sum(sampler.refused.values())} HAProxy stats sockets of "
+                                                 "configurations not sampled: no slot left for its user (uid 1001 18")

@@ -123,6 +123,7 @@ def _hosts(recording: Dataset, engine: Engine, kinds: pd.DataFrame) -> list[str]
         lines += incident_window_lines(meta)
         if meta.get("probes_skipped"):
             lines.append(f"  probes skipped: {', '.join(meta['probes_skipped'])}")
+        lines += [f"  left unread while recording: {shown(text)}" for text in (meta.get("unread") or [])[:10]]
     return lines
 
 

@@ -212,6 +212,7 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     from fdtrace.procfs.threads import describe_state, dns_waiters, thread_census
 
     blocked_code = BlockedCode()
+    blocked_code.begin()
     try:
         census = thread_census(ProcFS(), pid, syscall_name, site_of=blocked_code)
     except ProcessGoneError:
@@ -232,6 +233,7 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
                        for s in census]}
         if python is not None:
             out["python"] = {"version": ".".join(map(str, python.version or ())), "frames_unread": python.unread}
+        out["unread"] = blocked_code.shortfalls()
         if sites is not None:
             out["creation_sites"] = _records(sites)
         json.dump(out, sys.stdout)
@@ -244,6 +246,8 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         say(f"  {shown(describe_state(state))}")
     if python is not None and python.unread:
         say(f"  ({shown(python.unread)}: the sites above are the interpreter's C code)")
+    for text in blocked_code.shortfalls():
+        say(f"  (left unread: {text})")
     go = sample is not None and sample.go_max_threads is not None  # the sampler knows a Go program
     advice = dns_advice(go) if dns_waiters(census) else None
     if advice:

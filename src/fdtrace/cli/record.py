@@ -124,7 +124,9 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     final = run(pipeline, stop)
     watched = sum(probe.startswith("uprobe:runtime.gwrite") for probe in source.kernel.probes)
     skipped = source.sampler.describe_skipped()
+    unread = source.shortfalls()
     note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}"
          + (f"; {watched} Go binar{'y' if watched == 1 else 'ies'} watched for its thread-limit message"
             if watched else "")
-         + (f"; samples skipped: {skipped}" if skipped else ""))
+         + (f"; samples skipped: {skipped}" if skipped else "")
+         + (f"; left unread: {'; '.join(unread)}" if unread else ""))

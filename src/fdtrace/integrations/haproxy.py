@@ -16,7 +16,7 @@ import socket
 import stat
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,11 @@ def config_paths(cmdline: list[str]) -> list[Path]:
 #: many files: the files are named by a process's command line, which anyone can write.
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_FILES = 64
+#: Of one process's command line (read up to ``ProcFS.cmdline``'s bound): -f paths followed at
+#: most (one path given twice counts once), and bytes of configuration read in all its files (a
+#: `-f .` given 400 times over 64 files of 1 MB read 25 GB before).
+MAX_CONFIG_PATHS = 16
+MAX_PROCESS_CONFIG_BYTES = 8 << 20
 #: A stats socket's answer is read up to this size, within the timeout as a whole.
 MAX_ANSWER_BYTES = 64 << 10
 
@@ -339,15 +344,32 @@ def read_process_configs(procfs: ProcFS, pid: int, cmdline: list[str] | None = N
             cmdline = procfs.cmdline(pid)
         except READ_ERRORS:
             return []
+    paths = list(dict.fromkeys(config_paths(cmdline)))  # Path("./a") == Path("a"): given once
     found = []
-    for path in config_paths(cmdline):
+    budget = MAX_PROCESS_CONFIG_BYTES
+    for path in paths[:MAX_CONFIG_PATHS]:
+        if budget <= 0:
+            found.append(ConfigRead(path, None, f"the {MAX_PROCESS_CONFIG_BYTES >> 20} MiB of configuration read "
+                                                "for one process were read"))
+            continue
         try:
-            files = ProcessFiles(procfs, pid)
-            texts = [(Path(name), files.read(name).decode(errors="replace")) for name in files.config_files(str(path))]
+            files = ProcessFiles(procfs, pid, limit=min(MAX_CONFIG_BYTES, budget))
+            texts = []
+            for name in files.config_files(str(path)):
+                data = files.read(name)
+                budget -= len(data)
+                texts.append((Path(name), data.decode(errors="replace")))
+                files.limit = min(files.limit, budget)
+                if budget <= 0:
+                    break
         except NotReadableError as reason:
             found.append(ConfigRead(path, None, str(reason)))
             continue
         found.append(ConfigRead(path, parse_config_texts(path, texts)))
+    if len(paths) > MAX_CONFIG_PATHS:
+        found.append(ConfigRead(paths[MAX_CONFIG_PATHS], None,
+                                f"{len(paths) - MAX_CONFIG_PATHS} more -f paths on the command line not followed "
+                                f"(at most {MAX_CONFIG_PATHS})"))
     return found
 
 
@@ -422,6 +444,10 @@ class HaproxySampler:
         self._full: dict[int, tuple[int, int]] = {}  # haproxy pid at its FD limit -> (open, limit)
         self._failures: dict[str, tuple[int, float]] = {}  # path -> (failures in a row, next try)
         self._rows: list[dict[str, int | str | None]] = []
+        self._owners: dict[str, int] = {}  # found socket -> the uid of the haproxy that named it
+        self._refused_paths: dict[str, None] = {}
+        #: Found sockets left out for want of a slot, by the uid of their haproxy.
+        self.refused: Counter[int] = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -450,13 +476,57 @@ class HaproxySampler:
             rows, self._rows = self._rows, []
         return rows
 
-    def add(self, path: str, pid: int) -> None:
-        """Sample a stats socket found in the configuration of haproxy ``pid`` from now on (one
-        that answers no more drops out: a found socket is not watched forever)."""
+    def add(self, path: str, pid: int, uid: int | None = None) -> bool:
+        """Sample a stats socket found in the configuration of haproxy ``pid`` (run by ``uid``)
+        from now on (one that answers no more drops out: a found socket is not watched forever).
+
+        The MAX_SOCKETS slots go by priority: the sockets asked for first, then those of root's
+        and the system services' haproxys (uid below SYSTEM_UID_END), which take the slot of
+        another user's found socket when none is free, then the other users', FOUND_PER_USER
+        each at most. Returns whether it is sampled; a socket left out is counted in ``refused``
+        (by uid, once per socket)."""
         with self._lock:
-            if path not in self.sockets and len(self.sockets) < MAX_SOCKETS:
-                self.sockets.append(path)
-                self.found[path] = pid
+            if path in self.sockets:
+                return True
+            owner = uid if uid is not None else SYSTEM_UID_END  # unknown: not the system's
+            if owner >= SYSTEM_UID_END and sum(self._owners.get(p) == owner for p in self.found) >= FOUND_PER_USER:
+                return self._refuse(path, owner)
+            if len(self.sockets) >= MAX_SOCKETS:
+                if owner >= SYSTEM_UID_END:
+                    return self._refuse(path, owner)
+                users = Counter(self._owners[p] for p in self.found if self._owners.get(p, 0) >= SYSTEM_UID_END)
+                if not users:
+                    return self._refuse(path, owner)
+                most = users.most_common(1)[0][0]
+                evicted = next(p for p in reversed(self.found) if self._owners.get(p) == most)
+                self.sockets.remove(evicted)
+                del self.found[evicted]
+                self._owners.pop(evicted, None)
+                self._refuse(evicted, most)
+            self.sockets.append(path)
+            self.found[path] = pid
+            self._owners[path] = owner
+            return True
+
+    def _refuse(self, path: str, uid: int) -> bool:
+        if path not in self._refused_paths:
+            if len(self._refused_paths) >= 4096:
+                self._refused_paths.pop(next(iter(self._refused_paths)))
+            self._refused_paths[path] = None
+            self.refused[uid] += 1
+        return False
+
+    def shortfalls(self) -> list[str]:
+        """The stats sockets left unsampled for want of a slot, in words (one line), or nothing."""
+        with self._lock:
+            if not self.refused:
+                return []
+            total = sum(self.refused.values())
+            users = ", ".join(f"uid {uid} {n}" for uid, n in sorted(self.refused.items(),
+                                                                      key=lambda item: (-item[1], item[0]))[:5])
+        return [f"{total} HAProxy stats socket{'s' if total != 1 else ''} of configurations not sampled: no slot "
+                f"left for its user ({users}; {MAX_SOCKETS} slots, {FOUND_PER_USER} at most per user, root's and "
+                "system services' first)"]
 
     def at_limit(self, full: dict[int, tuple[int, int]]) -> None:
         """The haproxy processes at their FD limit now, pid -> (open FDs, soft limit), from a round
@@ -512,8 +582,10 @@ class HaproxySampler:
             rows.append(row)
             if held is None and row["error"] is not None and path in self.found:
                 with self._lock:  # a socket of a configuration that no longer answers: forgotten
-                    self.sockets.remove(path)
-                    del self.found[path]
+                    if path in self.found:
+                        self.sockets.remove(path)
+                        del self.found[path]
+                        self._owners.pop(path, None)
         return rows
 
 
@@ -562,8 +634,12 @@ def config_fds(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int | None:
     return fds_needed(config.maxconn, config.listeners + len(config.stats_sockets), threads_of(config, procfs, pid))
 
 
-#: Stats sockets sampled at most (those asked for and those found in configurations).
+#: Stats sockets sampled at most (those asked for and those found in configurations), and the
+#: most that the haproxys of one user other than root and the system services have sampled.
 MAX_SOCKETS = 16
+FOUND_PER_USER = 4
+#: Users below this uid are root and the system's services (Debian's SYS_UID_MAX is 999).
+SYSTEM_UID_END = 1000
 #: HAProxy processes whose configurations are read at most while the watch runs.
 MAX_WATCHED = 256
 
@@ -622,4 +698,9 @@ class HaproxyWatch:
         except OSError:
             return
         if stat.S_ISSOCK(info.st_mode) and sample.uid is not None and info.st_uid == sample.uid:
-            self.sampler.add(socket_path, sample.pid)
+            self.sampler.add(socket_path, sample.pid, sample.uid)
+
+    def shortfalls(self) -> list[str]:
+        """Stats sockets of configurations left unsampled for want of a slot (see
+        ``HaproxySampler.add``), in words."""
+        return self.sampler.shortfalls() if self.sampler is not None else []

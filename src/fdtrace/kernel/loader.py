@@ -11,7 +11,7 @@ import mmap
 import os
 import platform
 import stat
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -31,6 +31,13 @@ from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SY
 
 #: Go binaries watched for their thread-limit message at most (each one is a uprobe).
 MAX_GO_BINARIES = 256
+#: Of those slots, the ones kept for the programs of root and system services (uid below
+#: SYSTEM_UID_END), which also take any other free slot; and the most that the programs of one
+#: other user take: 300 crafted binaries of one user cannot leave root's Go program unwatched.
+GO_SYSTEM_SLOTS = MAX_GO_BINARIES // 2
+GO_USER_SLOTS = MAX_GO_BINARIES // 8
+#: Users below this uid are root and the system's services (Debian's SYS_UID_MAX is 999).
+SYSTEM_UID_END = 1000
 #: Other binaries remembered as not Go (looked at once each while remembered).
 MAX_OTHER_BINARIES = 4096
 
@@ -153,6 +160,10 @@ class BpfTracer:
         self._chunks: list[bytes] = []
         self._error_keys: dict[tuple[int, int], list[Any]] = {}
         self._go_binaries: dict[tuple[int, int], str | None] = {}  # (st_dev, st_ino) -> Go version
+        self._go_slots: Counter[int] = Counter()  # uprobes on Go binaries, by the uid of who ran each first
+        self._go_refused: OrderedDict[tuple[tuple[int, int], int], None] = OrderedDict()  # (binary, uid): no slot
+        #: Go binaries left unwatched because no slot was left for their user, by uid.
+        self.go_slots_refused: Counter[int] = Counter()
         self._not_go: OrderedDict[tuple[int, int], None] = OrderedDict()  # binaries looked at, not Go
         text, cflags = program_text().encode(), program_cflags(options, features)
         stage("loading the BPF programs (compiled ones kept from an earlier start, or compiling them)")
@@ -249,31 +260,70 @@ class BpfTracer:
         if binary in self._not_go:
             self._not_go.move_to_end(binary)
             return None
+        uid = _real_uid(pid)
+        if uid is None:  # it exited meanwhile
+            return None
+        if (binary, uid) in self._go_refused:  # refused for this user: another (root) may still get a slot
+            self._go_refused.move_to_end((binary, uid))
+            return None
         if not stat.S_ISREG(info.st_mode) or not is_go_binary(Path(exe), scan_bytes=0):  # symbols need sections
             self._not_go[binary] = None
             while len(self._not_go) > MAX_OTHER_BINARIES:
                 self._not_go.popitem(last=False)
             return None
-        if len(self._go_binaries) >= MAX_GO_BINARIES:
-            self._go_binaries[binary] = None  # said once per binary
-            if len(self._go_binaries) > 2 * MAX_GO_BINARIES:
-                return None
-            return (f"pid {pid}: more than {MAX_GO_BINARIES} Go binaries are watched already: its thread-limit "
-                    "message is not read")
         version = go_version(Path(exe))
-        self._go_binaries[binary] = version
         if not go_register_abi(version) or platform.machine() not in ("x86_64", "aarch64"):
+            self._unwatchable(binary)
             return (f"pid {pid}: Go {version or 'before 1.18'} on {platform.machine()}: its thread-limit message "
                     "is not read (needs Go 1.18 or later on x86_64 or arm64)")
         offset = _symbol_offset(exe, "runtime.gwrite")
         if offset is None:
+            self._unwatchable(binary)
             return f"pid {pid}: its Go thread-limit message is not read (no runtime.gwrite symbol: a stripped binary)"
+        if not self._slot_left(uid):
+            self._go_refused[binary, uid] = None
+            while len(self._go_refused) > MAX_OTHER_BINARIES:
+                self._go_refused.popitem(last=False)
+            self.go_slots_refused[uid] += 1
+            return None  # counted (go_shortfalls), not a note per binary: a flood of them is one line
         try:
             self._programs.attach_uprobe(exe, offset, "fdt_go_gwrite", f"runtime.gwrite of {target}")
         except ProbeError as exc:
+            self._unwatchable(binary)
             return f"pid {pid}: its Go thread-limit message is not read ({_one_line(exc)})"
+        self._go_binaries[binary] = version
+        self._go_slots[uid] += 1
         self.attached.append(f"uprobe:runtime.gwrite of {target}")
         return None
+
+    def _unwatchable(self, binary: tuple[int, int]) -> None:
+        """A Go binary whose message cannot be read (said once while remembered)."""
+        self._not_go[binary] = None
+        while len(self._not_go) > MAX_OTHER_BINARIES:
+            self._not_go.popitem(last=False)
+
+    def _slot_left(self, uid: int) -> bool:
+        """Whether a Go binary first run by ``uid`` gets a uprobe: root's and the system services'
+        (uid below SYSTEM_UID_END) while any slot is free; another user's only outside the
+        GO_SYSTEM_SLOTS kept for those, and up to GO_USER_SLOTS of them per user."""
+        if sum(self._go_slots.values()) >= MAX_GO_BINARIES:
+            return False
+        if uid < SYSTEM_UID_END:
+            return True
+        users = sum(n for owner, n in self._go_slots.items() if owner >= SYSTEM_UID_END)
+        return users < MAX_GO_BINARIES - GO_SYSTEM_SLOTS and self._go_slots[uid] < GO_USER_SLOTS
+
+    def go_shortfalls(self) -> list[str]:
+        """The Go binaries left unwatched for want of a slot, in words (one line), or nothing."""
+        if not self.go_slots_refused:
+            return []
+        total = sum(self.go_slots_refused.values())
+        users = ", ".join(f"uid {uid} {n}" for uid, n in sorted(self.go_slots_refused.items(),
+                                                                  key=lambda item: (-item[1], item[0]))[:5])
+        return [f"{total} Go binar{'y' if total == 1 else 'ies'} not watched for its thread-limit message: no "
+                f"uprobe slot left for its user ({users}; {sum(self._go_slots.values())} of {MAX_GO_BINARIES} "
+                f"slots taken, {GO_USER_SLOTS} at most per user, {GO_SYSTEM_SLOTS} kept for root and system "
+                "services)"]
 
     def stats(self) -> dict[str, int]:
         """Loss and overflow counters since load, summed over CPUs."""
@@ -402,6 +452,18 @@ def _items(table: BpfMap) -> list[tuple[Any, Any]]:
         return table.items_lookup_batch()
     except OSError:  # kernels before 5.6 have no batch lookups
         return table.items()
+
+
+def _real_uid(pid: int) -> int | None:
+    """The real uid of a process (who ran it, not a setuid binary's owner), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status.read(1 << 16).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _symbol_offset(path: str, name: str) -> int | None:

@@ -10,16 +10,20 @@ from __future__ import annotations
 import bisect
 import os
 import stat
-from collections import OrderedDict
+import time
+from collections import Counter, OrderedDict
 
 from fdtrace.policy import THREAD_ENTRY_FUNCTIONS
 from fdtrace.procfs import ProcFS
-from fdtrace.procfs.elf import ElfError, ModuleSymbols, demangled, read_module
-from fdtrace.procfs.python_frames import PythonStackReader, PythonStacks, waiting_in
+from fdtrace.procfs.elf import BudgetSpentError, ElfError, ModuleSymbols, ReadBudget, demangled, read_module
+from fdtrace.procfs.python_frames import MAX_WALK_SECONDS, PythonStackReader, PythonStacks, WalkLimit, waiting_in
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
 from fdtrace.schema.records import Stack
 
+#: Why a binary's symbols or a process's Python stacks were left unread (counted).
+OVER_BUDGET = "over the round's budget"
+NOT_WALKED = "not walked (the round's time was spent)"
 #: Functions a thread's stack starts from: a walk that ends in one of them is whole.
 OUTERMOST_FUNCTIONS = THREAD_ENTRY_FUNCTIONS
 
@@ -32,20 +36,39 @@ class Symbolizer:
     /proc/PID/root when that is still the same regular file), never by a path it could swap for
     a FIFO or another file."""
 
-    def __init__(self, procfs: ProcFS | None = None, max_frames: int = 200_000, max_modules: int = 256) -> None:
+    #: Memory the symbols of the binaries kept may hold together (the least used go first), and
+    #: bytes of symbol tables read from binaries each second (``begin``), across all of them: a
+    #: process mapping a thousand crafted libraries costs a round this much, the rest next rounds.
+    MAX_MODULE_BYTES = 256 << 20
+    ROUND_READ_BYTES = 64 << 20
+
+    def __init__(self, procfs: ProcFS | None = None, max_frames: int = 200_000, max_modules: int = 256,
+                 max_module_bytes: int = MAX_MODULE_BYTES, round_read_bytes: int = ROUND_READ_BYTES) -> None:
         self._procfs = procfs or ProcFS()
         self._frames: OrderedDict[tuple[int, int, int], str] = OrderedDict()
         self._max_frames = max_frames
         self._modules: OrderedDict[tuple[int, int], ModuleSymbols | None] = OrderedDict()
         self._max_modules = max_modules
+        self._max_module_bytes = max_module_bytes
+        self._module_bytes = 0
+        self.budget = ReadBudget(round_read_bytes)
+        self._renewed = time.monotonic()
+        #: Binaries whose symbols were left unread, by why: "over the round's budget" (read in a
+        #: later round), "unreadable" (not ELF, or tables the file cannot hold: a sparse file).
+        self.unread: Counter[str] = Counter()
         self._calls: dict[tuple[int, int, int], bool] = {}
         self._targets: dict[tuple[int, int], int | None] = {}  # (pid, return address) -> callee, this poll
         self._maps: dict[int, list[tuple[int, int, int, int, int, str]]] = {}
 
     def begin(self) -> None:
-        """Forget the mappings read so far (call once per poll: they change with dlopen and exec)."""
+        """Forget the mappings read so far (call once per poll: they change with dlopen and exec),
+        and renew the round's budget of symbol tables read."""
         self._maps.clear()
         self._targets.clear()
+        now = time.monotonic()
+        if now - self._renewed >= 1.0:  # polls come a hundred a second: the budget is a second's
+            self._renewed = now
+            self.budget.renew()
 
     def executable_maps(self, pid: int) -> list[tuple[int, int, int, int, int, str]]:
         """``pid``'s executable mappings, read once per poll (empty where unreadable)."""
@@ -73,6 +96,7 @@ class Symbolizer:
             self._modules.move_to_end(key)
             return self._modules[key]
         found = None
+        failed = False
         for candidate in (f"/proc/{pid}/map_files/{start:x}-{end:x}", f"/proc/{pid}/root{path}"):
             try:
                 info = os.stat(candidate)
@@ -81,13 +105,21 @@ class Symbolizer:
             if not stat.S_ISREG(info.st_mode) or (info.st_dev == device and info.st_ino != inode):
                 continue  # not the file mapped (an overlay shows other numbers: then the path is trusted)
             try:
-                found = read_module(candidate)
+                found = read_module(candidate, self.budget)
+            except BudgetSpentError:
+                self.unread[OVER_BUDGET] += 1
+                return None  # not remembered: read in a later round
             except (OSError, ElfError):
+                failed = True
                 continue
             break
+        if found is None and failed:
+            self.unread["unreadable"] += 1
         self._modules[key] = found
-        while len(self._modules) > self._max_modules:
-            self._modules.popitem(last=False)
+        self._module_bytes += found.nbytes if found is not None else 0
+        while len(self._modules) > self._max_modules or self._module_bytes > self._max_module_bytes:
+            _, gone = self._modules.popitem(last=False)
+            self._module_bytes -= gone.nbytes if gone is not None else 0
         return found
 
     def frame(self, pid: int, address: int) -> tuple[str, str | None]:
@@ -189,6 +221,7 @@ class Symbolizer:
     def close(self) -> None:
         """Let go of the cached symbols."""
         self._modules.clear()
+        self._module_bytes = 0
         self._frames.clear()
 
 
@@ -340,23 +373,60 @@ class BlockedCode:
 
     #: Threads whose site is remembered: one still blocked where it was costs a lookup next round.
     MAX_REMEMBERED = 65536
+    #: Seconds the walks of Python stacks may take in one round, all processes together (each
+    #: walk is bounded by ``python_frames.MAX_WALK_SECONDS`` too).
+    ROUND_PYTHON_SECONDS = 1.0
 
-    def __init__(self, symbolizer: Symbolizer | None = None) -> None:
+    def __init__(self, symbolizer: Symbolizer | None = None, procfs: ProcFS | None = None) -> None:
         self.symbolizer = symbolizer or Symbolizer()
+        self._procfs = procfs or ProcFS()
         self._known: OrderedDict[tuple[int, int, int], str | None] = OrderedDict()
         self._python_reader = PythonStackReader()
         self._python: dict[int, PythonStacks | None] = {}  # this round's, by pid
+        self._python_until = time.monotonic() + self.ROUND_PYTHON_SECONDS
+        #: Python stack walks abandoned (over their bounds) and not begun (the round's time spent).
+        self.python_cut: Counter[str] = Counter()
 
     def begin(self) -> None:
         """Once per census round: mappings change with dlopen and exec, Python stacks with time."""
         self.symbolizer.begin()
         self._python.clear()
+        self._python_until = time.monotonic() + self.ROUND_PYTHON_SECONDS
 
     def python_stacks(self, pid: int) -> PythonStacks | None:
         """The Python stacks of ``pid`` this round (read once a round), None if it runs no CPython."""
         if pid not in self._python:  # the mappings the symbolizer reads this round anyway
-            self._python[pid] = self._python_reader.stacks(pid, self.symbolizer.executable_maps(pid))
+            left = self._python_until - time.monotonic()
+            if left <= 0:
+                self.python_cut[NOT_WALKED] += 1
+                self._python[pid] = None
+                return None
+            try:
+                threads = set(self._procfs.thread_ids(pid))
+            except READ_ERRORS:
+                threads = None
+            limit = WalkLimit(seconds=min(MAX_WALK_SECONDS, left))
+            self._python[pid] = self._python_reader.stacks(pid, self.symbolizer.executable_maps(pid), threads, limit)
+            if limit.cut is not None:
+                self.python_cut["abandoned"] += 1
         return self._python[pid]
+
+    def shortfalls(self) -> list[str]:
+        """What was left unread since it was made, in words (nothing: an empty list)."""
+        said = []
+        unread = self.symbolizer.unread
+        if unread["unreadable"]:
+            said.append(f"symbols of {unread['unreadable']} binaries not read (tables larger than the file holds "
+                        "on disk, not ELF, or unreadable)")
+        if unread[OVER_BUDGET]:
+            said.append(f"{unread[OVER_BUDGET]} binaries' symbols left for a later round (over the "
+                        f"{self.symbolizer.budget.limit >> 20} MiB a second read)")
+        if self.python_cut["abandoned"]:
+            said.append(f"{self.python_cut['abandoned']} Python stack walks abandoned (over their bounds)")
+        if self.python_cut[NOT_WALKED]:
+            said.append(f"{self.python_cut[NOT_WALKED]} Python stack walks not "
+                        "begun (the round's time for them was spent)")
+        return said
 
     def __call__(self, pid: int, tid: int, pc: int, sp: int) -> str | None:
         from fdtrace.policy import code_site

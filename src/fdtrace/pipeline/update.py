@@ -68,6 +68,8 @@ class Update:
         final: the last update before the pipeline stops.
         stacks: --stacks: symbolized stacks the events or rounds name, each given once.
         connections: rows of the ``connections`` table (recordings), or None.
+        unread: what the source's bounded readers of other users' data left unread, in words
+            (live: in the final update; a recording keeps it in its metadata).
     """
 
     now_ns: int
@@ -81,6 +83,7 @@ class Update:
     final: bool = False
     stacks: list[Stack] = field(default_factory=list)
     connections: ArrowTable | None = None
+    unread: list[str] = field(default_factory=list)
 
     def then(self, later: Update) -> Update:
         """This update and a later one as one (for a consumer that fell behind): events one
@@ -98,7 +101,8 @@ class Update:
                       counters=later.counters if later.counters is not None else self.counters,
                       phases=later.phases if later.phases is not None else self.phases,
                       reset=self.reset, boot_wall_ns=later.boot_wall_ns or self.boot_wall_ns,
-                      final=later.final, stacks=[*self.stacks, *later.stacks], connections=connections)
+                      final=later.final, stacks=[*self.stacks, *later.stacks], connections=connections,
+                      unread=later.unread or self.unread)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ import numpy as np
 MAX_TABLE_BYTES = 64 << 20
 #: Section headers and program headers considered at most.
 MAX_HEADERS = 4096
+#: A table may claim this many bytes more than the file holds on disk (blocks allocated): a small
+#: file's bytes can live in its inode, a filesystem's compression can store fewer than it reads.
+ON_DISK_SLACK = 256 << 10
 #: Where Debian's -dbgsym packages put separate debug files, by build id.
 DEBUG_ROOT = "/usr/lib/debug"
 
@@ -36,6 +39,30 @@ _NT_GNU_BUILD_ID = 3
 
 class ElfError(ValueError):
     """Not an ELF file this reader takes, or one whose tables do not fit in it."""
+
+
+class BudgetSpentError(ElfError):
+    """The bytes a caller allowed for reading ELF tables (``ReadBudget``) are spent: the file was
+    not judged, only left for later."""
+
+
+class ReadBudget:
+    """Bytes of ELF tables that readers may take, shared across files (one round's worth): a
+    thousand files each within its own bound cannot add up past it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.spent = 0
+
+    def renew(self) -> None:
+        """A new round: the whole budget again."""
+        self.spent = 0
+
+    def take(self, size: int) -> None:
+        """Count ``size`` bytes about to be read; raises BudgetSpentError (reading nothing) past the limit."""
+        if self.spent + size > self.limit:
+            raise BudgetSpentError(f"the {self.limit >> 20} MiB of ELF tables allowed a round are read")
+        self.spent += size
 
 
 @dataclass(frozen=True)
@@ -75,6 +102,11 @@ class FunctionSymbols:
     def __len__(self) -> int:
         return len(self.starts)
 
+    @property
+    def nbytes(self) -> int:
+        """The memory its tables hold."""
+        return len(self._strings) + self.starts.nbytes + self.sizes.nbytes + self._names.nbytes
+
     def name_at(self, index: int) -> str:
         """The name of the symbol at ``index``."""
         begin = int(self._names[index])
@@ -110,9 +142,14 @@ class FunctionSymbols:
 class ElfFile:
     """An open ELF file's headers (64 or 32 bit, either byte order), read with bounds checks."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, budget: ReadBudget | None = None) -> None:
         self.fd = fd
-        self.size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        self.size = info.st_size
+        # What the file really holds: a sparse file claims gigabytes of zeros it never stored,
+        # which a read would make real in fdtrace's memory.
+        self.on_disk = info.st_blocks * 512
+        self.budget = budget
         ident = self._read(0, 64)
         if len(ident) < 52 or not ident.startswith(_ELF_MAGIC) or ident[4] not in (1, 2) or ident[5] not in (1, 2):
             raise ElfError("not an ELF file")
@@ -130,14 +167,15 @@ class ElfFile:
         self.sections = self._sections(shoff, shentsize, min(shnum, MAX_HEADERS), shstrndx)
 
     @classmethod
-    def open(cls, path: str) -> ElfFile:
+    def open(cls, path: str, budget: ReadBudget | None = None) -> ElfFile:
         """Open a regular file without blocking (a FIFO planted under the name cannot hang the
-        reader); raises OSError or ElfError."""
+        reader); raises OSError or ElfError. ``budget``: what its tables may take of bytes shared
+        with other files."""
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError(errno.EINVAL, f"{path}: not a regular file")
-            return cls(fd)
+            return cls(fd, budget)
         except BaseException:
             os.close(fd)
             raise
@@ -157,6 +195,10 @@ class ElfFile:
     def _read(self, offset: int, size: int) -> bytes:
         if offset < 0 or size < 0 or offset + size > self.size:
             raise ElfError("a table lies outside the file")
+        if size > self.on_disk + ON_DISK_SLACK:
+            raise ElfError(f"a table of {size} bytes in a file holding {self.on_disk} on disk (a sparse file)")
+        if self.budget is not None:
+            self.budget.take(size)
         return os.pread(self.fd, size, offset)
 
     def _segments(self, offset: int, entry: int, count: int) -> list[Segment]:
@@ -218,18 +260,29 @@ class ElfFile:
         if section.size > limit:
             raise ElfError(f"{name} too large")
         raw = self._read(section.offset, section.size)
+        asked = limit
+        if self.budget is not None:  # what it inflates to counts too (a zlib bomb is small on disk)
+            limit = max(0, min(limit, self.budget.limit - self.budget.spent))
         try:
             if section.flags & 0x800:  # SHF_COMPRESSED: a header, then zlib
                 header = 24 if self.wide else 12
                 kind, = struct.unpack_from(self.order + "I", raw, 0)
                 if kind != 1:
                     raise ElfError(f"{name}: compressed with an unknown method {kind}")
-                return zlib.decompressobj().decompress(raw[header:], limit)
+                return self._inflated(zlib.decompressobj().decompress(raw[header:], limit), limit < asked)
             if legacy and raw.startswith(b"ZLIB"):
-                return zlib.decompressobj().decompress(raw[12:], limit)
+                return self._inflated(zlib.decompressobj().decompress(raw[12:], limit), limit < asked)
         except zlib.error as exc:
             raise ElfError(f"{name}: {exc}") from None
         return raw
+
+    def _inflated(self, data: bytes, cut_by_budget: bool) -> bytes:
+        if self.budget is not None:
+            if cut_by_budget and len(data) >= self.budget.limit - self.budget.spent:
+                self.budget.spent = self.budget.limit  # it needs more than is left: a later round's
+                raise BudgetSpentError(f"the {self.budget.limit >> 20} MiB of ELF tables allowed a round are read")
+            self.budget.take(len(data))
+        return data
 
     def object_address(self, name: str, dynamic: bool = False) -> int | None:
         """The address of a data symbol (a variable) of .symtab, or of .dynsym with ``dynamic``
@@ -345,6 +398,11 @@ class ModuleSymbols:
     elf_segments: tuple[Segment, ...]
     symbols: FunctionSymbols | None
 
+    @property
+    def nbytes(self) -> int:
+        """The memory it holds (what a cache of modules counts)."""
+        return 256 + (self.symbols.nbytes if self.symbols is not None else 0)
+
     def resolve(self, file_offset: int) -> tuple[str, int] | None:
         """(function, offset) of the byte at ``file_offset`` of the file."""
         if self.symbols is None:
@@ -355,10 +413,11 @@ class ModuleSymbols:
         return None
 
 
-def read_module(path: str) -> ModuleSymbols:
+def read_module(path: str, budget: ReadBudget | None = None) -> ModuleSymbols:
     """The symbols of one binary at ``path`` (opened as untrusted: see ``ElfFile.open``), with those
-    of its separate debug file where it was stripped. Raises OSError or ElfError."""
-    with ElfFile.open(path) as elf:
+    of its separate debug file where it was stripped. Raises OSError or ElfError (BudgetSpentError when
+    ``budget`` allows no more bytes: then nothing is known of the file)."""
+    with ElfFile.open(path, budget) as elf:
         segments = tuple(elf.segments)
         symbols = elf.function_symbols()
         stripped = elf.section(".symtab") is None
@@ -366,8 +425,10 @@ def read_module(path: str) -> ModuleSymbols:
     debug = debug_file_for(build_id)
     if debug is not None:
         try:
-            with ElfFile.open(debug) as separate:
+            with ElfFile.open(debug, budget) as separate:
                 symbols = separate.function_symbols() or symbols
+        except BudgetSpentError:
+            raise
         except (OSError, ElfError):
             pass
     return ModuleSymbols(segments, symbols)

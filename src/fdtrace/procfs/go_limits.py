@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from fdtrace.procfs.elf import ElfError, ElfFile
+from fdtrace.procfs.elf import BudgetSpentError, ElfError, ElfFile, ReadBudget
 
 _DW_TAG_STRUCTURE, _DW_TAG_MEMBER = 0x13, 0x0D
 _DW_AT_NAME, _DW_AT_LOCATION = 0x03, 0x38
@@ -177,10 +177,12 @@ def _location(form: int, data: bytes, at: int) -> int | None:
     return None
 
 
-def limit_address(path: str) -> GoLimitAddress | str:
-    """Where the Go binary at ``path`` keeps its thread limit, or why that cannot be known."""
+def limit_address(path: str, budget: ReadBudget | None = None) -> GoLimitAddress | str:
+    """Where the Go binary at ``path`` keeps its thread limit, or why that cannot be known.
+    ``budget``: the bytes its tables and DWARF (as inflated) may take of what is shared with
+    other binaries; BudgetSpentError (not a verdict on the file) when they are spent."""
     try:
-        with ElfFile.open(path) as elf:
+        with ElfFile.open(path, budget) as elf:
             sched = elf.object_address("runtime.sched")
             if sched is None:
                 return "no runtime.sched symbol (a stripped binary)"
@@ -193,6 +195,8 @@ def limit_address(path: str) -> GoLimitAddress | str:
             text = next((seg for seg in elf.segments if seg.flags & 1), None)  # PF_X
             delta = text.vaddr - text.offset if text is not None else 0
             return GoLimitAddress(sched, offset, elf.kind != 2, delta)
+    except BudgetSpentError:
+        raise
     except (OSError, ElfError, ValueError, IndexError, struct.error) as exc:
         return f"its binary could not be read ({exc})"
 

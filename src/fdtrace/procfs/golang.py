@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from pathlib import Path
@@ -29,8 +30,10 @@ def elf_sections(exe: Path) -> dict[str, tuple[int, int]] | None:
             else:
                 shoff, = struct.unpack_from(order + "I", ident, 0x20)
                 shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", ident, 0x2E)
-            if shoff == 0 or shnum == 0 or shstrndx >= shnum or shnum > 4096:
+            if shoff == 0 or shnum == 0 or shstrndx >= shnum or shnum > 4096 or not 40 <= shentsize <= 256:
                 return None
+            if shentsize * shnum > os.fstat(binary.fileno()).st_blocks * 512 + (64 << 10):
+                return None  # a table the file does not hold (a sparse file's zeros)
             binary.seek(shoff)
             table = binary.read(shentsize * shnum)
             if len(table) < shentsize * shnum:
@@ -49,7 +52,7 @@ def elf_sections(exe: Path) -> dict[str, tuple[int, int]] | None:
 
             _, strings_at, strings_size = header(shstrndx)
             binary.seek(strings_at)
-            strings = binary.read(min(strings_size, 1 << 20))
+            strings = binary.read(min(strings_size, 1 << 20, os.fstat(binary.fileno()).st_blocks * 512 + (64 << 10)))
     except (OSError, struct.error):
         return None
     found = {}
@@ -62,12 +65,15 @@ def elf_sections(exe: Path) -> dict[str, tuple[int, int]] | None:
 
 def is_go_binary(exe: Path, scan_bytes: int = 64 << 20) -> bool:
     """Whether the executable carries Go build info: its ``.go.buildinfo`` section when the ELF
-    section table can be read, else a scan of at most ``scan_bytes`` for the build info magic."""
+    section table can be read, else a scan of at most ``scan_bytes`` for the build info magic (and
+    never past the bytes the file holds on disk)."""
     sections = elf_sections(exe)
     if sections is not None:
         return ".go.buildinfo" in sections
     try:
         with open(exe, "rb") as binary:
+            # no more than the file holds on disk: a sparse file's gigabytes of zeros are no scan
+            scan_bytes = min(scan_bytes, os.fstat(binary.fileno()).st_blocks * 512 + (64 << 10))
             tail = b""
             read = 0
             while read < scan_bytes:

@@ -17,15 +17,23 @@ import os
 import re
 import stat
 import struct
+import time
 from dataclasses import dataclass
 
 from fdtrace.procfs.elf import ElfError, ElfFile
 from fdtrace.procfs.reader import READ_ERRORS, ProcFS
 
-#: Thread states walked per interpreter, frames per thread, interpreters per process, at most.
+#: Thread states walked per process (all its interpreters together), frames per thread,
+#: interpreters per process, at most.
 MAX_THREADS = 4096
 MAX_FRAMES = 128
 MAX_INTERPRETERS = 16
+#: What one process's walk may cost at most, whatever its memory says: frames read (all threads
+#: together), bytes of line tables read, and seconds. Past any of them the walk is abandoned and
+#: says so (``PythonStacks.unread``); the threads read by then keep their stacks.
+MAX_WALK_FRAMES = 32768
+MAX_WALK_LINETABLE_BYTES = 16 << 20
+MAX_WALK_SECONDS = 0.5
 #: Characters of a name or file read at most, and bytes of a code object's line table.
 MAX_NAME_CHARS = 1024
 MAX_LINETABLE_BYTES = 1 << 20
@@ -145,6 +153,33 @@ class PythonStacks:
     unread: str | None = None
 
 
+class WalkLimit:
+    """What a walk may still spend (see MAX_WALK_FRAMES); ``cut`` says why it stopped early."""
+
+    def __init__(self, seconds: float = MAX_WALK_SECONDS, frames: int = MAX_WALK_FRAMES,
+                 linetable_bytes: int = MAX_WALK_LINETABLE_BYTES, threads: int = MAX_THREADS) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.frames = frames
+        self.linetable_bytes = linetable_bytes
+        self.threads = threads
+        self.cut: str | None = None
+        self._steps = 0
+
+    def spent(self) -> bool:
+        """Whether the walk must stop now (checked at each thread state and frame)."""
+        if self.cut is not None:
+            return True
+        self._steps += 1
+        if self.frames <= 0:
+            self.cut = f"more than {MAX_WALK_FRAMES} frames"
+        elif self.threads <= 0:
+            self.cut = f"more than {MAX_THREADS} thread states"
+        elif self._steps % 64 == 0 and time.monotonic() > self.deadline:
+            self.cut = f"over {self.seconds:g} s"
+        return self.cut is not None
+
+
 @dataclass(frozen=True)
 class _Runtime:
     address: int  # of _PyRuntime, loaded
@@ -163,11 +198,16 @@ class PythonStackReader:
         self._procfs = procfs or ProcFS()
         self._symbols: dict[tuple[int, int], tuple[int, int, int] | None] = {}
 
-    def stacks(self, pid: int, maps: list[tuple[int, int, int, int, int, str]] | None = None) -> PythonStacks | None:
+    def stacks(self, pid: int, maps: list[tuple[int, int, int, int, int, str]] | None = None,
+               threads: set[int] | None = None, limit: WalkLimit | None = None) -> PythonStacks | None:
         """The Python stacks of ``pid``'s threads; None if no CPython interpreter is mapped in it.
         ``maps``: its executable mappings when the caller read them this round already
-        (``ProcFS.executable_maps``). Raises nothing for what the process holds: a process that
-        ends or whose memory makes no sense gives stacks left out or ``unread``."""
+        (``ProcFS.executable_maps``); ``threads``: its thread ids, when only the thread states of
+        these are to be followed to their frames (a state naming no thread of the process costs
+        no frame read); ``limit``: what the walk may cost (WalkLimit's defaults when None).
+        Raises nothing for what the process holds: a process that ends or whose memory makes no
+        sense gives stacks left out or ``unread`` (an abandoned walk says so there, with the
+        stacks read by then)."""
         try:
             runtime = self._runtime(pid, maps)
         except READ_ERRORS:  # gone (it may end while its threads are counted), denied
@@ -189,7 +229,12 @@ class PythonStackReader:
             if layout is None:
                 return PythonStacks((major, minor), {}, f"Python {major}.{minor}: frames not read (fdtrace reads "
                                                         "3.11, 3.12 and 3.13)")
-            return PythonStacks((major, minor), _walk(memory, runtime.address, layout))
+            limit = limit or WalkLimit()
+            walked = _walk(memory, runtime.address, layout, threads, limit)
+            unread = None if limit.cut is None else (
+                f"walk abandoned after {len(walked)} threads' stacks ({limit.cut}): the process's memory "
+                "holds more thread states or frames than fdtrace reads")
+            return PythonStacks((major, minor), walked, unread)
         finally:
             memory.close()
 
@@ -312,8 +357,11 @@ class _Code:
     linetable: bytes
 
 
-def _walk(memory: _Memory, runtime: int, layout: PythonLayout) -> dict[int, list[PythonFrame]]:
-    """Every thread state of every interpreter, to the frames of each."""
+def _walk(memory: _Memory, runtime: int, layout: PythonLayout, threads: set[int] | None = None,
+          limit: WalkLimit | None = None) -> dict[int, list[PythonFrame]]:
+    """Every thread state of every interpreter, to the frames of each (of those in ``threads``
+    when given), until ``limit`` is spent."""
+    limit = limit or WalkLimit()
     codes: dict[int, _Code | None] = {}
     lines: dict[tuple[int, int], int | None] = {}  # (code, instruction): many threads wait at one
     stacks: dict[int, list[PythonFrame]] = {}
@@ -324,9 +372,10 @@ def _walk(memory: _Memory, runtime: int, layout: PythonLayout) -> dict[int, list
             break
         seen.add(interpreter)
         thread = memory.pointer(interpreter + layout.threads_head)
-        for _ in range(MAX_THREADS):
-            if thread is None or thread in seen:
-                break
+        while thread is not None and thread not in seen:
+            if limit.spent():
+                return stacks
+            limit.threads -= 1
             seen.add(thread)
             frame_at = layout.current_frame if layout.cframe is None else layout.cframe
             size = max(layout.native_thread_id, frame_at, layout.thread_next) + 8
@@ -339,18 +388,19 @@ def _walk(memory: _Memory, runtime: int, layout: PythonLayout) -> dict[int, list
                 frame = frame_word if 4096 <= frame_word < _USER_SPACE_END else None
             else:
                 frame = memory.pointer(frame_word + layout.current_frame)
-            if native_id:
-                stacks[native_id] = _frames(memory, frame, layout, codes, lines)
+            if native_id and native_id not in stacks and (threads is None or native_id in threads):
+                stacks[native_id] = _frames(memory, frame, layout, codes, lines, limit)
             thread = thread_next if 4096 <= thread_next < _USER_SPACE_END else None
         interpreter = memory.pointer(interpreter + layout.interpreter_next)
     return stacks
 
 
 def _frames(memory: _Memory, frame: int | None, layout: PythonLayout, codes: dict[int, _Code | None],
-            lines: dict[tuple[int, int], int | None]) -> list[PythonFrame]:
+            lines: dict[tuple[int, int], int | None], limit: WalkLimit) -> list[PythonFrame]:
     frames: list[PythonFrame] = []
     seen: set[int] = set()
-    while frame is not None and frame not in seen and len(frames) < MAX_FRAMES:
+    while frame is not None and frame not in seen and len(frames) < MAX_FRAMES and not limit.spent():
+        limit.frames -= 1
         seen.add(frame)
         raw = memory.read(frame, max(layout.frame_owner + 1, layout.frame_prev_instr + 8, layout.frame_code + 8,
                                      layout.frame_previous + 8))
@@ -361,7 +411,7 @@ def _frames(memory: _Memory, frame: int | None, layout: PythonLayout, codes: dic
         owner = raw[layout.frame_owner]
         if owner != layout.owner_c_stack:
             if code_address not in codes:
-                codes[code_address] = _code(memory, code_address, layout)
+                codes[code_address] = _code(memory, code_address, layout, limit)
             code = codes[code_address]
             if code is not None:
                 index = (prev_instr - code_address - layout.code_instructions) // 2
@@ -373,7 +423,7 @@ def _frames(memory: _Memory, frame: int | None, layout: PythonLayout, codes: dic
     return frames
 
 
-def _code(memory: _Memory, address: int, layout: PythonLayout) -> _Code | None:
+def _code(memory: _Memory, address: int, layout: PythonLayout, limit: WalkLimit) -> _Code | None:
     size = max(layout.code_filename, layout.code_qualname, layout.code_linetable, layout.code_firstlineno) + 8
     raw = memory.read(address, size)
     if len(raw) < size:
@@ -385,7 +435,9 @@ def _code(memory: _Memory, address: int, layout: PythonLayout) -> _Code | None:
 
     qualname = memory.text(pointer_at(layout.code_qualname), layout)
     filename = memory.text(pointer_at(layout.code_filename), layout)
-    linetable = memory.bytes_object(pointer_at(layout.code_linetable), MAX_LINETABLE_BYTES, layout)
+    linetable = memory.bytes_object(pointer_at(layout.code_linetable),
+                                    min(MAX_LINETABLE_BYTES, max(limit.linetable_bytes, 0)), layout)
+    limit.linetable_bytes -= len(linetable or b"")
     if qualname is None or filename is None:
         return None
     first_line = struct.unpack_from("<i", raw, layout.code_firstlineno)[0]

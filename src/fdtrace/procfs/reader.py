@@ -223,9 +223,10 @@ class ProcFS:
         changed = len(set(uids)) > 1 or len(set(gid_list)) > 1
         return Credentials(uids[0], frozenset(gids), changed)
 
-    def cmdline(self, pid: int) -> list[str]:
-        """The arguments of the process."""
-        return [part for part in self.read(pid, "cmdline").split("\0") if part]
+    def cmdline(self, pid: int, limit: int = 256 << 10) -> list[str]:
+        """The arguments of the process, of its first ``limit`` bytes (its owner decides how long
+        it is: megabytes, with a large stack limit; the last argument may be cut)."""
+        return [part for part in self.read_bytes(pid, "cmdline", limit).decode(errors="replace").split("\0") if part]
 
     def cgroups(self, pid: int) -> list[tuple[str, str, str]]:
         """/proc/PID/cgroup as (hierarchy, controllers, path) lines."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.procfs.containers import placement
+from fdtrace.procfs.elf import BudgetSpentError, ReadBudget
 from fdtrace.procfs.go_limits import GoLimitAddress, limit_address, read_limit
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS, is_go_binary
 from fdtrace.procfs.memory import RSS_FIELDS, CgroupMemory, cgroup_memory, meminfo_kb, resident_kb
@@ -19,6 +20,9 @@ from fdtrace.procfs.reader import READ_ERRORS, ProcessAccessDeniedError, ProcFS,
 from fdtrace.procfs.thread_limits import cgroup_pids, tasks_total, threads_by_uid
 from fdtrace.schema.records import ProcessSample
 
+#: Bytes of Go binaries read in one round to find their thread limit (their DWARF inflated): one
+#: binary of the largest DWARF read (go_limits.MAX_DWARF_BYTES), then the rest in later rounds.
+GO_ROUND_READ_BYTES = 320 << 20
 #: Sockets are counted by reading each fd's link only up to this many open FDs.
 MAX_FDS_FOR_SOCKET_COUNT = 10_000
 
@@ -46,6 +50,10 @@ class ProcSampler:
         self._cgroups: dict[Path, tuple[int, int] | None] | None = None  # during a round: folder -> pids
         self._memcgs: dict[Path, CgroupMemory | None] | None = None  # during a round: folder -> memory
         self.skipped: Counter[str] = Counter()
+        #: Bytes of Go binaries' tables and DWARF read a round (a crafted one inflates to 256 MiB).
+        self._elf_budget = ReadBudget(GO_ROUND_READ_BYTES)
+        #: Go programs whose limit was left for a later round for want of that budget.
+        self.unread_go_limits = 0
 
     def _size_is_count(self) -> bool:
         """Whether st_size of /proc/PID/fd is the number of open FDs (Linux >= 6.2): O(1) instead
@@ -151,7 +159,11 @@ class ProcSampler:
         if where is None:
             if len(self._go_limits) > 4096:
                 self._go_limits.clear()
-            where = self._go_limits[binary] = limit_address(str(exe))
+            try:
+                where = self._go_limits[binary] = limit_address(str(exe), self._elf_budget)
+            except BudgetSpentError:  # a later round reads it
+                self.unread_go_limits += 1
+                return GO_DEFAULT_MAX_THREADS, "not read yet (the bytes of binaries read a round were spent)"
         if isinstance(where, str):
             return GO_DEFAULT_MAX_THREADS, where
         bias = 0
@@ -210,6 +222,7 @@ class ProcSampler:
         """Samples of these processes, skipping the ones that are gone. Where RLIMIT_NPROC
         applies, the threads of the process's user are counted over every process."""
         self._cgroups, self._memcgs = {}, {}
+        self._elf_budget.renew()
         try:
             samples = [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
         finally:

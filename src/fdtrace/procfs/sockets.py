@@ -1,10 +1,13 @@
-"""Who owns the other end of a local TCP connection: the user id /proc/net/tcp (or tcp6) gives the
-socket whose local address is the connection's peer. On loopback every peer has one address, so
+"""Who owns the other end of a local TCP connection: the user id the kernel gives the socket whose
+local address is the connection's peer (asked one socket at a time through sock_diag, or read from
+/proc/net/tcp and tcp6 where that cannot be asked). On loopback every peer has one address, so
 its user tells one local user's connections from another's."""
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+import struct
 import sys
 
 from fdtrace.procfs.reader import ProcFS
@@ -48,7 +51,76 @@ def local_peer_uids(procfs: ProcFS, connections: list[tuple[tuple[str, int], tup
             if len(fields) < 8:
                 continue
             at = wanted.get((table, fields[1], fields[2]))
-            if at is not None and fields[7].isdigit():
+            if at is not None and fields[7].isdigit() and fields[3] not in ("06", "07"):  # see _OWNERLESS
                 found[at] = int(fields[7])
     return found
 
+
+
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 1
+_NLMSG_ERROR = 2
+_INET_DIAG_NOCOOKIE = 0xFFFFFFFF
+_TCP_STATES = 0xFFF  # every TCP state
+#: TCP states whose socket has no owner left (TIME_WAIT, CLOSE): the kernel says uid 0 for them.
+_OWNERLESS = (6, 7)
+#: Where inet_diag_msg's idiag_uid lies, after the 16-byte netlink header.
+_UID_AT = 16 + 4 + 48 + 12
+
+
+class PeerLookup:
+    """The user owning the peer's socket of a local TCP connection, asked of the kernel one socket
+    at a time (sock_diag: a lookup by the connection's 4-tuple), so the cost of one lookup does not
+    grow with the connections the host holds (a read of /proc/net/tcp parses all of them). Holds
+    one netlink descriptor while open; ``uid`` gives None where the kernel does not answer."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+        self._sock.settimeout(1.0)
+        self._seq = 0
+
+    def close(self) -> None:
+        """Let go of the netlink descriptor."""
+        self._sock.close()
+
+    def __enter__(self) -> PeerLookup:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def uid(self, ours: tuple[str, int], peer: tuple[str, int]) -> int | None:
+        """The uid owning the socket whose local end is ``peer`` and remote end ``ours``."""
+        try:
+            source, destination = ipaddress.ip_address(peer[0]), ipaddress.ip_address(ours[0])
+        except ValueError:
+            return None
+        if isinstance(source, ipaddress.IPv6Address) and source.ipv4_mapped is not None:
+            source = source.ipv4_mapped  # a v4 client of a v6 listener: its own socket is a v4 one
+        if isinstance(destination, ipaddress.IPv6Address) and destination.ipv4_mapped is not None:
+            destination = destination.ipv4_mapped
+        if source.version != destination.version:
+            return None
+        family = socket.AF_INET if source.version == 4 else socket.AF_INET6
+        self._seq += 1
+        request = struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 0, _TCP_STATES) + struct.pack(
+            "!HH", peer[1], ours[1]) + source.packed.ljust(16, b"\0") + destination.packed.ljust(16, b"\0") + \
+            struct.pack("=III", 0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
+        header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, self._seq, 0)
+        try:
+            self._sock.send(header + request)
+            while True:
+                answer = self._sock.recv(8192)
+                if len(answer) < 16:
+                    return None
+                _length, kind, _flags, seq, _port = struct.unpack_from("=IHHII", answer)
+                if seq != self._seq:
+                    continue  # an answer to an earlier question that timed out
+                if kind == _NLMSG_ERROR or kind != _SOCK_DIAG_BY_FAMILY or len(answer) < _UID_AT + 4:
+                    return None
+                if answer[17] in _OWNERLESS:
+                    return None  # a peer that already hung up: the kernel gives its socket as root's
+                return int(struct.unpack_from("=I", answer, _UID_AT)[0])
+        except OSError:
+            return None

@@ -157,7 +157,7 @@ def _count(value: Any) -> bool:
 
 def well_formed(name: str, value: Any) -> bool:
     """Whether a metadata field of the right type holds what its readers expect inside."""
-    if name in ("probes_attached", "probes_skipped", "argv"):
+    if name in ("probes_attached", "probes_skipped", "argv", "unread"):
         return all(isinstance(item, str) for item in value)
     if name == "rows":
         return _counts(value)

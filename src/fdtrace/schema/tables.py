@@ -271,7 +271,7 @@ META_FIELDS: dict[str, tuple[type, ...]] = {
     "schema_version": (int,), "fdtrace_version": (str,), "host": (str,), "kernel": (str,), "boot_id": (str,),
     "probes_attached": (list,), "probes_skipped": (list,), "options": (dict,), "argv": (list,),
     "started": (int, float), "ended": (int, float), "complete": (bool,), "rows": (dict,), "bytes": (int,),
-    "rotated_out": (dict,),
+    "rotated_out": (dict,), "unread": (list,),
 }
 
 

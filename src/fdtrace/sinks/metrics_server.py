@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from fdtrace.procfs.reader import ProcFS
-from fdtrace.procfs.sockets import is_loopback, local_peer_uids
+from fdtrace.procfs.sockets import PeerLookup, is_loopback, local_peer_uids
 
 #: Connections open at once, in all (each one descriptor) and per peer.
 MAX_CONNECTIONS = 16
@@ -40,9 +40,10 @@ TICK_S = 0.25
 #: and at most per tick.
 ACCEPT_BATCH = 4
 MAX_ACCEPTS_PER_TICK = 256
-#: Descriptors the server holds at most: its listening socket, the connections, and a batch being
-#: accepted (connections refused are closed at once).
-DESCRIPTORS = 1 + MAX_CONNECTIONS + ACCEPT_BATCH
+#: Descriptors the server holds at most: its listening socket, the connections, a batch being
+#: accepted (connections refused are closed at once) and the netlink socket that asks who its
+#: peers are, while it does.
+DESCRIPTORS = 2 + MAX_CONNECTIONS + ACCEPT_BATCH
 
 
 @dataclass(eq=False)
@@ -168,7 +169,7 @@ class MetricsServer:
             except OSError:
                 ends.append((("", 0), ("", 0)))
         local = [i for i, (_ours, peer) in enumerate(ends) if peer[0] and is_loopback(peer[0])]
-        uids = local_peer_uids(self.procfs, [ends[i] for i in local]) if local else []
+        uids = self._peer_uids([ends[i] for i in local]) if local else []
         peers: list[tuple[Any, ...]] = [("address", peer[0]) for _ours, peer in ends]
         for i, uid in zip(local, uids, strict=True):
             if uid is not None:
@@ -189,6 +190,17 @@ class MetricsServer:
             sock.setblocking(False)
             admitted.append(_Connection(sock, peer, deadline))
         return admitted
+
+    def _peer_uids(self, ends: list[tuple[tuple[str, int], tuple[str, int]]]) -> list[int | None]:
+        """The uid owning each local peer's socket: asked of the kernel one socket at a time
+        (``PeerLookup``: the same cost whether the host holds ten connections or ten thousand);
+        read from /proc/net/tcp only where the kernel cannot be asked so."""
+        try:
+            lookup = PeerLookup()
+        except OSError:
+            return local_peer_uids(self.procfs, ends)
+        with lookup:
+            return [lookup.uid(ours, peer) for ours, peer in ends]
 
     def _read_head(self, heads: dict[int, _Connection], connection: _Connection) -> None:
         try:

@@ -96,6 +96,7 @@ class ParquetSink:
         self._cmdline = False
         self._last_counters: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._next_compaction = 0.0
+        self._unread: list[str] = []  # what the source left unread (its final update says)
         reserve_descriptors(self, self.name, RecordingWriter.DESCRIPTORS)  # counted before the probes attach
 
     @property
@@ -133,6 +134,8 @@ class ParquetSink:
         if update.stacks:
             offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
             writer.add("stacks", codecs.STACKS.encode(update.stacks, [s.mono_ns for s in update.stacks], offset))
+        if update.final:
+            self._unread = list(update.unread)
         for sample_round in update.rounds:
             self._round(sample_round, update)
         if update.rounds:
@@ -152,7 +155,10 @@ class ParquetSink:
                 writer.abandon()
                 return
             try:
-                writer.write_meta(complete=True, ended=time.time())
+                if self._unread:
+                    writer.write_meta(complete=True, ended=time.time(), unread=self._unread)
+                else:
+                    writer.write_meta(complete=True, ended=time.time())
                 writer.close()
             except FdtraceError:
                 writer.abandon()

@@ -82,6 +82,7 @@ class LiveSource:
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
         self._procfs = ProcFS()
         self._blocked_code = BlockedCode()  # the census's code of blocked threads
+        self._go_shortfalls: list[str] = []
         self._pids_with_events: set[int] = set()
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
@@ -97,6 +98,21 @@ class LiveSource:
     def notes(self) -> list[str]:
         """Things the user should know (tracefs mounted, probes this kernel lacks)."""
         return self.kernel.notes
+
+    def shortfalls(self) -> list[str]:
+        """What the bounded readers of other users' data left unread so far, in words: binaries
+        whose symbols were not read, Python stack walks abandoned, shared slots (Go uprobes,
+        stats sockets) refused."""
+        said = self._blocked_code.shortfalls()
+        if self.kernel.started:
+            self._go_shortfalls = self.kernel.tracer.go_shortfalls()
+        said += self._go_shortfalls  # as last read, once the kernel session has stopped
+        if self._haproxy_watch is not None:
+            said += self._haproxy_watch.shortfalls()
+        if self.sampler.unread_go_limits:
+            said.append(f"{self.sampler.unread_go_limits} reads of a Go program's thread limit left for a later round "
+                        "(the bytes of binaries read a round were spent)")
+        return said
 
     @property
     def counters(self) -> CounterStore:
@@ -154,9 +170,11 @@ class LiveSource:
         update = self._events(final=True)
         self._round(update)
         update.final = True
+        update.unread = self.shortfalls()
         return update
 
     def stop(self) -> None:
+        self.shortfalls()  # what the kernel session counted, kept past its end
         if self.haproxy is not None:
             self.haproxy.close()
         self.kernel.stop(exiting=self.options.exiting)
@@ -177,7 +195,9 @@ class LiveSource:
         offsets = dataclasses.replace(sample_offsets(), quality=self._clock_quality.read())
         samples, system = [], None
         if self.options.sample:
-            samples = self.sampler.round(self._pids_with_events, self.options.top_processes, exclude=os.getpid())
+            # the processes asked for by --pid are sampled every round, events or not
+            samples = self.sampler.round(self._pids_with_events | set(self.options.trace.pids),
+                                         self.options.top_processes, exclude=os.getpid())
             if self.options.comms and self.options.samples_of_comms_only:
                 samples = [s for s in samples if s.comm in self.options.comms]
             system = self.sampler.system()
