@@ -11,27 +11,26 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_fix, raised
 from fdtrace.analysis.needs import need_of
 from fdtrace.analysis.report.advice import (
-    fd_limit_fix,
     file_max_fix,
     file_max_needed,
     go_said,
     listen_fix,
-    soft_hard,
     thread_fix,
 )
 from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.integrations.haproxy import (
     HaproxyConfig,
     config_fds,
-    fds_needed,
-    fds_needed_sum,
+    config_maxconn,
+    config_shape,
     info_number,
     read_process_configs,
     show_info,
-    threads_of,
 )
+from fdtrace.integrations.nginx import NginxConfig, read_nginx_config
 from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
@@ -202,6 +201,57 @@ class Doctor:
                 checks += self._haproxy_checks(pid, scope, sample.fd_soft_limit, config, recommended)
         return checks
 
+    def need_checks(self, pid: int, need: int, basis: str, failed: bool, connections: int | None = None,
+                    measured: str = "needs") -> list[Check]:
+        """The checks of a running process for a need computed elsewhere (``rehearse``'s): where
+        its limit is set, the soft limit to set (the need with the margin, never below the limit
+        in force) and the command, fs.nr_open when the limit would pass it; for HAProxy, the
+        maxconn for ``connections`` at once (with the margin) and the FD limit HAProxy demands
+        for that maxconn (its Maxsock), so the pair starts under ``strict-limits``, then its
+        configuration's checks. ``failed``: the process failed under the load, so the limit check
+        fails whatever its usage. Empty when the process is gone."""
+        sample = self.sampler.sample(pid)
+        if sample is None:
+            return []
+        scope = f"pid {pid} ({sample.comm})"
+        soft, hard = sample.fd_soft_limit, sample.fd_hard_limit
+        configs = self._haproxy_configs(pid, scope) if sample.comm.startswith("haproxy") else []
+        nginx = read_nginx_config(self.procfs, pid) if sample.comm == "nginx" else None
+        pairs = []
+        for config, _ in configs:
+            pair = haproxy_pair(config, self.procfs, pid, connections) if config is not None else None
+            if pair is not None:
+                pairs.append((config, *pair))
+                if pair[1] > need:
+                    need, basis = pair[1], f"{pair[2]}; {measured} {need_text(need, basis)}"
+        where, how = self._limit_source(pid, soft, configs)
+        if isinstance(nginx, NginxConfig) and nginx.worker_rlimit_nofile is not None \
+                and nginx.worker_rlimit_nofile == soft:
+            place = LimitPlace("nginx", nginx.path)
+            where = f"worker_rlimit_nofile {soft} in {nginx.path}"
+
+            def how(new_soft: int, hard: int | None) -> str:
+                return place.command(new_soft, hard)
+        checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK, where)]
+        if soft is None:
+            checks.append(Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {measured} {need}"))
+        else:
+            status = Status.FAIL if failed or need > soft else by_usage(need, soft)
+            current = f"{soft} ({sample.open_fds} open now; {measured} {need}, {need / soft:.0%})"
+            checks += self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, current, how)
+        recommended = next((c.recommended for c in checks if c.name == "RLIMIT_NOFILE soft" and c.recommended), "")
+        for config, problems in configs:
+            checks += problems
+            if config is None:
+                continue
+            for paired, maxconn, _, _ in pairs:
+                if paired is config and connections is not None:
+                    checks += _maxconn_checks(scope, config, connections, maxconn, recommended)
+            checks += self._haproxy_checks(pid, scope, soft, config, recommended)
+        if nginx is not None:
+            checks += _nginx_checks(scope, nginx, connections)
+        return checks
+
     def _haproxy_configs(self, pid: int, scope: str) -> list[tuple[HaproxyConfig | None, list[Check]]]:
         """Each configuration file the process was started with, read only as the process could
         read it (``read_process_configs``), and what could not be read of it and why."""
@@ -221,36 +271,38 @@ class Doctor:
         """(where the soft limit comes from, how to set soft (and hard) limits for good): the
         systemd unit when its LimitNOFILE gave it, HAProxy's own ulimit-n, the parent it was
         inherited from, or else the process itself (setrlimit) or someone's prlimit."""
+        where, place = self.limit_place(pid, soft, configs)
+
+        def how(new_soft: int, hard: int | None) -> str:
+            return place.command(new_soft, hard)
+        return where, how
+
+    def limit_place(self, pid: int, soft: int | None,
+                    configs: list[tuple[HaproxyConfig | None, list[Check]]] | None = None,
+                    ) -> tuple[str, LimitPlace]:
+        """(where the soft limit in force comes from, in words; the place to change it): the
+        systemd unit when its LimitNOFILE gave it, HAProxy's own ulimit-n, else where the process
+        is started (inherited from its parent, or set by itself or someone's prlimit)."""
         unit = self._systemd_unit(pid)
         current = self._unit_limit(unit) if unit else None
         if unit:
-            def by_unit(new_soft: int, hard: int | None) -> str:
-                return (f"set LimitNOFILE={soft_hard(new_soft, hard)} in [Service] of {unit}, "
-                        f"then systemctl daemon-reload && systemctl restart {unit}")
             unit_soft = _unit_soft(current)
             if current is None or unit_soft is None or unit_soft == soft:
-                return f"systemd unit {unit}" + (f" ({current})" if current else ""), by_unit
+                return f"systemd unit {unit}" + (f" ({current})" if current else ""), LimitPlace("unit", unit)
         for config, _ in configs or []:
             if config is not None and config.ulimit_n is not None and config.ulimit_n == soft:
-                path = config.path
-
-                def by_config(new_soft: int, hard: int | None, path: Path = path) -> str:
-                    return (f"set ulimit-n {new_soft} in the global section of {path}, and let the service's "
-                            "LimitNOFILE allow it")
-                return (f"ulimit-n {soft} in {path} (HAProxy sets its own limit at start; one set before it "
+                return (f"ulimit-n {soft} in {config.path} (HAProxy sets its own limit at start; one set before it "
                         "started, by prlimit or its unit, looks the same: fdtrace doctor --from a recording of its "
-                        "start names which)"), by_config
+                        "start names which)"), LimitPlace("haproxy", str(config.path))
         ppid = self._status_field(pid, "PPid")
         parent = self.sampler.sample(int(ppid)) if ppid and ppid.isdigit() and ppid != "0" else None
-        def by_start(new_soft: int, hard: int | None) -> str:
-            return fd_limit_fix(new_soft, hard)
         if parent is not None and parent.fd_soft_limit == soft:
-            return f"inherited from its parent pid {ppid} ({parent.comm}), whose soft limit is the same", by_start
+            return f"inherited from its parent pid {ppid} ({parent.comm}), whose soft limit is the same", AT_START
         unit_text = f"; its unit {unit} says {current}" if unit and current else ""
         parent_text = (f"; its parent pid {ppid} ({parent.comm}) has {parent.fd_soft_limit or 'unlimited'}"
                        if parent is not None else "")
         return (f"set for this process: by its own setrlimit (or its start script's ulimit), or by a prlimit"
-                f"{parent_text}{unit_text}", by_start)
+                f"{parent_text}{unit_text}", AT_START)
 
     def _fd_checks(self, pid: int, scope: str, open_fds: int, soft: int | None, hard: int | None,
                    config_need: int | None = None,
@@ -278,9 +330,13 @@ class Doctor:
 
     def _raise_fd_limit(self, scope: str, pid: int | None, soft: int, hard: int | None, need: int, basis: str,
                         status: Status, current: str, how: Callable[[int, int | None], str]) -> list[Check]:
-        """The one RLIMIT_NOFILE recommendation: the need with the margin."""
-        target = with_margin(need)
+        """The one RLIMIT_NOFILE recommendation: the need with the margin, never below the limit in
+        force (``advice.change.raised``: when that already holds the need, no number is advised)."""
+        target = raised(need, soft)
         change = ""
+        if target is None:
+            held = "" if status == Status.OK else f"; it holds the {need} needed ({basis}): no higher limit to set"
+            return [Check(scope, "RLIMIT_NOFILE soft", status, current + held)]
         if status != Status.OK:
             if pid is not None and (hard is None or target <= hard):
                 hard_text = hard if hard is not None else "unlimited"
@@ -417,18 +473,17 @@ class Doctor:
         """One configuration's checks; the FD limit to set is the RLIMIT_NOFILE check's
         (``recommended``), so that the two never disagree."""
         checks = []
-        if config.maxconn is not None:
-            threads, listeners = threads_of(config, self.procfs, pid), config.listeners + len(config.stats_sockets)
-            need = fds_needed(config.maxconn, listeners, threads)
+        maxconn, shape = config_maxconn(config), config_shape(config, self.procfs, pid)
+        if maxconn is not None and shape is not None:
+            need = shape.maxsock(maxconn)
             limit = soft if soft is not None else config.ulimit_n
             status = Status.FAIL if limit is not None and need > limit else Status.OK
-            fits = (limit - (need - 2 * config.maxconn)) // 2 if limit is not None else None
+            fits = shape.maxconn_for(limit) if limit is not None else None
             raise_to = recommended.removeprefix(">= ") or str(with_margin(need))
             checks.append(Check(
                 scope, "haproxy maxconn vs FD limit", status,
-                f"maxconn {config.maxconn} needs ~{need} FDs as HAProxy counts them "
-                f"({fds_needed_sum(config.maxconn, listeners, threads)}; the listeners: "
-                f"{config.listeners} bound, {len(config.stats_sockets)} stats socket"
+                f"maxconn {maxconn} needs {need} FDs as HAProxy counts them (Maxsock: {shape.maxsock_sum(maxconn)}; "
+                f"the listeners: {config.listeners} bound, {len(config.stats_sockets)} stats socket"
                 f"{'s' if len(config.stats_sockets) != 1 else ''}); "
                 f"the process may open {limit if limit is not None else 'unlimited'}",
                 f"FD limit >= {raise_to} (RLIMIT_NOFILE soft, above), or maxconn <= {fits}" if status else "",
@@ -527,3 +582,61 @@ class Doctor:
                                 (thread_fix("threads-max", with_margin(threads) * 2) if name == "kernel.threads-max"
                                  else f"sysctl -w {name}={with_margin(threads) * 2}") if status else ""))
         return checks
+
+
+def need_text(need: int, basis: str) -> str:
+    """"1613 (800 connections at ...)"."""
+    return f"{need} ({basis})"
+
+
+def haproxy_pair(config: HaproxyConfig, procfs: ProcFS, pid: int,
+                 connections: int | None) -> tuple[int, int, str] | None:
+    """(maxconn, what HAProxy demands for it, why) for a configuration that must hold
+    ``connections`` at once: its maxconn when that holds them with the margin, else that many
+    with the margin; the demand is its Maxsock (``advice.haproxy``). None without a maxconn or
+    shape the model takes."""
+    maxconn, shape = config_maxconn(config), config_shape(config, procfs, pid)
+    if maxconn is None or shape is None:
+        return None
+    if connections is not None and connections >= 1:
+        maxconn = max(maxconn, with_margin(connections))
+    demanded = shape.maxsock(maxconn)
+    return maxconn, demanded, f"HAProxy's Maxsock {demanded} for maxconn {maxconn} ({shape.maxsock_sum(maxconn)})"
+
+
+def _maxconn_checks(scope: str, config: HaproxyConfig, connections: int, maxconn: int,
+                    recommended: str) -> list[Check]:
+    """HAProxy's maxconn against the connections held at once: the maxconn to set (with the
+    margin) named with the FD limit HAProxy demands for it (``recommended``, the RLIMIT_NOFILE
+    check's), the pair that starts under ``strict-limits``."""
+    current = config_maxconn(config)
+    if current is None:
+        return []
+    status = Status.FAIL if current < connections else Status.WARN if current < maxconn else Status.OK
+    limit = recommended.removeprefix(">= ")
+    with_limit = (f", and ulimit-n {limit} with it (what HAProxy demands for that maxconn, with the margin)"
+                  if limit else ", and the FD limit with it")
+    return [Check(scope, "haproxy maxconn vs the rehearsed shape", status,
+                  f"maxconn {current} for {connections} connections at once",
+                  f"maxconn >= {maxconn}" if status else "",
+                  f"set maxconn {maxconn} in the global section of {config.path}{with_limit}" if status else "")]
+
+
+def _nginx_checks(scope: str, nginx: NginxConfig | str, connections: int | None) -> list[Check]:
+    """An nginx worker's connection slots against the connections held at once
+    (``advice.nginx``): worker_connections named with the value the shape needs."""
+    if isinstance(nginx, str):
+        return [Check(scope, "nginx config", Status.WARN, nginx)]
+    shape = nginx.shape()
+    checks = [Check(scope, "nginx config", Status.WARN, problem) for problem in nginx.problems]
+    if shape is None or connections is None or connections < 1:
+        return checks
+    held = shape.proxied_per_worker()
+    change = shape.connections_change(connections)
+    status = Status.OK if change is None else Status.FAIL if held < connections else Status.WARN
+    current = (f"worker_connections {shape.worker_connections} hold {held} proxied connections per worker (2 slots "
+               f"each, {shape.listeners} listener{'s' * (shape.listeners != 1)}); {connections} at once")
+    checks.append(Check(scope, "nginx worker_connections vs the rehearsed shape", status, current,
+                        f"worker_connections >= {change.value}" if change is not None else "",
+                        change.text() if change is not None else ""))
+    return checks

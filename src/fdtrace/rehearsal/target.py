@@ -242,6 +242,21 @@ def probe(address: str, port: int, family: int, text: str) -> None:
             raise _error(f"--target {shown(text)}: {reason}") from None
 
 
+def accepting(procfs: ProcFS, holders: tuple[int, ...]) -> tuple[int, ...]:
+    """Of the processes holding a listening socket, those that accept on it: where a parent and
+    its children all hold it (nginx's master and workers, a pre-forking server), the children
+    (the parent keeps the socket only to hand it to new workers); else all of them."""
+    children = []
+    for pid in holders:
+        try:
+            parent = int(procfs.status(pid, ("PPid",)).get("PPid", "0") or 0)
+        except (ProcessGoneError, ProcessAccessDeniedError, ValueError):
+            continue
+        if parent in holders:
+            children.append(pid)
+    return tuple(children) or holders
+
+
 def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
                 procfs: ProcFS | None = None) -> tuple[int, ...]:
     """The process to trace: the one ``--pid`` names, the one of name ``comm`` (the listener
@@ -273,6 +288,10 @@ def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
                          "choose one with --pid")
         return tuple(chosen)
     if len(target.listeners) > 1:
+        workers = accepting(procfs, target.listeners)
+        if len(workers) == 1:
+            return workers
+        several = "" if workers == target.listeners else f", {len(workers)} of them workers that accept there"
         raise _error(f"--target {shown(target.text)}: {len(target.listeners)} processes hold the listening socket "
-                     f"({', '.join(map(str, target.listeners[:8]))}): choose one with --pid")
+                     f"({', '.join(map(str, target.listeners[:8]))}){several}: choose one with --pid")
     return target.listeners
