@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fdtrace.advice.haproxy import HaproxyShape
 from fdtrace.doctor import report
 from fdtrace.doctor.checks import Doctor, Status
-from fdtrace.advice.haproxy import HaproxyShape
 from fdtrace.integrations.haproxy import parse_config
 from fdtrace.procfs.golang import BUILDINFO_MAGIC
 from tests import fakeproc

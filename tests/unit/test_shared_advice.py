@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from fdtrace.advice.change import fd_hard_to_set, fd_limit_ways
 from fdtrace.analysis import least_headroom, load
 from fdtrace.analysis.needs import fd_needs
 from fdtrace.analysis.report import build, recommendations
 from fdtrace.analysis.report.advice import (
-    fd_hard_to_set,
-    fd_limit_ways,
     file_max_fix,
     file_max_needed,
     listen_fix,

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_fix, raised
+from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_fix, near_limit, raised
 from fdtrace.analysis.needs import need_of
 from fdtrace.analysis.report.advice import (
     file_max_fix,
@@ -225,10 +225,10 @@ class Doctor:
                 if pair[1] > need:
                     need, basis = pair[1], f"{pair[2]}; {measured} {need_text(need, basis)}"
         where, how = self._limit_source(pid, soft, configs)
-        if isinstance(nginx, NginxConfig) and nginx.worker_rlimit_nofile is not None \
-                and nginx.worker_rlimit_nofile == soft:
+        if isinstance(nginx, NginxConfig):  # its workers' limit is nginx's own to set, however it started
             place = LimitPlace("nginx", nginx.path)
-            where = f"worker_rlimit_nofile {soft} in {nginx.path}"
+            if nginx.worker_rlimit_nofile is not None and nginx.worker_rlimit_nofile == soft:
+                where = f"worker_rlimit_nofile {soft} in {nginx.path}"
 
             def how(new_soft: int, hard: int | None) -> str:
                 return place.command(new_soft, hard)
@@ -322,7 +322,7 @@ class Doctor:
             return [*checks, Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {seen}")]
         need, basis = need_of(soft, peak, emfile, recorded.emfile_worst_second if recorded else 0,
                               recorded.maxsock if recorded else None, config_need)
-        status = by_usage(peak, soft)
+        status = max(by_usage(peak, soft), Status.WARN if near_limit(need, soft) else Status.OK)
         if emfile or need > soft:
             status = Status.FAIL
         return checks + self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, f"{soft} ({seen}, "
@@ -368,7 +368,8 @@ class Doctor:
         else:
             need, basis = need_of(soft, peak, gone.emfile, gone.emfile_worst_second, gone.maxsock,
                                   source=gone.limit_source)
-            status = Status.FAIL if gone.emfile or need > soft else by_usage(peak, soft)
+            status = Status.FAIL if gone.emfile or need > soft else max(
+                by_usage(peak, soft), Status.WARN if near_limit(need, soft) else Status.OK)
 
             def how(new_soft: int, hard: int | None) -> str:
                 return fd_limit_fix(new_soft, hard, gone.comm)

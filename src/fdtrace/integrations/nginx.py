@@ -45,16 +45,17 @@ def parse_nginx(path: str, text: str) -> NginxConfig:
     worker_connections and the listen directives of a configuration's text (includes are not
     followed). A value that is not a number is a problem, named without its value."""
     config = NginxConfig(path)
-    depth, blocks, words = 0, [], []  # the block names around the directive being read
+    blocks: list[str] = []  # the block names around the directive being read
+    words: list[str] = []
     body = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
     for token in _TOKEN.findall(body):
         if token == "{":
             blocks.append(words[0] if words else "")
-            depth, words = depth + 1, []
+            words = []
         elif token == "}":
             if blocks:
                 blocks.pop()
-            depth, words = max(depth - 1, 0), []
+            words = []
         elif token == ";":
             _directive(config, blocks, words)
             words = []

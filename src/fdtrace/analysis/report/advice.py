@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from fdtrace.advice.change import LimitPlace, fd_hard_to_set, fd_limit_ways, near_limit
 from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
@@ -19,34 +20,9 @@ from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUN
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Dataset
 
-# The words of each fix: one function per rule, read by the report's lines below and by doctor's
-# checks (doctor/checks.py), so that the two never say one change in two ways.
-
-
-def soft_hard(soft: int, hard: int | None) -> str:
-    """systemd's LimitNOFILE value: SOFT:HARD, or one number when they are equal (no hard limit:
-    infinity)."""
-    if hard is None:
-        return f"{soft}:infinity"
-    return str(soft) if soft == hard else f"{soft}:{hard}"
-
-
-def fd_hard_to_set(target: int, hard: int | None) -> int | None:
-    """The hard limit to go with a soft limit of ``target``: the one in force where it allows
-    the target (None: unlimited), else the target itself."""
-    return hard if hard is None or target <= hard else target
-
-
-def fd_limit_ways(soft: int, hard: int | None) -> str:
-    """The ways to set an RLIMIT_NOFILE of ``soft`` (and ``hard``) for good, where the process is
-    started: the report's line and doctor's change say them in these words."""
-    return (f"ulimit -n {soft} in its start script, LimitNOFILE={soft_hard(soft, hard)} in its systemd unit, "
-            "or /etc/security/limits.conf for logins")
-
-
-def fd_limit_fix(soft: int, hard: int | None, who: str = "the process") -> str:
-    """Doctor's change where no unit or configuration is known to set the limit."""
-    return f"raise it where {who} is started ({fd_limit_ways(soft, hard)})"
+# The words of each fix live in the advice layer (``fdtrace.advice``), read here by the report's
+# lines below and by doctor's checks (doctor/checks.py), so that the two never say one change in
+# two ways.
 
 
 #: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
@@ -83,7 +59,7 @@ def listen_fix(refused: str | None) -> str:
 def file_max_needed(file_nr: int, file_max: int) -> int | None:
     """The fs.file-max to set once the system's file table (file-nr) reached USAGE_WARN of it: twice
     the peak, with the limits' margin, so the peak can double before ENFILE; None below that."""
-    if file_max <= 0 or file_nr < file_max * USAGE_WARN:
+    if not near_limit(file_nr, file_max):
         return None
     return with_margin(file_nr) * 2
 
@@ -140,16 +116,18 @@ def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
     advice = []
     for row in needs.itertuples():
         soft = None if pd.isna(row.fd_soft_limit) else int(row.fd_soft_limit)
-        near = soft is not None and row.need >= soft * USAGE_WARN
-        if not row.emfile and not near:
+        if not row.emfile and not near_limit(row.need, soft):
             continue
         where = f" on {row.host}" if several else ""
         failed = f", failed {row.emfile:,} times with EMFILE" if row.emfile else ""
         limit = soft if soft is not None else "unlimited"
         hard = None if pd.isna(row.fd_hard_limit) else int(row.fd_hard_limit)
+        config = getattr(row, "limit_config", None)
+        hard_to_set = fd_hard_to_set(row.recommended, hard)
+        ways = (LimitPlace("haproxy", config).command(row.recommended, hard_to_set) if isinstance(config, str)
+                else fd_limit_ways(row.recommended, hard_to_set))
         text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}: soft limit {limit}{failed}; it needed at least "
-                f"{row.need} ({row.basis}); set it to {row.recommended} "
-                f"({fd_limit_ways(row.recommended, fd_hard_to_set(row.recommended, hard))}).")
+                f"{row.need} ({row.basis}); set it to {row.recommended} ({ways}).")
         if not pd.isna(row.maxsock) and soft is not None and row.maxsock > soft:
             text += (f" HAProxy sized itself for {int(row.maxsock)} descriptors (Maxsock) but was given {soft}: "
                      "raise the limit, or lower maxconn until Maxsock fits.")
