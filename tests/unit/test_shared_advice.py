@@ -9,15 +9,15 @@ from pathlib import Path
 import pandas as pd
 
 from fdtrace.advice.change import fd_hard_to_set, fd_limit_ways
-from fdtrace.analysis import least_headroom, load
-from fdtrace.analysis.needs import fd_needs
-from fdtrace.analysis.report import build, recommendations
-from fdtrace.analysis.report.advice import (
+from fdtrace.advice.fixes import (
     file_max_fix,
     file_max_needed,
     listen_fix,
     thread_fix,
 )
+from fdtrace.analysis import least_headroom, load
+from fdtrace.analysis.needs import fd_needs
+from fdtrace.analysis.report import build, recommendations
 from fdtrace.doctor.checks import Doctor, Status
 from fdtrace.doctor.report import apply_recording
 from fdtrace.recording import Recording

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from fdtrace.advice.needs import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.limits import limit_changes_on, limit_in_force, name_inherited_sources
-from fdtrace.policy import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.policy import with_margin
 
 if TYPE_CHECKING:

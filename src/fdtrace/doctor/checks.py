@@ -12,14 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_fix, near_limit, raised
-from fdtrace.analysis.needs import need_of
-from fdtrace.analysis.report.advice import (
-    file_max_fix,
-    file_max_needed,
-    go_said,
-    listen_fix,
-    thread_fix,
-)
+from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
+from fdtrace.advice.needs import need_of
+from fdtrace.analysis.report.advice import go_said
 from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.integrations.haproxy import (
     HaproxyConfig,

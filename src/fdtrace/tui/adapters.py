@@ -9,6 +9,8 @@ from typing import Any
 from rich.text import Text
 
 from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.memory import memory_advice
+from fdtrace.advice.needs import need_of
 from fdtrace.display import shown
 from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.policy import (
@@ -17,8 +19,6 @@ from fdtrace.policy import (
     USAGE_WARN,
     dns_advice,
     kib,
-    memory_advice,
-    need_of,
     with_margin,
 )
 from fdtrace.procfs.threads import describe_state, dns_waiters
@@ -359,7 +359,7 @@ def limits_line(view: ProcessView) -> str:
 
 def memory_detail(view: ProcessView) -> Text:
     """Its memory: RSS and its split, its cgroup's usage against the limit and when it is full, the
-    memory a connection costs and what its connections need (``policy.memory_advice``)."""
+    memory a connection costs and what its connections need (``advice.memory.memory_advice``)."""
     text = Text()
     if view.rss_kb is None and view.memcg_usage is None:
         return text

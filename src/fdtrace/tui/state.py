@@ -12,8 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fdtrace.advice.memory import MemoryFit, memory_fit
 from fdtrace.integrations.haproxy import NOT_ASKED
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, MemoryFit, kib, memory_fit, site_name
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, kib, site_name
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
