@@ -75,6 +75,8 @@ def test_threads_against_nproc_cgroup_and_go(tree: tuple[Path, Path]) -> None:
     assert pids.status == Status.FAIL and pids.current == "97 tasks of 100"
     go = by_name(checks, "Go thread limit")
     assert go.status == Status.WARN and "8500 threads of Go's default 10000" in go.current
+    # the number and the function, as the report says them (issue 33)
+    assert go.recommended == "SetMaxThreads >= 10200" and go.change.endswith("runtime/debug.SetMaxThreads(10200)")
     fake_process(tree[0], 21, "cprog", 5, "1024", "1024", threads=8500)
     assert not [c for c in doctor(tree).process_checks(21) if c.name == "Go thread limit"]
 

@@ -458,6 +458,12 @@ class Doctor:
                 current += f", growing {growth:.0f}/s in the recording: the limit in {eta:.0f} s"
                 if eta < 600:
                     status = max(status, Status.WARN)
+            if near_limit(threads, limit) and (said is None or said.go_thread_limit is None):
+                # the report's rule: its peak with the margin, in the words of the fix
+                checks.append(Check(scope, "Go thread limit", status, current,
+                                    f"SetMaxThreads >= {with_margin(threads)}",
+                                    thread_fix("Go SetMaxThreads", with_margin(threads))))
+                return checks
             # No number: a limit nearing by its growth (or one said exceeded) is not one to set at its peak.
             checks.append(Check(scope, "Go thread limit", status, current,
                                 "fewer threads blocked in syscalls" if status else "",
