@@ -33,13 +33,17 @@ pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("nginx") is None 
 @dataclass
 class Proxy:
     master: subprocess.Popen[bytes]
-    worker: int
+    workers: list[int]
     port: int
     config: Path
     limit: int
 
+    @property
+    def worker(self) -> int:
+        return self.workers[0]
+
     def open_fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.worker}/fd"))
+        return sum(len(os.listdir(f"/proc/{worker}/fd")) for worker in self.workers)
 
 
 def children(pid: int) -> list[int]:
@@ -55,11 +59,11 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def nginx(folder: Path, name: str, worker_connections: int, limit: int, backend: int) -> Proxy:
+def nginx(folder: Path, name: str, worker_connections: int, limit: int, backend: int, workers: int = 1) -> Proxy:
     port = free_port()
     config = folder / f"{name}.conf"
     config.write_text(
-        f"load_module {STREAM_MODULE};\ndaemon off;\nworker_processes 1;\npid {folder}/{name}.pid;\n"
+        f"load_module {STREAM_MODULE};\ndaemon off;\nworker_processes {workers};\npid {folder}/{name}.pid;\n"
         f"error_log {folder}/{name}.log notice;\n"
         f"events {{ worker_connections {worker_connections}; }}\n"
         f"stream {{ server {{ listen 127.0.0.1:{port}; proxy_pass 127.0.0.1:{backend}; }} }}\n")
@@ -68,16 +72,16 @@ def nginx(folder: Path, name: str, worker_connections: int, limit: int, backend:
     deadline = time.monotonic() + 30
     from fdtrace.rehearsal.target import find_target
 
-    while True:  # ready: the master and its worker hold the listening socket
+    while True:  # ready: the master and its workers hold the listening socket
         assert master.poll() is None, f"nginx {name} exited with {master.returncode}"
         assert time.monotonic() < deadline, f"nginx {name} did not start"
         try:
             held = find_target(f"127.0.0.1:{port}").listeners
         except Exception:
             held = ()
-        workers = children(master.pid)
-        if len(held) == 2 and len(workers) == 1 and workers[0] in held:
-            return Proxy(master, workers[0], port, config, limit)
+        started = sorted(children(master.pid))
+        if len(held) == workers + 1 and len(started) == workers and set(started) <= set(held):
+            return Proxy(master, started, port, config, limit)
         time.sleep(0.05)
 
 
@@ -85,6 +89,7 @@ def nginx(folder: Path, name: str, worker_connections: int, limit: int, backend:
 class Setup:
     tight: Proxy  # worker_connections 64 under 20000 descriptors
     few: Proxy  # worker_connections 4096 under 256 descriptors
+    two: Proxy  # worker_connections 64, two workers
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +102,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     try:
         started.append(nginx(folder, "tight", 64, 20000, backend))
         started.append(nginx(folder, "few", 4096, 256, backend))
+        started.append(nginx(folder, "two", 64, 20000, backend, workers=2))
         yield Setup(*started)
     finally:
         for proxy in started:
@@ -149,3 +155,24 @@ def test_its_descriptor_limit_when_that_is_what_ran_out(setup: Setup) -> None:
     assert (soft["status"], soft["recommended"]) == ("FAIL", f">= {raised}"), soft
     assert raised > 256 and f"set worker_rlimit_nofile {raised}; in the main context of {few.config}" in soft["change"]
     assert advice["nginx worker_connections vs the rehearsed shape"]["status"] == "OK"  # 4096 hold 800
+
+
+def test_two_workers_are_measured_as_one(setup: Setup) -> None:
+    """Two workers accept on the port: both are traced, the first standing for them, with their
+    descriptors summed (either may accept every connection)."""
+    two = setup.two
+    idle = two.open_fds()
+    run = rehearse("--target", f"127.0.0.1:{two.port}", "--ranks", "4", "--connections-per-rank", "25",
+                   "--ramp", "10", "--hold", "0.2", "--json")
+    assert run.returncode == 2, run.stderr
+    assert f"tracing pid {two.worker} (nginx) and 1 more worker, their descriptors summed" in run.stderr
+    result = json.loads(run.stdout)
+    assert (result["pid"], result["idle_fds"]) == (two.worker, idle)
+    # 31 each at most: the connections fail once the worker that took them is full
+    assert 32 <= result["failed_at"] <= 63 and result["failure"]["errno"] is None
+    steps = result["bursts"]
+    assert steps[0]["target_fds_held"] == idle + 2 * steps[0]["answered"]
+    advice = {c["name"]: c for c in result["advice"]}
+    slots = advice["nginx worker_connections vs the rehearsed shape"]
+    assert (slots["status"], slots["recommended"]) == ("FAIL", f"worker_connections >= {math.ceil(201 * 1.2)}")
+    assert advice["RLIMIT_NOFILE soft"]["recommended"] == ""

@@ -260,8 +260,9 @@ def accepting(procfs: ProcFS, holders: tuple[int, ...]) -> tuple[int, ...]:
 def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
                 procfs: ProcFS | None = None) -> tuple[int, ...]:
     """The process to trace: the one ``--pid`` names, the one of name ``comm`` (the listener
-    among several of that name), or the listener of a local target; none for a target
-    elsewhere that names none. Raises FdtraceError."""
+    among several of that name), or the listener of a local target (where a master and its
+    workers hold it, the workers: the first stands for all, their descriptors summed); none for
+    a target elsewhere that names none. Raises FdtraceError."""
     procfs = procfs or ProcFS()
     if pids:
         for pid in pids:
@@ -281,6 +282,9 @@ def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
         if not named:
             raise _error(f"--comm {shown(comm)}: no process of that name")
         listening = [pid for pid in named if pid in target.listeners]
+        workers = accepting(procfs, tuple(listening))
+        if listening and workers != tuple(listening):  # a master and its workers: the workers
+            return workers
         chosen = listening or named
         if len(chosen) > 1:
             raise _error(f"--comm {shown(comm)}: {len(chosen)} processes of that name "
@@ -289,9 +293,8 @@ def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
         return tuple(chosen)
     if len(target.listeners) > 1:
         workers = accepting(procfs, target.listeners)
-        if len(workers) == 1:
+        if workers != target.listeners:  # the workers of one master: all of them (summed)
             return workers
-        several = "" if workers == target.listeners else f", {len(workers)} of them workers that accept there"
         raise _error(f"--target {shown(target.text)}: {len(target.listeners)} processes hold the listening socket "
-                     f"({', '.join(map(str, target.listeners[:8]))}){several}: choose one with --pid")
+                     f"({', '.join(map(str, target.listeners[:8]))}): choose one with --pid")
     return target.listeners
