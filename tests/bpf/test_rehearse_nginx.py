@@ -176,3 +176,17 @@ def test_two_workers_are_measured_as_one(setup: Setup) -> None:
     slots = advice["nginx worker_connections vs the rehearsed shape"]
     assert (slots["status"], slots["recommended"]) == ("FAIL", f"worker_connections >= {math.ceil(201 * 1.2)}")
     assert advice["RLIMIT_NOFILE soft"]["recommended"] == ""
+
+
+def test_the_master_is_never_advised_a_lower_limit(setup: Setup) -> None:
+    """--pid of the master, which accepts nothing: it takes no descriptor per connection, and its
+    20000 are never advised lower (the issue saw --nofile=11:256 advised)."""
+    tight = setup.tight
+    run = rehearse("--target", f"127.0.0.1:{tight.port}", "--pid", str(tight.master.pid), "--ranks", "2",
+                   "--connections-per-rank", "10", "--hold", "0.2", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert (result["pid"], result["fds_per_connection"], result["fd_soft_limit"]) == (tight.master.pid, 0.0, 20000)
+    soft = {c["name"]: c for c in result["advice"]}["RLIMIT_NOFILE soft"]
+    assert (soft["status"], soft["recommended"], soft["change"]) == ("OK", "", ""), soft
+    assert "--nofile" not in run.stdout
