@@ -13,6 +13,7 @@ from typing import Any
 
 from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_fix, near_limit, raised
 from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
+from fdtrace.advice.haproxy import HaproxyShape, fd_limit_for
 from fdtrace.advice.needs import need_of
 from fdtrace.analysis.report.advice import go_said
 from fdtrace.children import CHILD_CWD, child_environment, program
@@ -498,19 +499,20 @@ class Doctor:
             checks.append(Check(scope, "haproxy strict-limits", Status.WARN, "no strict-limits",
                                 "strict-limits", "remove 'no strict-limits' so HAProxy refuses to start "
                                 "without the FDs its maxconn needs"))
-        checks += self._haproxy_runtime(scope, config.stats_sockets, self._uid(pid))
+        checks += self._haproxy_runtime(scope, config, shape, self._uid(pid))
         return checks
 
     def _uid(self, pid: int) -> int | None:
         uid = self._status_field(pid, "Uid")
         return int(uid.split()[0]) if uid and uid.split()[0].isdigit() else None
 
-    def _haproxy_runtime(self, scope: str, sockets: list[str], uid: int | None) -> list[Check]:
+    def _haproxy_runtime(self, scope: str, config: HaproxyConfig, shape: HaproxyShape | None,
+                         uid: int | None) -> list[Check]:
         """`show info` of the stats sockets the configuration names: only sockets that belong to
         the process's own user, since anyone can start a process named haproxy and name any
         socket of root's in its configuration."""
         checks = []
-        for path in sockets:
+        for path in config.stats_sockets:
             try:
                 owner = os.lstat(path).st_uid
                 if owner != uid:
@@ -524,11 +526,16 @@ class Doctor:
             current = info_number(info, "CurrConns") or 0
             maxconn = info_number(info, "Maxconn") or None
             status = by_usage(current, maxconn)
+            wanted = with_margin(current)
+            change = "raise maxconn and the FD limits with it"
+            if status and shape is not None and wanted >= 1:  # the pair HAProxy accepts (advice.haproxy)
+                change = (f"set maxconn {wanted} in the global section of {config.path}, and ulimit-n "
+                          f"{fd_limit_for(wanted, shape)} with it (its Maxsock {shape.maxsock(wanted)}, with the "
+                          "margin)")
             checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status,
                                 f"{current} of {maxconn} "
                                 f"(Ulimit-n {info.get('Ulimit-n')}, Maxsock {info.get('Maxsock')})",
-                                f"maxconn >= {with_margin(current)}" if status else "",
-                                "raise maxconn and the FD limits with it" if status else ""))
+                                f"maxconn >= {wanted}" if status else "", change if status else ""))
         return checks
 
     # System checks
