@@ -6,12 +6,11 @@ import enum
 import math
 import os
 import subprocess
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_fix, near_limit, raised
+from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
 from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
 from fdtrace.advice.haproxy import HaproxyShape, fd_limit_for
 from fdtrace.advice.needs import need_of
@@ -220,21 +219,18 @@ class Doctor:
                 pairs.append((config, *pair))
                 if pair[1] > need:
                     need, basis = pair[1], f"{pair[2]}; {measured} {need_text(need, basis)}"
-        where, how = self._limit_source(pid, soft, configs)
+        where, place = self.limit_place(pid, soft, configs)
         if isinstance(nginx, NginxConfig):  # its workers' limit is nginx's own to set, however it started
             place = LimitPlace("nginx", nginx.path)
             if nginx.worker_rlimit_nofile is not None and nginx.worker_rlimit_nofile == soft:
                 where = f"worker_rlimit_nofile {soft} in {nginx.path}"
-
-            def how(new_soft: int, hard: int | None) -> str:
-                return place.command(new_soft, hard)
         checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK, where)]
         if soft is None:
             checks.append(Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {measured} {need}"))
         else:
             status = Status.FAIL if failed or need > soft else by_usage(need, soft)
             current = f"{soft} ({sample.open_fds} open now; {measured} {need}, {need / soft:.0%})"
-            checks += self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, current, how)
+            checks += self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, current, place)
         recommended = next((c.recommended for c in checks if c.name == "RLIMIT_NOFILE soft" and c.recommended), "")
         for config, problems in configs:
             checks += problems
@@ -260,18 +256,6 @@ class Doctor:
             problems = [Check(scope, "haproxy config", Status.WARN, problem) for problem in read.config.problems]
             found.append((read.config, problems))
         return found
-
-    def _limit_source(self, pid: int, soft: int | None,
-                      configs: list[tuple[HaproxyConfig | None, list[Check]]] | None = None,
-                      ) -> tuple[str, Callable[[int, int | None], str]]:
-        """(where the soft limit comes from, how to set soft (and hard) limits for good): the
-        systemd unit when its LimitNOFILE gave it, HAProxy's own ulimit-n, the parent it was
-        inherited from, or else the process itself (setrlimit) or someone's prlimit."""
-        where, place = self.limit_place(pid, soft, configs)
-
-        def how(new_soft: int, hard: int | None) -> str:
-            return place.command(new_soft, hard)
-        return where, how
 
     def limit_place(self, pid: int, soft: int | None,
                     configs: list[tuple[HaproxyConfig | None, list[Check]]] | None = None,
@@ -309,7 +293,7 @@ class Doctor:
         seen = f"{open_fds} open" + (f", peak {peak} in the recording" if peak > open_fds else "")
         if emfile:
             seen += f", {emfile} EMFILE failures"
-        where, how = self._limit_source(pid, soft, configs)
+        where, place = self.limit_place(pid, soft, configs)
         if recorded is not None and recorded.limit_source and recorded.fd_soft_limit == soft:
             # the limit it has now was set by a setrlimit/prlimit the recording traced: no guess
             where = f"{recorded.limit_source} (traced by the recording)"
@@ -322,27 +306,29 @@ class Doctor:
         if emfile or need > soft:
             status = Status.FAIL
         return checks + self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, f"{soft} ({seen}, "
-                                             f"{peak / soft:.0%})", how)
+                                             f"{peak / soft:.0%})", place)
 
     def _raise_fd_limit(self, scope: str, pid: int | None, soft: int, hard: int | None, need: int, basis: str,
-                        status: Status, current: str, how: Callable[[int, int | None], str]) -> list[Check]:
-        """The one RLIMIT_NOFILE recommendation: the need with the margin, never below the limit in
-        force (``advice.change.raised``: when that already holds the need, no number is advised)."""
-        target = raised(need, soft)
+                        status: Status, current: str, place: LimitPlace, who: str = "the process") -> list[Check]:
+        """The one RLIMIT_NOFILE recommendation, rendered from the advice layer's change
+        (``advice.change.fd_limit_change``): the need with the margin, set where the limit in force
+        was set (``place``), never below it (when that already holds the need, no number)."""
+        found = fd_limit_change(need, basis, soft, hard, place, who)
         change = ""
-        if target is None:
+        if found is None:
             held = "" if status == Status.OK else f"; it holds the {need} needed ({basis}): no higher limit to set"
             return [Check(scope, "RLIMIT_NOFILE soft", status, current + held)]
+        target = found.value
         if status != Status.OK:
             if pid is not None and (hard is None or target <= hard):
                 hard_text = hard if hard is not None else "unlimited"
-                change = f"prlimit --pid {pid} --nofile={target}:{hard_text} now; for good: {how(target, hard)}"
+                change = f"prlimit --pid {pid} --nofile={target}:{hard_text} now; for good: {found.command}"
             elif hard is None or target <= hard:
-                change = how(target, hard)
+                change = found.command
             else:
-                change = f"raise the soft and hard limits to {target}: {how(target, target)}"
+                change = f"raise the soft and hard limits to {target}: {found.command}"
             if not basis.startswith("peak "):  # the need is more than the process could show
-                change += f" (needed: {need}, {basis})"
+                change += f" ({found.reason})"
         checks = [Check(scope, "RLIMIT_NOFILE soft", status, current, f">= {target}" if status != Status.OK else "",
                         change)]
         nr_open = self._number("sys/fs/nr_open")
@@ -366,11 +352,8 @@ class Doctor:
                                   source=gone.limit_source)
             status = Status.FAIL if gone.emfile or need > soft else max(
                 by_usage(peak, soft), Status.WARN if near_limit(need, soft) else Status.OK)
-
-            def how(new_soft: int, hard: int | None) -> str:
-                return fd_limit_fix(new_soft, hard, gone.comm)
             checks += self._raise_fd_limit(scope, None, soft, gone.fd_hard_limit, need, basis, status,
-                                           f"{soft} ({seen}, {peak / soft:.0%})", how)
+                                           f"{soft} ({seen}, {peak / soft:.0%})", AT_START, gone.comm)
         if gone.go_thread_limit is not None:
             checks.append(Check(scope, "Go thread limit", Status.FAIL,
                                 f"exceeded: the runtime said {go_said(gone.go_thread_limit)} and exited 2",
