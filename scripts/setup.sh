@@ -13,7 +13,7 @@ fi
 arch=$(dpkg --print-architecture)
 packages=(python3-bpfcc bpfcc-tools "linux-headers-$arch" python3-venv util-linux iproute2 procps gcc
           haproxy golang-go bpftrace strace linux-perf prometheus openjdk-17-jre-headless
-          chromium fonts-liberation)
+          chromium fonts-liberation nginx libnginx-mod-stream)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

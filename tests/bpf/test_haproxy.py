@@ -55,14 +55,22 @@ def haproxy(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]]
 
 
 def test_doctor_flags_a_maxconn_the_fd_limit_cannot_hold(haproxy: tuple[subprocess.Popen[str], int, Path]) -> None:
-    proc, _, _ = haproxy
+    proc, _, config = haproxy
     result = subprocess.run([FDTRACE, "doctor", "--pid", str(proc.pid), "--json"], capture_output=True, text=True)
     assert result.returncode == 2, result.stderr
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"] if c["scope"].startswith(f"pid {proc.pid}")}
     maxconn = checks["haproxy maxconn vs FD limit"]
-    # as haproxy 2.6 counts it: 2 per connection, 3 per thread (2), a bind and a stats socket, 20 of its own
-    assert maxconn["status"] == "FAIL" and "maxconn 1000 needs ~2028 FDs" in maxconn["current"]
+    # as haproxy 2.6 counts it: 2 per connection, 3 per thread (2), a bind and a stats socket, the stats
+    # CLI's 10, 10 reserved
+    assert maxconn["status"] == "FAIL" and "maxconn 1000 needs 2028 FDs" in maxconn["current"]
     assert maxconn["recommended"] == "FD limit >= 2434 (RLIMIT_NOFILE soft, above), or maxconn <= 18"
+    # either way is one haproxy accepts under strict-limits: maxconn 18 under 64, 1000 under 2434
+    from tests.bpf.test_rehearse import starts_under_strict_limits
+
+    folder, backend = Path(config).parent, int(config.read_text().rsplit(":", 1)[1].split()[0])
+    assert starts_under_strict_limits(folder, 18, 64, backend)["Maxsock"] == "64"
+    assert starts_under_strict_limits(folder, 19, 64, backend) == {}
+    assert starts_under_strict_limits(folder, 1000, 2434, backend)["Maxsock"] == "2028"
     # the one FD limit to set, from what maxconn needs (2028 and the margin), not from the few FDs open
     soft = checks["RLIMIT_NOFILE soft"]
     assert soft["status"] == "FAIL" and soft["recommended"] == ">= 2434" and "its maxconn needs ~2028" in soft["change"]

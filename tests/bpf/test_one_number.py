@@ -1,7 +1,9 @@
-"""One right number: the HAProxy incident (haproxy 2.6, maxconn 4096, nbthread 2, 256 descriptors,
-a storm of clients) recorded without any flag. What to set RLIMIT_NOFILE to is the same number in
-live doctor, doctor --from, info, the report and the live view's process detail (replaying the
-recording), and it is never below what haproxy demands of itself: its Maxsock, 8220."""
+"""One right number in one place: the HAProxy incident (haproxy 2.6, maxconn 4096, nbthread 2, 256
+descriptors set by ``ulimit-n`` in its configuration, a storm of clients) recorded without any
+flag. What to set RLIMIT_NOFILE to is the same number in live doctor, doctor --from, info, the
+report (HTML and Markdown) and the live view's process detail (replaying the recording), it is
+never below what haproxy demands of itself (its Maxsock, 8220), and each names the same place:
+ulimit-n in that configuration file, where the limit in force was set."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from fdtrace.display import markdown_shown
 from fdtrace.policy import with_margin
 from tests.bpf.test_haproxy import free_port
 from tests.conftest import needs_root
@@ -25,7 +28,8 @@ from tests.helpers import FDTRACE, replay_app, replay_to_end, started
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
-MAXSOCK = 2 * 4096 + 3 * 2 + 2 + 20  # as haproxy 2.6 counts it: connections, 2 threads, a bind and a stats socket
+# as haproxy 2.6 counts it: connections, 2 threads, a bind and a stats socket, the stats CLI's 10, 10 reserved
+MAXSOCK = 2 * 4096 + 3 * 2 + 2 + 10 + 10
 CLIENTS = 300
 
 
@@ -89,7 +93,7 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=60)
     try:
-        yield {"out": out, "pid": haproxy.pid, "live": live}
+        yield {"out": out, "pid": haproxy.pid, "live": live, "config": config}
     finally:
         haproxy.terminate()
         haproxy.wait(timeout=10)
@@ -97,27 +101,36 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         backend.close()
 
 
-def recommended(checks: list[dict[str, Any]], pid: int) -> str:
+def fd_check(checks: list[dict[str, Any]], pid: int) -> dict[str, Any]:
     [soft] = [c for c in checks if c["scope"].startswith(f"pid {pid}") and c["name"] == "RLIMIT_NOFILE soft"]
-    return str(soft["recommended"])
+    return soft
 
 
-def test_the_same_number_everywhere_and_never_below_haproxy_s_own_demand(incident: dict[str, Any],
-                                                                         tmp_path: Path) -> None:
+def test_the_same_number_and_place_everywhere_and_never_below_haproxy_s_own_demand(incident: dict[str, Any],
+                                                                                   tmp_path: Path) -> None:
     out, pid = incident["out"], incident["pid"]
     number = with_margin(MAXSOCK)
-    live = json.loads(incident["live"].stdout)
-    assert recommended(live["checks"], pid) == f">= {number}"
+    place = f"set ulimit-n {number} in the global section of {incident['config']}"
+    live = fd_check(json.loads(incident["live"].stdout)["checks"], pid)
+    assert live["recommended"] == f">= {number}" and place in live["change"], live
     recorded = subprocess.run([FDTRACE, "doctor", "--pid", str(pid), "--from", str(out), "--json"],
                               capture_output=True, text=True, timeout=120)
-    assert recommended(json.loads(recorded.stdout)["checks"], pid) == f">= {number}"
+    from_recording = fd_check(json.loads(recorded.stdout)["checks"], pid)
+    assert from_recording["recommended"] == f">= {number}" and place in from_recording["change"], from_recording
     info = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120).stdout
     [said] = [line for line in info.splitlines() if f"RLIMIT_NOFILE of haproxy [{pid}]" in line]
-    assert f"set it to {number} " in said and f"HAProxy's Maxsock {MAXSOCK}" in said, said
+    assert f"set it to {number} ({place}" in said and f"HAProxy's Maxsock {MAXSOCK}" in said, said
+    assert "ulimit -n" not in said and "LimitNOFILE=" not in said  # not the generic places
     report = tmp_path / "report.html"
     assert subprocess.run([FDTRACE, "report", str(out), "-o", str(report)], capture_output=True,
                           timeout=300).returncode == 0
     assert f"RLIMIT_NOFILE of haproxy [{pid}]" in report.read_text() and f"set it to {number} " in report.read_text()
+    markdown = tmp_path / "report.md"
+    assert subprocess.run([FDTRACE, "report", str(out), "-o", str(markdown)], capture_output=True,
+                          timeout=300).returncode == 0
+    named = markdown_shown(f"RLIMIT_NOFILE of haproxy [{pid}]")
+    [line] = [line for line in markdown.read_text().splitlines() if named in line]
+    assert markdown_shown(f"set it to {number} ({place}") in line, line
     from textual.widgets import Static
 
     from fdtrace.sources.replay import ReplaySource
@@ -134,6 +147,7 @@ def test_the_same_number_everywhere_and_never_below_haproxy_s_own_demand(inciden
             await pilot.pause(0.5)
             return str(app.screen.query_one("#detail", Static).render())
 
-    text = asyncio.run(detail())
+    text = " ".join(asyncio.run(detail()).split())
     assert f"what to change: RLIMIT_NOFILE soft limit {number} (needed {MAXSOCK}: HAProxy's Maxsock {MAXSOCK}" \
-        in " ".join(text.split()), text
+        in text, text
+    assert " ".join(place.split()) in text, text

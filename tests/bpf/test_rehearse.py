@@ -95,6 +95,7 @@ def stats_sessions(path: Path) -> int:
 class Setup:
     small: Balancer  # under prlimit --nofile=256:256
     large: Balancer  # under prlimit --nofile=4096:4096
+    backend: int  # the echo server's port
 
 
 def free_port() -> int:
@@ -141,7 +142,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     try:
         started.append(haproxy(folder, "small", 256, backend))
         started.append(haproxy(folder, "large", 4096, backend))
-        yield Setup(*started)
+        yield Setup(*started, backend)
     finally:
         for balancer in started:
             balancer.process.terminate()
@@ -154,12 +155,53 @@ def rehearse(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
     return subprocess.run([FDTRACE, "rehearse", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def haproxy_threads(pid: int) -> int:
+    """The threads haproxy runs without nbthread: one per CPU it may run on."""
+    return len(os.sched_getaffinity(pid))
+
+
+def maxsock(maxconn: int, threads: int) -> int:
+    """HAProxy 2.6's Maxsock for this set-up's configuration, term by term: 10 reserved, a bind and
+    a stats socket, the stats CLI's 10, 2 per connection, 3 per thread."""
+    return 10 + 2 + 10 + 2 * maxconn + 3 * threads
+
+
+def starts_under_strict_limits(folder: Path, maxconn: int, limit: int, backend: int) -> dict[str, str]:
+    """haproxy 2.6 with ``maxconn`` and ``ulimit-n limit`` under ``strict-limits``, started under a
+    hard limit of ``limit``: its `show info` once it serves, or {} when it refused to start."""
+    from fdtrace.integrations.haproxy import show_info
+
+    stats = folder / f"strict-{maxconn}-{limit}.sock"
+    config = folder / f"strict-{maxconn}-{limit}.cfg"
+    config.write_text(
+        f"global\n    maxconn {maxconn}\n    ulimit-n {limit}\n    strict-limits\n    stats socket {stats} mode 600\n"
+        "defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 60s\n    timeout server 60s\n"
+        f"frontend fe\n    bind 127.0.0.1:{free_port()}\n    default_backend be\n"
+        f"backend be\n    server echo 127.0.0.1:{backend}\n")
+    process = subprocess.Popen(["prlimit", f"--nofile={limit}:{limit}", "haproxy", "-db", "-f", str(config)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not answers(stats):
+            if process.poll() is not None:
+                assert process.stderr is not None
+                said = process.stderr.read()
+                assert b"Cannot raise FD limit" in said or b"too low for maxconn" in said, said
+                return {}
+            assert time.monotonic() < deadline, "haproxy did not start"
+            time.sleep(0.05)
+        return show_info(str(stats))
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 def test_haproxy_under_256_descriptors_fails_where_its_table_is_full(setup: Setup, tmp_path: Path) -> None:
     small = setup.small
     idle = small.open_fds()  # the listener, the stats socket, epoll, logs... (13 with this config)
     out = tmp_path / "rec"
     run = rehearse("--target", f"127.0.0.1:{small.port}", "--ranks", "8", "--connections-per-rank", "100",
-                   "--ramp", "10", "--hold", "0.2", "--json", "-o", str(out))
+                   "--ramp", "10", "--hold", "0.2", "--project-ranks", "64", "--json", "-o", str(out))
     assert run.returncode == 2, run.stderr
     assert "probes attached" in run.stderr and "Traceback" not in run.stderr
     result = json.loads(run.stdout)
@@ -173,6 +215,7 @@ def test_haproxy_under_256_descriptors_fails_where_its_table_is_full(setup: Setu
     failure = result["failure"]
     assert failure["errno"] == "EMFILE" and failure["syscall"] in ("accept4", "socket"), failure
     assert set(failure["calls"]) <= {"accept4 EMFILE", "socket EMFILE"} and failure["calls"]
+    assert failure["judged_by"] is None  # descriptors ran out: not its connection limit
     # The ramp stopped at the first step that failed: 80 held, then 160 asked.
     steps = result["bursts"]
     assert [b["connections"] for b in steps] == [80, 160]
@@ -181,14 +224,28 @@ def test_haproxy_under_256_descriptors_fails_where_its_table_is_full(setup: Setu
     assert steps[0]["target_fds_held"] == idle + 2 * 80
     needed = result["needed_fds"]
     assert needed >= 1600 and needed == idle + math.ceil(result["fds_per_connection"] * 800 - 1e-9)
-    # The doctor's recommendation: the need with its margin, set where haproxy sets its limit.
+    projected = result["projected"]["needed_fds"]
+    assert projected == idle + math.ceil(result["fds_per_connection"] * 6400 - 1e-9)
+    # The advice for 64 ranks x 100 connections: maxconn 7680 (6400 with the margin) and the FD
+    # limit HAProxy demands for it (its Maxsock) with the margin, set where haproxy sets it.
+    threads = haproxy_threads(small.pid)
+    demanded = maxsock(7680, threads)
+    limit = math.ceil(max(demanded, projected) * 1.2)
     advice = {c["name"]: c for c in result["advice"]}
     soft = advice["RLIMIT_NOFILE soft"]
-    recommended = math.ceil(needed * 1.2)
-    assert soft["status"] == "FAIL" and soft["recommended"] == f">= {recommended}"
-    assert f"set ulimit-n {recommended} in the global section of {small.config}" in soft["change"]
-    assert f"needed: {needed}, 800 connections at 2.00 descriptors each and {idle} held idle" in soft["change"]
-    assert advice["haproxy maxconn vs the rehearsed shape"]["status"] == "OK"  # 4096 >= 960
+    assert soft["status"] == "FAIL" and soft["recommended"] == f">= {limit}", soft
+    assert f"set ulimit-n {limit} in the global section of {small.config}" in soft["change"]
+    assert f"HAProxy's Maxsock {demanded} for maxconn 7680" in soft["change"]
+    assert f"6400 connections at 2.00 descriptors each and {idle} held idle" in soft["change"]
+    pair = advice["haproxy maxconn vs the rehearsed shape"]
+    assert (pair["status"], pair["recommended"]) == ("FAIL", "maxconn >= 7680")  # 4096 hold fewer than 6400
+    assert f"set maxconn 7680 in the global section of {small.config}, and ulimit-n {limit} with it" in pair["change"]
+    # The pair starts haproxy 2.6 under strict-limits and that hard limit; what rehearse used to
+    # advise (the measured need with the margin, 15376 here) is refused by it.
+    info = starts_under_strict_limits(tmp_path, 7680, limit, setup.backend)
+    assert (info["Maxconn"], info["Maxsock"], info["Ulimit-n"]) == ("7680", str(demanded), str(limit)), info
+    old = math.ceil(projected * 1.2)
+    assert old < demanded and starts_under_strict_limits(tmp_path, 7680, old, setup.backend) == {}
     # The recording saw the same failures as the exact counters, and the table full.
     from fdtrace.analysis import load
 
@@ -224,9 +281,10 @@ def test_haproxy_under_4096_holds_the_shape(setup: Setup) -> None:
     assert result["fds_per_connection"] == 2.0
     assert result["needed_fds"] == idle + 1600
     assert result["projected"] == {"ranks": 64, "connections": 6400, "needed_fds": idle + 12800}
-    # The recommendation is for the projected ranks: more than this haproxy may open.
+    # The recommendation is for the projected ranks: maxconn 7680 and the FD limit HAProxy
+    # demands for it (more than the 12800 + idle measured), with the margin.
     advice = {c["name"]: c for c in result["advice"]}
-    recommended = math.ceil((idle + 12800) * 1.2)
+    recommended = math.ceil(maxsock(7680, haproxy_threads(large.pid)) * 1.2)
     assert advice["RLIMIT_NOFILE soft"]["status"] == "FAIL"
     assert advice["RLIMIT_NOFILE soft"]["recommended"] == f">= {recommended}"
     assert advice["haproxy maxconn vs the rehearsed shape"]["recommended"] == "maxconn >= 7680"

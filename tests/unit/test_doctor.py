@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from fdtrace.advice.haproxy import HaproxyShape
 from fdtrace.doctor import report
 from fdtrace.doctor.checks import Doctor, Status
-from fdtrace.integrations.haproxy import fds_needed, parse_config
+from fdtrace.integrations.haproxy import parse_config
 from fdtrace.procfs.golang import BUILDINFO_MAGIC
 from tests import fakeproc
 from tests.fakeproc import write_files
@@ -74,6 +75,8 @@ def test_threads_against_nproc_cgroup_and_go(tree: tuple[Path, Path]) -> None:
     assert pids.status == Status.FAIL and pids.current == "97 tasks of 100"
     go = by_name(checks, "Go thread limit")
     assert go.status == Status.WARN and "8500 threads of Go's default 10000" in go.current
+    # the number and the function, as the report says them (issue 33)
+    assert go.recommended == "SetMaxThreads >= 10200" and go.change.endswith("runtime/debug.SetMaxThreads(10200)")
     fake_process(tree[0], 21, "cprog", 5, "1024", "1024", threads=8500)
     assert not [c for c in doctor(tree).process_checks(21) if c.name == "Go thread limit"]
 
@@ -122,7 +125,7 @@ def test_haproxy_maxconn_the_fd_limit_cannot_hold(tree: tuple[Path, Path], tmp_p
     # one FD limit recommended: the RLIMIT_NOFILE check's, from what maxconn needs (not from the 20 open)
     soft = by_name(checks, "RLIMIT_NOFILE soft")
     assert (soft.status, soft.recommended) == (Status.FAIL, ">= 2434") and "its maxconn needs ~2028" in soft.change
-    assert fds_needed(1000, 2, 2) == 2028
+    assert HaproxyShape(nbthread=2, binds=1, stats_sockets=1).maxsock(1000) == 2028
     assert by_name(checks, "haproxy ulimit-n").current == "config says 4000, the process has 1024"
     assert by_name(checks, "haproxy strict-limits").status == Status.WARN
     assert "did not answer" in by_name(checks, "haproxy stats socket").current
@@ -248,12 +251,13 @@ def test_haproxy_need_is_written_with_the_numbers_it_adds(tree: tuple[Path, Path
     assert parse_config(config).listeners == 2
     fake_process(tree[0], 31, "haproxy", 20, "1024", "1024", cmdline=f"/usr/sbin/haproxy -f {config}", uid=0)
     maxconn = by_name(doctor(tree).process_checks(31), "haproxy maxconn vs FD limit")
-    terms = re.search(r"needs ~(\d+) FDs as HAProxy counts them \(2 x (\d+) connections \+ 3 x (\d+) threads \+ "
-                      r"(\d+) listeners \+ (\d+) of its own = (\d+); the listeners: 2 bound, 1 stats socket\)",
-                      maxconn.current)
+    terms = re.search(r"needs (\d+) FDs as HAProxy counts them \(Maxsock: 2 x (\d+) connections \+ 3 x (\d+) threads "
+                      r"\+ (\d+) listeners \+ (\d+) of the stats CLI \+ (\d+) reserved = (\d+); the listeners: 2 "
+                      r"bound, 1 stats socket\)", maxconn.current)
     assert terms is not None, maxconn.current
-    need, conns, threads, listeners, own, total = map(int, terms.groups())
-    assert 2 * conns + 3 * threads + listeners + own == total == need == fds_needed(100, 3, 2) == 229
+    need, conns, threads, listeners, cli, reserved, total = map(int, terms.groups())
+    assert 2 * conns + 3 * threads + listeners + cli + reserved == total == need == 229
+    assert HaproxyShape(nbthread=2, binds=2, stats_sockets=1).maxsock(100) == 229
 
 
 def test_doctor_from_does_not_call_the_systems_tasks_haproxys_peak() -> None:

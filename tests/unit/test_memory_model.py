@@ -3,7 +3,8 @@ robustly from (sockets, bytes) samples, and what a number of connections needs a
 
 from __future__ import annotations
 
-from fdtrace.policy import LIMIT_MARGIN, MIB, memory_advice, memory_fit
+from fdtrace.advice.memory import memory_advice, memory_fit
+from fdtrace.policy import LIMIT_MARGIN, MIB
 
 PER = 100 * 1024
 BASE = 12 * MIB

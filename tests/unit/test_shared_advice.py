@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from fdtrace.analysis import least_headroom, load
-from fdtrace.analysis.needs import fd_needs
-from fdtrace.analysis.report import build, recommendations
-from fdtrace.analysis.report.advice import (
-    fd_hard_to_set,
-    fd_limit_ways,
+from fdtrace.advice.change import fd_hard_to_set, fd_limit_ways
+from fdtrace.advice.fixes import (
     file_max_fix,
     file_max_needed,
     listen_fix,
     thread_fix,
 )
+from fdtrace.analysis import least_headroom, load
+from fdtrace.analysis.needs import fd_needs
+from fdtrace.analysis.report import build, recommendations
 from fdtrace.doctor.checks import Doctor, Status
 from fdtrace.doctor.report import apply_recording
 from fdtrace.recording import Recording

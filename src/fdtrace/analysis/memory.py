@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from fdtrace.advice.memory import MemoryFit, memory_advice, memory_fit
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import processes_where
 from fdtrace.analysis.needs import fd_needs_on
-from fdtrace.policy import USAGE_WARN, MemoryFit, kib, memory_advice, memory_fit
+from fdtrace.policy import USAGE_WARN, kib
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable

@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from fdtrace.advice.needs import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.limits import limit_changes_on, limit_in_force, name_inherited_sources
-from fdtrace.policy import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.policy import with_margin
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable
 
 NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_limit", "peak_fds", "emfile",
-                "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source"]
+                "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source", "limit_config"]
 
 # A process's name is the one it failed under when it failed, else its newest sample's (a sample
 # may have been taken before it named itself: between its exec and its prctl).
@@ -45,7 +45,9 @@ refused AS (SELECT host, pid, start_ns, min(comm) AS comm, sum(n) AS emfile, max
             FROM per_second GROUP BY host, pid, start_ns),
 asked AS (SELECT host, haproxy_pid AS pid,
                  max(CASE WHEN source IS NULL OR source <> 'configuration' THEN maxsock END) AS info_maxsock,
-                 max(CASE WHEN source = 'configuration' THEN maxsock END) AS config_maxsock
+                 max(CASE WHEN source = 'configuration' THEN maxsock END) AS config_maxsock,
+                 max(CASE WHEN source = 'configuration' THEN ulimit_n END) AS config_ulimit_n,
+                 max(CASE WHEN source = 'configuration' AND ulimit_n IS NOT NULL THEN socket END) AS config_path
           FROM haproxy WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid),
 failed AS (SELECT host, pid, start_ns, min(comm) AS comm FROM events
            WHERE kind IN ('go_thread_limit', 'oom_kill') OR errno = 'ENFILE' GROUP BY host, pid, start_ns),
@@ -54,7 +56,8 @@ known AS (SELECT host, pid, start_ns FROM used UNION SELECT host, pid, start_ns 
 SELECT k.host, k.pid, k.start_ns, coalesce(r.comm, f.comm, u.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit,
        u.peak_fds, coalesce(r.emfile, 0) AS emfile, coalesce(r.emfile_worst_second, 0) AS emfile_worst_second,
        coalesce(a.info_maxsock, a.config_maxsock) AS maxsock,
-       CASE WHEN a.info_maxsock IS NULL AND a.config_maxsock IS NOT NULL THEN 'configuration' END AS maxsock_from
+       CASE WHEN a.info_maxsock IS NULL AND a.config_maxsock IS NOT NULL THEN 'configuration' END AS maxsock_from,
+       a.config_ulimit_n, a.config_path
 FROM known AS k
 LEFT JOIN used AS u ON k.host = u.host AND k.pid = u.pid AND k.start_ns = u.start_ns
 LEFT JOIN refused AS r ON k.host = r.host AND k.pid = r.pid AND k.start_ns = r.start_ns
@@ -69,6 +72,10 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
     if found.empty:
         return pd.DataFrame(columns=NEED_COLUMNS)
     found["limit_source"] = None
+    # the configuration that set the limit in force: an haproxy's ulimit-n equal to its soft limit
+    found["limit_config"] = [str(r.config_path) if isinstance(r.config_path, str) and not pd.isna(r.config_ulimit_n)
+                             and not pd.isna(r.fd_soft_limit) and int(r.config_ulimit_n) == int(r.fd_soft_limit)
+                             else None for r in found.itertuples()]
     changes = limit_changes_on(engine)  # read once: the limit in force and where each came from
     _judge_by_the_limit_in_force(engine, found, changes)
     name_inherited_sources(engine, found, changes)

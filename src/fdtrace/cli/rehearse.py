@@ -112,7 +112,12 @@ def rehearse(target: str, comm: str | None, pid: int | None, ranks: int, per_ran
         rank_list = start_ranks(shape, found)
     except FdtraceError as error:
         fail(error)
-    rehearsal = Rehearsal(shape, rank_list, traced, watch, max_rate, duration_s)
+    sampler = None
+    if len(pids) > 1:  # the workers that accept there, measured as one (their descriptors summed)
+        from fdtrace.rehearsal.runner import WorkersSampler
+
+        sampler = WorkersSampler(pids)
+    rehearsal = Rehearsal(shape, rank_list, traced, watch, max_rate, duration_s, sampler=sampler)
     _stop_on_signals(rehearsal)  # from now: a signal during the compile counts too
     pipeline = None
     if watch is not None:
@@ -130,8 +135,10 @@ def rehearse(target: str, comm: str | None, pid: int | None, ranks: int, per_ran
             stop_ranks(rank_list)
             fail(FdtraceError(f"{rehearsal.cancelled} before the load began", exit_code=1))
         probes = len(pipeline.source.info.probes_attached)
-        note(f"tracing pid {traced} ({shown(comm_now)}): {probes} probes attached; rehearsing {shape.ranks} ranks x "
-             f"{shape.per_rank} connections against {shown(found.text)}")
+        more = len(pids) - 1
+        workers = f" and {more} more worker{'s' * (more > 1)}, their descriptors summed" if more else ""
+        note(f"tracing pid {traced} ({shown(comm_now)}){workers}: {probes} probes attached; rehearsing "
+             f"{shape.ranks} ranks x {shape.per_rank} connections against {shown(found.text)}")
     else:
         note(f"{shown(found.text)} is not on this host: not traced; rehearsing {shape.ranks} ranks x {shape.per_rank} "
              "connections")

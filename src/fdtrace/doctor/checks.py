@@ -6,32 +6,26 @@ import enum
 import math
 import os
 import subprocess
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.analysis.needs import need_of
-from fdtrace.analysis.report.advice import (
-    fd_limit_fix,
-    file_max_fix,
-    file_max_needed,
-    go_said,
-    listen_fix,
-    soft_hard,
-    thread_fix,
-)
+from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
+from fdtrace.advice.haproxy import HaproxyShape, fd_limit_for
+from fdtrace.advice.needs import need_of
+from fdtrace.analysis.report.advice import go_said
 from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.integrations.haproxy import (
     HaproxyConfig,
     config_fds,
-    fds_needed,
-    fds_needed_sum,
+    config_maxconn,
+    config_shape,
     info_number,
     read_process_configs,
     show_info,
-    threads_of,
 )
+from fdtrace.integrations.nginx import NginxConfig, read_nginx_config
 from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
@@ -202,6 +196,54 @@ class Doctor:
                 checks += self._haproxy_checks(pid, scope, sample.fd_soft_limit, config, recommended)
         return checks
 
+    def need_checks(self, pid: int, need: int, basis: str, failed: bool, connections: int | None = None,
+                    measured: str = "needs") -> list[Check]:
+        """The checks of a running process for a need computed elsewhere (``rehearse``'s): where
+        its limit is set, the soft limit to set (the need with the margin, never below the limit
+        in force) and the command, fs.nr_open when the limit would pass it; for HAProxy, the
+        maxconn for ``connections`` at once (with the margin) and the FD limit HAProxy demands
+        for that maxconn (its Maxsock), so the pair starts under ``strict-limits``, then its
+        configuration's checks. ``failed``: the process failed under the load, so the limit check
+        fails whatever its usage. Empty when the process is gone."""
+        sample = self.sampler.sample(pid)
+        if sample is None:
+            return []
+        scope = f"pid {pid} ({sample.comm})"
+        soft, hard = sample.fd_soft_limit, sample.fd_hard_limit
+        configs = self._haproxy_configs(pid, scope) if sample.comm.startswith("haproxy") else []
+        nginx = read_nginx_config(self.procfs, pid) if sample.comm == "nginx" else None
+        pairs = []
+        for config, _ in configs:
+            pair = haproxy_pair(config, self.procfs, pid, connections) if config is not None else None
+            if pair is not None:
+                pairs.append((config, *pair))
+                if pair[1] > need:
+                    need, basis = pair[1], f"{pair[2]}; {measured} {need_text(need, basis)}"
+        where, place = self.limit_place(pid, soft, configs)
+        if isinstance(nginx, NginxConfig):  # its workers' limit is nginx's own to set, however it started
+            place = LimitPlace("nginx", nginx.path)
+            if nginx.worker_rlimit_nofile is not None and nginx.worker_rlimit_nofile == soft:
+                where = f"worker_rlimit_nofile {soft} in {nginx.path}"
+        checks = [Check(scope, "RLIMIT_NOFILE source", Status.OK, where)]
+        if soft is None:
+            checks.append(Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {measured} {need}"))
+        else:
+            status = Status.FAIL if failed or need > soft else by_usage(need, soft)
+            current = f"{soft} ({sample.open_fds} open now; {measured} {need}, {need / soft:.0%})"
+            checks += self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, current, place)
+        recommended = next((c.recommended for c in checks if c.name == "RLIMIT_NOFILE soft" and c.recommended), "")
+        for config, problems in configs:
+            checks += problems
+            if config is None:
+                continue
+            for paired, maxconn, _, _ in pairs:
+                if paired is config and connections is not None:
+                    checks += _maxconn_checks(scope, config, connections, maxconn, recommended)
+            checks += self._haproxy_checks(pid, scope, soft, config, recommended)
+        if nginx is not None:
+            checks += _nginx_checks(scope, nginx, connections)
+        return checks
+
     def _haproxy_configs(self, pid: int, scope: str) -> list[tuple[HaproxyConfig | None, list[Check]]]:
         """Each configuration file the process was started with, read only as the process could
         read it (``read_process_configs``), and what could not be read of it and why."""
@@ -215,42 +257,32 @@ class Doctor:
             found.append((read.config, problems))
         return found
 
-    def _limit_source(self, pid: int, soft: int | None,
-                      configs: list[tuple[HaproxyConfig | None, list[Check]]] | None = None,
-                      ) -> tuple[str, Callable[[int, int | None], str]]:
-        """(where the soft limit comes from, how to set soft (and hard) limits for good): the
-        systemd unit when its LimitNOFILE gave it, HAProxy's own ulimit-n, the parent it was
-        inherited from, or else the process itself (setrlimit) or someone's prlimit."""
+    def limit_place(self, pid: int, soft: int | None,
+                    configs: list[tuple[HaproxyConfig | None, list[Check]]] | None = None,
+                    ) -> tuple[str, LimitPlace]:
+        """(where the soft limit in force comes from, in words; the place to change it): the
+        systemd unit when its LimitNOFILE gave it, HAProxy's own ulimit-n, else where the process
+        is started (inherited from its parent, or set by itself or someone's prlimit)."""
         unit = self._systemd_unit(pid)
         current = self._unit_limit(unit) if unit else None
         if unit:
-            def by_unit(new_soft: int, hard: int | None) -> str:
-                return (f"set LimitNOFILE={soft_hard(new_soft, hard)} in [Service] of {unit}, "
-                        f"then systemctl daemon-reload && systemctl restart {unit}")
             unit_soft = _unit_soft(current)
             if current is None or unit_soft is None or unit_soft == soft:
-                return f"systemd unit {unit}" + (f" ({current})" if current else ""), by_unit
+                return f"systemd unit {unit}" + (f" ({current})" if current else ""), LimitPlace("unit", unit)
         for config, _ in configs or []:
             if config is not None and config.ulimit_n is not None and config.ulimit_n == soft:
-                path = config.path
-
-                def by_config(new_soft: int, hard: int | None, path: Path = path) -> str:
-                    return (f"set ulimit-n {new_soft} in the global section of {path}, and let the service's "
-                            "LimitNOFILE allow it")
-                return (f"ulimit-n {soft} in {path} (HAProxy sets its own limit at start; one set before it "
+                return (f"ulimit-n {soft} in {config.path} (HAProxy sets its own limit at start; one set before it "
                         "started, by prlimit or its unit, looks the same: fdtrace doctor --from a recording of its "
-                        "start names which)"), by_config
+                        "start names which)"), LimitPlace("haproxy", str(config.path))
         ppid = self._status_field(pid, "PPid")
         parent = self.sampler.sample(int(ppid)) if ppid and ppid.isdigit() and ppid != "0" else None
-        def by_start(new_soft: int, hard: int | None) -> str:
-            return fd_limit_fix(new_soft, hard)
         if parent is not None and parent.fd_soft_limit == soft:
-            return f"inherited from its parent pid {ppid} ({parent.comm}), whose soft limit is the same", by_start
+            return f"inherited from its parent pid {ppid} ({parent.comm}), whose soft limit is the same", AT_START
         unit_text = f"; its unit {unit} says {current}" if unit and current else ""
         parent_text = (f"; its parent pid {ppid} ({parent.comm}) has {parent.fd_soft_limit or 'unlimited'}"
                        if parent is not None else "")
         return (f"set for this process: by its own setrlimit (or its start script's ulimit), or by a prlimit"
-                f"{parent_text}{unit_text}", by_start)
+                f"{parent_text}{unit_text}", AT_START)
 
     def _fd_checks(self, pid: int, scope: str, open_fds: int, soft: int | None, hard: int | None,
                    config_need: int | None = None,
@@ -261,7 +293,7 @@ class Doctor:
         seen = f"{open_fds} open" + (f", peak {peak} in the recording" if peak > open_fds else "")
         if emfile:
             seen += f", {emfile} EMFILE failures"
-        where, how = self._limit_source(pid, soft, configs)
+        where, place = self.limit_place(pid, soft, configs)
         if recorded is not None and recorded.limit_source and recorded.fd_soft_limit == soft:
             # the limit it has now was set by a setrlimit/prlimit the recording traced: no guess
             where = f"{recorded.limit_source} (traced by the recording)"
@@ -270,27 +302,33 @@ class Doctor:
             return [*checks, Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {seen}")]
         need, basis = need_of(soft, peak, emfile, recorded.emfile_worst_second if recorded else 0,
                               recorded.maxsock if recorded else None, config_need)
-        status = by_usage(peak, soft)
+        status = max(by_usage(peak, soft), Status.WARN if near_limit(need, soft) else Status.OK)
         if emfile or need > soft:
             status = Status.FAIL
         return checks + self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, f"{soft} ({seen}, "
-                                             f"{peak / soft:.0%})", how)
+                                             f"{peak / soft:.0%})", place)
 
     def _raise_fd_limit(self, scope: str, pid: int | None, soft: int, hard: int | None, need: int, basis: str,
-                        status: Status, current: str, how: Callable[[int, int | None], str]) -> list[Check]:
-        """The one RLIMIT_NOFILE recommendation: the need with the margin."""
-        target = with_margin(need)
+                        status: Status, current: str, place: LimitPlace, who: str = "the process") -> list[Check]:
+        """The one RLIMIT_NOFILE recommendation, rendered from the advice layer's change
+        (``advice.change.fd_limit_change``): the need with the margin, set where the limit in force
+        was set (``place``), never below it (when that already holds the need, no number)."""
+        found = fd_limit_change(need, basis, soft, hard, place, who)
         change = ""
+        if found is None:
+            held = "" if status == Status.OK else f"; it holds the {need} needed ({basis}): no higher limit to set"
+            return [Check(scope, "RLIMIT_NOFILE soft", status, current + held)]
+        target = found.value
         if status != Status.OK:
             if pid is not None and (hard is None or target <= hard):
                 hard_text = hard if hard is not None else "unlimited"
-                change = f"prlimit --pid {pid} --nofile={target}:{hard_text} now; for good: {how(target, hard)}"
+                change = f"prlimit --pid {pid} --nofile={target}:{hard_text} now; for good: {found.command}"
             elif hard is None or target <= hard:
-                change = how(target, hard)
+                change = found.command
             else:
-                change = f"raise the soft and hard limits to {target}: {how(target, target)}"
+                change = f"raise the soft and hard limits to {target}: {found.command}"
             if not basis.startswith("peak "):  # the need is more than the process could show
-                change += f" (needed: {need}, {basis})"
+                change += f" ({found.reason})"
         checks = [Check(scope, "RLIMIT_NOFILE soft", status, current, f">= {target}" if status != Status.OK else "",
                         change)]
         nr_open = self._number("sys/fs/nr_open")
@@ -312,12 +350,10 @@ class Doctor:
         else:
             need, basis = need_of(soft, peak, gone.emfile, gone.emfile_worst_second, gone.maxsock,
                                   source=gone.limit_source)
-            status = Status.FAIL if gone.emfile or need > soft else by_usage(peak, soft)
-
-            def how(new_soft: int, hard: int | None) -> str:
-                return fd_limit_fix(new_soft, hard, gone.comm)
+            status = Status.FAIL if gone.emfile or need > soft else max(
+                by_usage(peak, soft), Status.WARN if near_limit(need, soft) else Status.OK)
             checks += self._raise_fd_limit(scope, None, soft, gone.fd_hard_limit, need, basis, status,
-                                           f"{soft} ({seen}, {peak / soft:.0%})", how)
+                                           f"{soft} ({seen}, {peak / soft:.0%})", AT_START, gone.comm)
         if gone.go_thread_limit is not None:
             checks.append(Check(scope, "Go thread limit", Status.FAIL,
                                 f"exceeded: the runtime said {go_said(gone.go_thread_limit)} and exited 2",
@@ -406,6 +442,12 @@ class Doctor:
                 current += f", growing {growth:.0f}/s in the recording: the limit in {eta:.0f} s"
                 if eta < 600:
                     status = max(status, Status.WARN)
+            if near_limit(threads, limit) and (said is None or said.go_thread_limit is None):
+                # the report's rule: its peak with the margin, in the words of the fix
+                checks.append(Check(scope, "Go thread limit", status, current,
+                                    f"SetMaxThreads >= {with_margin(threads)}",
+                                    thread_fix("Go SetMaxThreads", with_margin(threads))))
+                return checks
             # No number: a limit nearing by its growth (or one said exceeded) is not one to set at its peak.
             checks.append(Check(scope, "Go thread limit", status, current,
                                 "fewer threads blocked in syscalls" if status else "",
@@ -417,18 +459,17 @@ class Doctor:
         """One configuration's checks; the FD limit to set is the RLIMIT_NOFILE check's
         (``recommended``), so that the two never disagree."""
         checks = []
-        if config.maxconn is not None:
-            threads, listeners = threads_of(config, self.procfs, pid), config.listeners + len(config.stats_sockets)
-            need = fds_needed(config.maxconn, listeners, threads)
+        maxconn, shape = config_maxconn(config), config_shape(config, self.procfs, pid)
+        if maxconn is not None and shape is not None:
+            need = shape.maxsock(maxconn)
             limit = soft if soft is not None else config.ulimit_n
             status = Status.FAIL if limit is not None and need > limit else Status.OK
-            fits = (limit - (need - 2 * config.maxconn)) // 2 if limit is not None else None
+            fits = shape.maxconn_for(limit) if limit is not None else None
             raise_to = recommended.removeprefix(">= ") or str(with_margin(need))
             checks.append(Check(
                 scope, "haproxy maxconn vs FD limit", status,
-                f"maxconn {config.maxconn} needs ~{need} FDs as HAProxy counts them "
-                f"({fds_needed_sum(config.maxconn, listeners, threads)}; the listeners: "
-                f"{config.listeners} bound, {len(config.stats_sockets)} stats socket"
+                f"maxconn {maxconn} needs {need} FDs as HAProxy counts them (Maxsock: {shape.maxsock_sum(maxconn)}; "
+                f"the listeners: {config.listeners} bound, {len(config.stats_sockets)} stats socket"
                 f"{'s' if len(config.stats_sockets) != 1 else ''}); "
                 f"the process may open {limit if limit is not None else 'unlimited'}",
                 f"FD limit >= {raise_to} (RLIMIT_NOFILE soft, above), or maxconn <= {fits}" if status else "",
@@ -441,19 +482,20 @@ class Doctor:
             checks.append(Check(scope, "haproxy strict-limits", Status.WARN, "no strict-limits",
                                 "strict-limits", "remove 'no strict-limits' so HAProxy refuses to start "
                                 "without the FDs its maxconn needs"))
-        checks += self._haproxy_runtime(scope, config.stats_sockets, self._uid(pid))
+        checks += self._haproxy_runtime(scope, config, shape, self._uid(pid))
         return checks
 
     def _uid(self, pid: int) -> int | None:
         uid = self._status_field(pid, "Uid")
         return int(uid.split()[0]) if uid and uid.split()[0].isdigit() else None
 
-    def _haproxy_runtime(self, scope: str, sockets: list[str], uid: int | None) -> list[Check]:
+    def _haproxy_runtime(self, scope: str, config: HaproxyConfig, shape: HaproxyShape | None,
+                         uid: int | None) -> list[Check]:
         """`show info` of the stats sockets the configuration names: only sockets that belong to
         the process's own user, since anyone can start a process named haproxy and name any
         socket of root's in its configuration."""
         checks = []
-        for path in sockets:
+        for path in config.stats_sockets:
             try:
                 owner = os.lstat(path).st_uid
                 if owner != uid:
@@ -467,11 +509,16 @@ class Doctor:
             current = info_number(info, "CurrConns") or 0
             maxconn = info_number(info, "Maxconn") or None
             status = by_usage(current, maxconn)
+            wanted = with_margin(current)
+            change = "raise maxconn and the FD limits with it"
+            if status and shape is not None and wanted >= 1:  # the pair HAProxy accepts (advice.haproxy)
+                change = (f"set maxconn {wanted} in the global section of {config.path}, and ulimit-n "
+                          f"{fd_limit_for(wanted, shape)} with it (its Maxsock {shape.maxsock(wanted)}, with the "
+                          "margin)")
             checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status,
                                 f"{current} of {maxconn} "
                                 f"(Ulimit-n {info.get('Ulimit-n')}, Maxsock {info.get('Maxsock')})",
-                                f"maxconn >= {with_margin(current)}" if status else "",
-                                "raise maxconn and the FD limits with it" if status else ""))
+                                f"maxconn >= {wanted}" if status else "", change if status else ""))
         return checks
 
     # System checks
@@ -527,3 +574,61 @@ class Doctor:
                                 (thread_fix("threads-max", with_margin(threads) * 2) if name == "kernel.threads-max"
                                  else f"sysctl -w {name}={with_margin(threads) * 2}") if status else ""))
         return checks
+
+
+def need_text(need: int, basis: str) -> str:
+    """"1613 (800 connections at ...)"."""
+    return f"{need} ({basis})"
+
+
+def haproxy_pair(config: HaproxyConfig, procfs: ProcFS, pid: int,
+                 connections: int | None) -> tuple[int, int, str] | None:
+    """(maxconn, what HAProxy demands for it, why) for a configuration that must hold
+    ``connections`` at once: its maxconn when that holds them with the margin, else that many
+    with the margin; the demand is its Maxsock (``advice.haproxy``). None without a maxconn or
+    shape the model takes."""
+    maxconn, shape = config_maxconn(config), config_shape(config, procfs, pid)
+    if maxconn is None or shape is None:
+        return None
+    if connections is not None and connections >= 1:
+        maxconn = max(maxconn, with_margin(connections))
+    demanded = shape.maxsock(maxconn)
+    return maxconn, demanded, f"HAProxy's Maxsock {demanded} for maxconn {maxconn} ({shape.maxsock_sum(maxconn)})"
+
+
+def _maxconn_checks(scope: str, config: HaproxyConfig, connections: int, maxconn: int,
+                    recommended: str) -> list[Check]:
+    """HAProxy's maxconn against the connections held at once: the maxconn to set (with the
+    margin) named with the FD limit HAProxy demands for it (``recommended``, the RLIMIT_NOFILE
+    check's), the pair that starts under ``strict-limits``."""
+    current = config_maxconn(config)
+    if current is None:
+        return []
+    status = Status.FAIL if current < connections else Status.WARN if current < maxconn else Status.OK
+    limit = recommended.removeprefix(">= ")
+    with_limit = (f", and ulimit-n {limit} with it (what HAProxy demands for that maxconn, with the margin)"
+                  if limit else ", and the FD limit with it")
+    return [Check(scope, "haproxy maxconn vs the rehearsed shape", status,
+                  f"maxconn {current} for {connections} connections at once",
+                  f"maxconn >= {maxconn}" if status else "",
+                  f"set maxconn {maxconn} in the global section of {config.path}{with_limit}" if status else "")]
+
+
+def _nginx_checks(scope: str, nginx: NginxConfig | str, connections: int | None) -> list[Check]:
+    """An nginx worker's connection slots against the connections held at once
+    (``advice.nginx``): worker_connections named with the value the shape needs."""
+    if isinstance(nginx, str):
+        return [Check(scope, "nginx config", Status.WARN, nginx)]
+    shape = nginx.shape()
+    checks = [Check(scope, "nginx config", Status.WARN, problem) for problem in nginx.problems]
+    if shape is None or connections is None or connections < 1:
+        return checks
+    held = shape.proxied_per_worker()
+    change = shape.connections_change(connections)
+    status = Status.OK if change is None else Status.FAIL if held < connections else Status.WARN
+    current = (f"worker_connections {shape.worker_connections} hold {held} proxied connections per worker (2 slots "
+               f"each, {shape.listeners} listener{'s' * (shape.listeners != 1)}); {connections} at once")
+    checks.append(Check(scope, "nginx worker_connections vs the rehearsed shape", status, current,
+                        f"worker_connections >= {change.value}" if change is not None else "",
+                        change.text() if change is not None else ""))
+    return checks

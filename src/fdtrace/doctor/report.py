@@ -200,9 +200,9 @@ def as_json(checks: list[Check]) -> str:
 COLUMN_WIDTHS = (6, 34, 34, 56, 34)
 
 
-def as_table(checks: list[Check]) -> str:
+def as_table(checks: list[Check], overall: bool = True) -> str:
     """A table for a terminal (long cells wrap at word boundaries, never cut), then the changes
-    to make, numbered."""
+    to make, numbered, then the overall status (``overall``: rehearse says its own verdict)."""
     header = ("STATUS", "SCOPE", "CHECK", "CURRENT", "RECOMMENDED")
     rows = [(c.status.name, *(shown(text) for text in (c.scope, c.name, c.current, c.recommended))) for c in checks]
     widths = [min(max(len(r[i]) for r in [header, *rows]), COLUMN_WIDTHS[i]) for i in range(len(header))]
@@ -219,5 +219,6 @@ def as_table(checks: list[Check]) -> str:
         for i, c in enumerate(changes, 1):
             lines += textwrap.wrap(shown(f"{i}. [{c.status.name}] {c.scope}, {c.name}: {c.change}"), 110,
                                    subsequent_indent="   ", break_on_hyphens=False)
-    lines += ["", f"overall: {worst(checks).name}"]
+    if overall:
+        lines += ["", f"overall: {worst(checks).name}"]
     return "\n".join(lines)

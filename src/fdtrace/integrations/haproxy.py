@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fdtrace.advice.haproxy import CLI_MAXCONN, MAX_COUNT, HaproxyShape, ModelError
 from fdtrace.procfs.reader import READ_ERRORS, Credentials, ProcFS, skip_reason
 from fdtrace.safe_files import read_regular
 from fdtrace.schema.tables import HAPROXY_INFO_FIELDS
@@ -37,6 +38,9 @@ class HaproxyConfig:
     stats_sockets: list[str] = field(default_factory=list)
     listeners: int = 0  # the bind lines' addresses (``bind_listeners``): each holds one FD
     nbthread: int | None = None
+    stats_maxconn: int | None = None  # global ``stats maxconn``: the stats CLI's connections
+    checks: int = 0  # servers with health checks: each holds a descriptor HAProxy counts
+    splice: bool = False  # a proxy splices (option splice-*): HAProxy sizes pipes for it
     problems: list[str] = field(default_factory=list)  # values that could not be read
 
 
@@ -107,6 +111,10 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
                 continue
             if words[0] == "bind" and len(words) > 1:
                 config.listeners += bind_listeners(words[1])
+            elif words[0] == "server" and "check" in words[3:]:
+                config.checks += 1
+            elif words[0] == "option" and len(words) > 1 and words[1].startswith("splice-"):
+                config.splice = True
             if section != "global":
                 continue
             if words[0] == "maxconn":
@@ -115,6 +123,8 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
                 config.ulimit_n = _number(words, config, file)
             elif words[0] == "nbthread":
                 config.nbthread = _number(words, config, file)
+            elif words[:2] == ["stats", "maxconn"]:
+                config.stats_maxconn = _number(words[1:], config, file)
             elif words[0] == "strict-limits":
                 config.strict_limits = True
             elif words[:2] == ["no", "strict-limits"]:
@@ -589,25 +599,11 @@ class HaproxySampler:
         return rows
 
 
-#: Descriptors HAProxy 2.6 counts in its Maxsock besides connections, threads and listeners.
-HAPROXY_OWN_FDS = 20
-
-
-def fds_needed(maxconn: int, listeners: int, nbthread: int = 1) -> int:
-    """FDs HAProxy needs at maxconn, as it counts them for its Maxsock (and refuses to start
-    without, unless ``no strict-limits``): two per proxied connection (client and server side),
-    three per thread (its poller and a wake-up pipe), one per listener (bind lines and stats
-    sockets), and 20 of its own. Measured against haproxy 2.6's own `show info` Maxsock for
-    maxconn 1000 and 4096, 1 to 4 threads, 1 to 3 binds: the same number."""
-    return 2 * maxconn + 3 * nbthread + listeners + HAPROXY_OWN_FDS
-
-
-def fds_needed_sum(maxconn: int, listeners: int, nbthread: int = 1) -> str:
-    """``fds_needed`` written out term by term, with the numbers it adds:
-    "2 x 4096 connections + 3 x 2 threads + 2 listeners + 20 of its own = 8220"."""
-    return (f"2 x {maxconn} connections + 3 x {nbthread} thread{'s' if nbthread != 1 else ''} + {listeners} "
-            f"listener{'s' if listeners != 1 else ''} + {HAPROXY_OWN_FDS} of its own = "
-            f"{fds_needed(maxconn, listeners, nbthread)}")
+def shape_of(config: HaproxyConfig, nbthread: int) -> HaproxyShape:
+    """The HAProxy model's shape of a configuration (``fdtrace.advice.haproxy``) with ``nbthread``
+    threads. Raises ModelError for a value the model refuses (zero, negative or absurd)."""
+    return HaproxyShape(nbthread=nbthread, binds=config.listeners, stats_sockets=len(config.stats_sockets),
+                        cli_maxconn=config.stats_maxconn or CLI_MAXCONN, checks=config.checks, splice=config.splice)
 
 
 def threads_of(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int:
@@ -627,11 +623,36 @@ def threads_of(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int:
     return count or os.cpu_count() or 1
 
 
-def config_fds(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int | None:
-    """``fds_needed`` of a configuration (None without a maxconn): what that haproxy demands."""
+def config_shape(config: HaproxyConfig, procfs: ProcFS, pid: int) -> HaproxyShape | None:
+    """``shape_of`` a configuration with the threads that process runs; None when a value is
+    refused by the model (the configuration's problem is noted in ``problems``)."""
+    try:
+        return shape_of(config, threads_of(config, procfs, pid))
+    except ModelError as error:
+        if str(error) not in config.problems:
+            config.problems.append(f"{config.path}: {error}")
+        return None
+
+
+def config_maxconn(config: HaproxyConfig) -> int | None:
+    """The configuration's maxconn when the model takes it (1 to its maximum), else None (with
+    the problem noted): a maxconn of 0 or an absurd one is not used in any arithmetic."""
     if config.maxconn is None:
         return None
-    return fds_needed(config.maxconn, config.listeners + len(config.stats_sockets), threads_of(config, procfs, pid))
+    if not 1 <= config.maxconn <= MAX_COUNT:
+        problem = f"{config.path}: maxconn is not a count HAProxy takes (1 to {MAX_COUNT})"
+        if problem not in config.problems:
+            config.problems.append(problem)
+        return None
+    return config.maxconn
+
+
+def config_fds(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int | None:
+    """The Maxsock of a configuration (None without a maxconn the model takes): what that haproxy
+    demands of its FD limit."""
+    maxconn = config_maxconn(config)
+    shape = config_shape(config, procfs, pid)
+    return None if maxconn is None or shape is None else shape.maxsock(maxconn)
 
 
 #: Stats sockets sampled at most (those asked for and those found in configurations), and the
@@ -679,7 +700,7 @@ class HaproxyWatch:
                     continue
                 row: dict[str, int | str | None] = {
                     "socket": str(read.path), "source": "configuration", "haproxy_pid": sample.pid, "error": None,
-                    "maxconn": config.maxconn, "ulimit_n": config.ulimit_n,
+                    "maxconn": config_maxconn(config), "ulimit_n": config.ulimit_n,
                     "nbthread": threads_of(config, self.procfs, sample.pid),
                     "listeners": config.listeners + len(config.stats_sockets),
                     "maxsock": config_fds(config, self.procfs, sample.pid)}

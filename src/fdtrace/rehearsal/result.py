@@ -129,6 +129,10 @@ def describe_failure(burst: Burst, errors: dict[tuple[str, str], int], soft: int
             "calls": calls, "connections": clients, "text": "; ".join(parts) or "connections failed"}
 
 
+#: The doctor's checks of a program's own connection limit, which judge a failure without EMFILE.
+CONNECTION_LIMITS = ("nginx worker_connections vs the rehearsed shape", "haproxy maxconn vs the rehearsed shape")
+
+
 @dataclass
 class RehearsalResult:
     """A rehearsal's outcome and its figures.
@@ -195,7 +199,25 @@ class RehearsalResult:
     def failure(self) -> dict[str, Any] | None:
         """How the target first failed (``describe_failure``), None when it did not."""
         burst = held_and_failed_at(self.bursts)[2]
-        return None if burst is None else describe_failure(burst, self.errors, self.fd_soft_limit)
+        if burst is None:
+            return None
+        found = describe_failure(burst, self.errors, self.fd_soft_limit)
+        found["judged_by"] = self.judged_by
+        if self.judged_by:
+            found["text"] += f"; {self.judged_by}"
+        return found
+
+    @property
+    def judged_by(self) -> str | None:
+        """A failure without EMFILE or ENFILE judged by the program's own connection limit (its
+        check of the doctor's that failed: nginx's worker_connections, haproxy's maxconn)."""
+        burst = held_and_failed_at(self.bursts)[2]
+        if burst is None or (burst.first_target_failure is not None and burst.first_target_failure.errno):
+            return None
+        for check in self.advice:
+            if check.status.name == "FAIL" and check.name in CONNECTION_LIMITS:
+                return f"no descriptor ran out: its own connection limit did ({check.current})"
+        return None
 
     @property
     def fds_per_connection(self) -> float | None:
@@ -231,7 +253,9 @@ class RehearsalResult:
         if self.pid is None or found is None:
             return
         need, basis = found
-        self.advice = fd_advice(self.pid, need, basis, self.status == "failed", connections)
+        failure = self.failure
+        out_of_fds = failure is not None and failure["errno"] in FD_EXHAUSTION_ERRNOS
+        self.advice = fd_advice(self.pid, need, basis, out_of_fds, connections)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -296,5 +320,5 @@ class RehearsalResult:
         lines += [f"note: {shown(text)}" for text in self.notes]
         if self.advice:  # the doctor's table, without its overall line: the verdict is the one above
             lines += ["", "What to change (as fdtrace doctor says it):",
-                      as_table(self.advice).rsplit("\n\noverall:", 1)[0]]
+                      as_table(self.advice, overall=False)]
         return "\n".join(lines)

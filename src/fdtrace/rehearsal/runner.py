@@ -97,6 +97,31 @@ class TargetSampler(ProcSampler):
         return self.processes({*with_events, *self.targets} - {exclude})
 
 
+class WorkersSampler(ProcSampler):
+    """The sampler of a target whose workers all accept on the port (nginx with several
+    workers): the first worker stands for them all, with the descriptors they hold summed (any
+    one of them may accept every connection, so the sum is what one worker may need)."""
+
+    def __init__(self, workers: Iterable[int]) -> None:
+        super().__init__()
+        self.workers = sorted(set(workers))
+
+    def open_fds(self, pid: int) -> int | None:
+        """The workers' descriptors summed for the first one; None when any is gone."""
+        if pid != self.workers[0]:
+            return super().open_fds(pid)
+        counts = [super(WorkersSampler, self).open_fds(worker) for worker in self.workers]
+        return None if any(count is None for count in counts) else sum(c for c in counts if c is not None)
+
+    def sample(self, pid: int) -> ProcessSample | None:
+        """The first worker's sample with the workers' descriptors summed."""
+        first = super().sample(pid)
+        if first is None or pid != self.workers[0]:
+            return first
+        total = self.open_fds(pid)
+        return None if total is None else dataclasses.replace(first, open_fds=total)
+
+
 def start_ranks(shape: Shape, target: Target) -> list[Rank]:
     """Start the ranks (threads, or processes with ``shape.processes``) and wait until each
     serves. Raises FdtraceError when one does not start."""

@@ -372,11 +372,27 @@ def probe(address: str, port: int, family: int, text: str) -> None:
             raise _error(f"--target {shown(text)}: {reason}") from None
 
 
+def accepting(procfs: ProcFS, holders: tuple[int, ...]) -> tuple[int, ...]:
+    """Of the processes holding a listening socket, those that accept on it: where a parent and
+    its children all hold it (nginx's master and workers, a pre-forking server), the children
+    (the parent keeps the socket only to hand it to new workers); else all of them."""
+    children = []
+    for pid in holders:
+        try:
+            parent = int(procfs.status(pid, ("PPid",)).get("PPid", "0") or 0)
+        except (ProcessGoneError, ProcessAccessDeniedError, ValueError):
+            continue
+        if parent in holders:
+            children.append(pid)
+    return tuple(children) or holders
+
+
 def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
                 procfs: ProcFS | None = None) -> tuple[int, ...]:
     """The process to trace: the one ``--pid`` names, the one of name ``comm`` (the listener
-    among several of that name), or the listener of a local target; none for a target
-    elsewhere that names none. Raises FdtraceError."""
+    among several of that name), or the listener of a local target (where a master and its
+    workers hold it, the workers: the first stands for all, their descriptors summed); none for
+    a target elsewhere that names none. Raises FdtraceError."""
     procfs = procfs or ProcFS()
     if pids:
         for pid in pids:
@@ -396,6 +412,9 @@ def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
         if not named:
             raise _error(f"--comm {shown(comm)}: no process of that name")
         listening = [pid for pid in named if pid in target.listeners]
+        workers = accepting(procfs, tuple(listening))
+        if listening and workers != tuple(listening):  # a master and its workers: the workers
+            return workers
         chosen = listening or named
         if len(chosen) > 1:
             raise _error(f"--comm {shown(comm)}: {len(chosen)} processes of that name "
@@ -403,6 +422,9 @@ def choose_pids(target: Target, pids: tuple[int, ...], comm: str | None,
                          "choose one with --pid")
         return tuple(chosen)
     if len(target.listeners) > 1:
+        workers = accepting(procfs, target.listeners)
+        if workers != target.listeners:  # the workers of one master: all of them (summed)
+            return workers
         raise _error(f"--target {shown(target.text)}: {len(target.listeners)} processes hold the listening socket "
                      f"({', '.join(map(str, target.listeners[:8]))}): choose one with --pid")
     return target.listeners

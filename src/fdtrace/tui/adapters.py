@@ -8,6 +8,9 @@ from typing import Any
 
 from rich.text import Text
 
+from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.memory import memory_advice
+from fdtrace.advice.needs import need_of
 from fdtrace.display import shown
 from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.policy import (
@@ -16,8 +19,6 @@ from fdtrace.policy import (
     USAGE_WARN,
     dns_advice,
     kib,
-    memory_advice,
-    need_of,
     with_margin,
 )
 from fdtrace.procfs.threads import describe_state, dns_waiters
@@ -358,7 +359,7 @@ def limits_line(view: ProcessView) -> str:
 
 def memory_detail(view: ProcessView) -> Text:
     """Its memory: RSS and its split, its cgroup's usage against the limit and when it is full, the
-    memory a connection costs and what its connections need (``policy.memory_advice``)."""
+    memory a connection costs and what its connections need (``advice.memory.memory_advice``)."""
     text = Text()
     if view.rss_kb is None and view.memcg_usage is None:
         return text
@@ -401,15 +402,21 @@ def memory_connections(view: ProcessView) -> tuple[int | None, str]:
 
 def fd_recommendation(view: ProcessView) -> str | None:
     """The RLIMIT_NOFILE to set for a process that failed with EMFILE or nears its limit: the one
-    needs model (``policy.need_of``) doctor, info and the report apply, on what the view saw."""
+    needs model (``need_of``) and the advice layer's change (``advice.change``) that doctor,
+    info and the report render, on what the view saw: set where the limit in force was set (an
+    haproxy's ulimit-n in its configuration), then prlimit for now."""
     soft = view.fd_soft_limit
     peak = max((fds for _, fds in view.history), default=view.open_fds)
     need, basis = need_of(soft, peak, view.emfile, view.emfile_worst_second, view.maxsock,
                           maxsock_from=view.maxsock_from)
-    near = soft is not None and need >= soft * USAGE_WARN
-    if not view.emfile and not near:
+    if not view.emfile and not near_limit(need, soft):
         return None
-    hard = "unlimited" if view.fd_hard_limit is None else max(with_margin(need), view.fd_hard_limit)
-    return (f"RLIMIT_NOFILE soft limit {with_margin(need)} (needed {need}: {basis}; now "
-            f"{soft if soft is not None else 'unlimited'}): LimitNOFILE= in its systemd unit, or prlimit --pid "
-            f"{view.pid} --nofile={with_margin(need)}:{hard} now")
+    config = view.limit_config
+    place = LimitPlace("haproxy", config[1]) if config is not None and config[0] == soft else AT_START
+    change = fd_limit_change(need, basis, soft, view.fd_hard_limit, place)
+    if change is None:
+        return None
+    hard = "unlimited" if view.fd_hard_limit is None else max(change.value, view.fd_hard_limit)
+    return (f"RLIMIT_NOFILE soft limit {change.value} (needed {need}: {basis}; now "
+            f"{soft if soft is not None else 'unlimited'}): {change.command}; now: prlimit --pid "
+            f"{view.pid} --nofile={change.value}:{hard}")

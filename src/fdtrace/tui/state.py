@@ -12,8 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fdtrace.advice.memory import MemoryFit, memory_fit
 from fdtrace.integrations.haproxy import NOT_ASKED
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, MemoryFit, kib, memory_fit, site_name
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, kib, site_name
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
@@ -54,6 +55,7 @@ class ProcessView:
     _emfile_second: tuple[int, int] = (-1, 0)  # (the second being counted, its count)
     maxsock: int | None = None  # what HAProxy sized itself for (show info), or its configuration demands
     maxsock_from: str | None = None  # "configuration" when only the configuration said
+    limit_config: tuple[int, str] | None = None  # an haproxy's (ulimit-n, its configuration file)
     go_thread_limit: int | None = None  # the N of Go's "program exceeds N-thread limit", when it said so
     go_limit_unread: str | None = None  # why its Go limit could not be read from its memory
     maxconn: int | None = None  # an haproxy's maxconn (show info, or its configuration)
@@ -312,6 +314,7 @@ class IncidentState:
         self.boot_wall_ns: int | None = None  # wall time of the traced machine's boot
         self.haproxy: dict[str, HaproxyView] = {}
         self._demanded: dict[int, tuple[int, str | None]] = {}  # haproxy pid -> (Maxsock, from)
+        self._limit_configs: dict[int, tuple[int, str]] = {}  # haproxy pid -> (ulimit-n, configuration)
         self._maxconns: dict[int, int] = {}  # haproxy pid -> maxconn
         self.phases: dict[int, PhaseNow] = {}  # training processes under `fdtrace run`, by pid
         self.site_names: dict[int, str] = {}  # --stacks: stack id -> the call site it names
@@ -338,6 +341,8 @@ class IncidentState:
             view.maxsock, view.maxsock_from = self._demanded[pid]
         if view.maxconn is None and pid in self._maxconns:
             view.maxconn = self._maxconns[pid]
+        if view.limit_config is None and pid in self._limit_configs:
+            view.limit_config = self._limit_configs[pid]
         return view
 
     def apply_events(self, events: pa.Table) -> None:
@@ -513,6 +518,13 @@ class IncidentState:
         """What an haproxy sized itself for (show info's Maxsock), or failing that what its
         configuration demands: the needs model's "what the program demands of itself"."""
         pid, maxsock = row.get("haproxy_pid"), row.get("maxsock")
+        if pid is not None and row.get("source") == "configuration" and row.get("ulimit_n") is not None \
+                and row.get("socket") is not None:  # the configuration's ulimit-n: where its limit may be set
+            self._limit_configs[int(pid)] = (int(row["ulimit_n"]), str(row["socket"]))
+            while len(self._limit_configs) > MAX_DEMANDED:
+                self._limit_configs.pop(next(iter(self._limit_configs)))
+            if int(pid) in self.processes:
+                self.processes[int(pid)].limit_config = self._limit_configs[int(pid)]
         if pid is not None and row.get("maxconn") is not None:
             self._maxconns[int(pid)] = int(row["maxconn"])
             while len(self._maxconns) > MAX_DEMANDED:

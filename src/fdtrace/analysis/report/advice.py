@@ -4,93 +4,25 @@ rule has one wording wherever it is read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from fdtrace.advice.change import LimitPlace, fd_hard_to_set, fd_limit_ways, near_limit
+from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
 from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
 from fdtrace.analysis.needs import fd_needs_on
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN, with_margin
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, THREADS_COUNTED, USAGE_WARN, with_margin
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Dataset
 
-# The words of each fix: one function per rule, read by the report's lines below and by doctor's
-# checks (doctor/checks.py), so that the two never say one change in two ways.
-
-
-def soft_hard(soft: int, hard: int | None) -> str:
-    """systemd's LimitNOFILE value: SOFT:HARD, or one number when they are equal (no hard limit:
-    infinity)."""
-    if hard is None:
-        return f"{soft}:infinity"
-    return str(soft) if soft == hard else f"{soft}:{hard}"
-
-
-def fd_hard_to_set(target: int, hard: int | None) -> int | None:
-    """The hard limit to go with a soft limit of ``target``: the one in force where it allows
-    the target (None: unlimited), else the target itself."""
-    return hard if hard is None or target <= hard else target
-
-
-def fd_limit_ways(soft: int, hard: int | None) -> str:
-    """The ways to set an RLIMIT_NOFILE of ``soft`` (and ``hard``) for good, where the process is
-    started: the report's line and doctor's change say them in these words."""
-    return (f"ulimit -n {soft} in its start script, LimitNOFILE={soft_hard(soft, hard)} in its systemd unit, "
-            "or /etc/security/limits.conf for logins")
-
-
-def fd_limit_fix(soft: int, hard: int | None, who: str = "the process") -> str:
-    """Doctor's change where no unit or configuration is known to set the limit."""
-    return f"raise it where {who} is started ({fd_limit_ways(soft, hard)})"
-
-
-#: How to raise each kind of thread limit (see ``headroom()``), given the number to set.
-THREAD_FIXES: dict[str, Callable[[int], str]] = {
-    "Go default": lambda need: f"{GO_THREADS_ADVICE}({need})",
-    "Go SetMaxThreads": lambda need: f"{GO_THREADS_ADVICE}({need})",
-    "RLIMIT_NPROC": lambda need: f"set LimitNPROC={need} in its systemd unit (or ulimit -u {need}) for the user",
-    "cgroup pids.max": lambda need: f"set TasksMax={need} in its unit (or pids.max of its cgroup)",
-    "threads-max": lambda need: f"sysctl -w kernel.threads-max={need}",
-}
-
-
-def thread_fix(kind: str, need: int | None = None) -> str:
-    """How to raise a thread limit of ``kind`` to ``need``; a Go limit without a number (its
-    program's threads are not known) is the advice alone."""
-    if need is None:
-        if kind.startswith("Go "):
-            return GO_THREADS_ADVICE
-        return f"raise {kind}"
-    return THREAD_FIXES[kind](need) if kind in THREAD_FIXES else f"raise {kind} to {need}"
-
-
-def listen_fix(refused: str | None) -> str:
-    """What to do about a listen queue that overflowed: when listeners (``refused``, named) were
-    failing accept() with EMFILE meanwhile, the overflow was their symptom and their FD limit the
-    fix; otherwise somaxconn and the backlog."""
-    if refused:
-        return (f"a symptom: accept() failed with EMFILE in {refused} during the recording, so the queue filled "
-                "while the listener could not take connections; raise its FD limit (its RLIMIT_NOFILE change), "
-                "not somaxconn")
-    return "a listen queue overflowed: raise somaxconn (65535) and the listener's backlog, or accept faster"
-
-
-def file_max_needed(file_nr: int, file_max: int) -> int | None:
-    """The fs.file-max to set once the system's file table (file-nr) reached USAGE_WARN of it: twice
-    the peak, with the limits' margin, so the peak can double before ENFILE; None below that."""
-    if file_max <= 0 or file_nr < file_max * USAGE_WARN:
-        return None
-    return with_margin(file_nr) * 2
-
-
-def file_max_fix(needed: int) -> str:
-    """The command that sets fs.file-max to ``needed`` (``file_max_needed``), now and at boot."""
-    return f"sysctl -w fs.file-max={needed} (and in /etc/sysctl.d/)"
+# The words of each fix live in the advice layer (``fdtrace.advice``), read here by the report's
+# lines below and by doctor's checks (doctor/checks.py), so that the two never say one change in
+# two ways.
 
 
 def go_said(limit: Any) -> str:
@@ -140,16 +72,18 @@ def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
     advice = []
     for row in needs.itertuples():
         soft = None if pd.isna(row.fd_soft_limit) else int(row.fd_soft_limit)
-        near = soft is not None and row.need >= soft * USAGE_WARN
-        if not row.emfile and not near:
+        if not row.emfile and not near_limit(row.need, soft):
             continue
         where = f" on {row.host}" if several else ""
         failed = f", failed {row.emfile:,} times with EMFILE" if row.emfile else ""
         limit = soft if soft is not None else "unlimited"
         hard = None if pd.isna(row.fd_hard_limit) else int(row.fd_hard_limit)
+        config = getattr(row, "limit_config", None)
+        hard_to_set = fd_hard_to_set(row.recommended, hard)
+        ways = (LimitPlace("haproxy", config).command(row.recommended, hard_to_set) if isinstance(config, str)
+                else fd_limit_ways(row.recommended, hard_to_set))
         text = (f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}: soft limit {limit}{failed}; it needed at least "
-                f"{row.need} ({row.basis}); set it to {row.recommended} "
-                f"({fd_limit_ways(row.recommended, fd_hard_to_set(row.recommended, hard))}).")
+                f"{row.need} ({row.basis}); set it to {row.recommended} ({ways}).")
         if not pd.isna(row.maxsock) and soft is not None and row.maxsock > soft:
             text += (f" HAProxy sized itself for {int(row.maxsock)} descriptors (Maxsock) but was given {soft}: "
                      "raise the limit, or lower maxconn until Maxsock fits.")
