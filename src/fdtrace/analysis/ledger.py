@@ -29,26 +29,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from fdtrace.analysis.engines.dataset import engine_for, select_events
+from fdtrace.schema.owners import CONNECTED_ERRNOS, OWNERS, STORE_THREADS, owner_of
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Dataset
-
-#: Owners in the order tables show them, with the words a reader sees.
-OWNERS: dict[str, str] = {
-    "store_server": "rendezvous store (server side)",
-    "store_client": "rendezvous store (client)",
-    "pairs": "collective pairs",
-    "listeners": "listeners",
-    "other_sockets": "other sockets",
-    "files_pipes": "files and pipes",
-}
-SOCKET_OWNERS = tuple(o for o in OWNERS if o != "files_pipes")
-#: The phases whose connections are the collectives' (each makes a process group).
-GROUP_PHASES = ("init_process_group", "new_group")
-#: Thread names of PyTorch's TCPStore server (libuv and the older backend).
-STORE_THREADS = ("pt_tcpstore",)
-#: Thread names of the collectives' own threads.
-COLLECTIVE_THREADS = ("gloo", "nccl", "NCCL")
 
 LEDGER_COLUMNS = ["host", "job", "world_size", "rank", "pid", "owner", "side", "phase", "thread", "descriptors"]
 RANK_COLUMNS = ["host", "job", "world_size", "rank", "pid", "fds", "sockets", "threads", "fd_limit", "connects",
@@ -159,7 +143,7 @@ def _open_at_peak(events: pd.DataFrame, at_ns: int | None = None) -> tuple[list[
                             "family": ev.family if isinstance(ev.family, str) else None,
                             "peer_port": int(ev.peer_port) if pd.notna(ev.peer_port) else None}
         elif ev.kind == "connect":
-            if fd in open_now and errno not in ("", "EINPROGRESS", "EALREADY", "EISCONN"):
+            if fd in open_now and errno not in CONNECTED_ERRNOS:
                 open_now.pop(fd)  # a failed connect (the name service cache's absent socket): closed next
             elif fd in open_now:
                 open_now[fd].update(side="connected", family=ev.family if isinstance(ev.family, str) else None,
@@ -192,21 +176,6 @@ def _store_port(ranks: pd.DataFrame, events: pd.DataFrame) -> int | None:
             seen.setdefault(port, set()).add(row.pid)
     everyone = [p for p, pids in seen.items() if len(pids) == len(ranks)]
     return everyone[0] if len(everyone) == 1 else None
-
-
-def _owner(sock: dict[str, Any], store_port: int | None, store_tids: set[int], phase: str | None) -> str:
-    if sock["side"] == "unconnected":
-        return "listeners"
-    if sock["side"] == "connected" and sock["family"] == "AF_UNIX":
-        return "other_sockets"
-    if sock["side"] == "connected" and store_port is not None and sock["peer_port"] == store_port:
-        return "store_client"
-    if sock["side"] == "accepted" and (sock["tid"] in store_tids or sock["thread"].startswith(STORE_THREADS)):
-        return "store_server"
-    threads = (sock["thread"], sock.get("connect_thread", ""))
-    if phase in GROUP_PHASES or any(t.startswith(COLLECTIVE_THREADS) for t in threads):
-        return "pairs"
-    return "other_sockets"
 
 
 def job_ledgers(recording: Dataset, source: str = "") -> list[JobLedger]:
@@ -265,7 +234,9 @@ def _ledger_of(job: pd.DataFrame, events: pd.DataFrame, samples: pd.DataFrame, p
         counted: dict[tuple[str, str, str | None, str], int] = {}
         for sock in sockets:
             phase = _innermost(phases, row.pid, sock["ts"])
-            owner = _owner(sock, store_port, store_tids, phase)
+            owner = owner_of(sock["side"], sock["family"], sock["peer_port"],
+                             (sock["thread"], sock.get("connect_thread", "")), phase, store_port,
+                             sock["tid"] in store_tids)
             key = (owner, sock["side"], phase, sock["thread"])
             counted[key] = counted.get(key, 0) + 1
         if top is not None:

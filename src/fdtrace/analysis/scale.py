@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fdtrace.analysis.ledger import OWNERS, SOCKET_OWNERS, JobLedger
+from fdtrace.analysis.ledger import JobLedger
 from fdtrace.errors import FdtraceError
 from fdtrace.policy import with_margin
+from fdtrace.schema.owners import OWNERS, SOCKET_OWNERS
 
 #: Linux's default net.ipv4.ip_local_port_range (32768-60999): recordings do not hold the host's own.
 EPHEMERAL_PORTS = 60999 - 32768 + 1

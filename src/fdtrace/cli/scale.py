@@ -53,8 +53,8 @@ def scale(recordings: tuple[str, ...], world: int, ranks_per_host: int | None, a
 
 def render(projection: object) -> str:
     """The projection in lines, for a terminal."""
-    from fdtrace.analysis.ledger import OWNERS
     from fdtrace.analysis.scale import HOST, Projection
+    from fdtrace.schema.owners import OWNERS
 
     assert isinstance(projection, Projection)
     p = projection
