@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from fdtrace.analysis import load
-from fdtrace.analysis.ledger import job_ledgers
+from fdtrace.analysis.rank_ledger import job_ledgers
 from fdtrace.analysis.scale import project
 from tests.bpf.test_ddp_phases import free_port
 from tests.helpers import FDTRACE
 
 torch = pytest.importorskip("torch")
 # The fixture runs four small jobs under the tracer and two real ones: minutes on a busy machine.
-pytestmark = [pytest.mark.bpf, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.bpf, pytest.mark.timeout(3000)]
 TRAIN = str(Path(__file__).parents[1] / "data" / "ddp_train.py")
 LIMIT = 48
 
@@ -121,7 +121,7 @@ def _job(world: int, port: int, tmp: Path, *extra: str) -> str:
             f"--port {port} --checkpoint {tmp}/ckpt-{port}.pt {' '.join(extra)}")
 
 
-def _run(argv: list[str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -152,7 +152,7 @@ def _real_peaks(runs: Runs, world: int) -> tuple[subprocess.CompletedProcess[str
     port = free_port()
     with ProcWatch(runs.netns[3]) as watch:
         result = subprocess.run([*runs.netns, FDTRACE, "run", "--", "sh", "-ec", _job(world, port, runs.tmp)],
-                                capture_output=True, text=True, timeout=400)
+                                capture_output=True, text=True, timeout=900)
     return result, sorted((r.fds for r in watch.seen.values() if r.port == port), reverse=True)
 
 

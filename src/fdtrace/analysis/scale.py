@@ -1,14 +1,14 @@
 """What a distributed job will need at a world size it has not run at, from its ledgers at the
 world sizes it ran at (``fdtrace scale``, and the report of a ``run --record`` recording).
 
-Each owner of the ledger (``fdtrace.analysis.ledger``) grows by one law with the world size N:
-constant, per peer (``a + b (N - 1)``: the collectives' full mesh) or per rank on the store's host
-(``a + b N``: the store's connections). With two world sizes or more the law is fitted; with one,
+Each owner of the ledger (``fdtrace.analysis.rank_ledger``) grows by one law with the world size
+N: constant, per peer (``a + b (N - 1)``: the collectives' full mesh) or per rank on the store's
+host (``a + b N``: the store's connections). With two world sizes or more the law is fitted; with one,
 it comes from the structure: the pairs a rank holds per peer it reaches (N - 1 of them), the
 store's connections per rank, the rest constant. The store's host (rank 0 where it hosts the
 store) is projected apart from the other ranks. Against the limits the recordings saw (each
-rank's RLIMIT_NOFILE, the host's somaxconn, threads-max and file-max) the projection says which limit breaks first, at which world size, and the
-largest world size that fits them all.
+rank's RLIMIT_NOFILE, the host's somaxconn, threads-max and file-max) the projection says which
+limit breaks first, at which world size, and the largest world size that fits them all.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fdtrace.analysis.ledger import JobLedger
+from fdtrace.analysis.rank_ledger import JobLedger
 from fdtrace.errors import FdtraceError
 from fdtrace.policy import with_margin
 from fdtrace.schema.owners import OWNERS, SOCKET_OWNERS
@@ -263,8 +263,9 @@ def project(jobs: list[JobLedger], world: int, ranks_per_host: int | None = None
     for role in points:
         by_owner = {o: laws_by[(role, o)].at(world) for o in OWNERS}
         roles[role] = {"fds": sum(by_owner.values()), "sockets": sum(by_owner[o] for o in SOCKET_OWNERS),
-                       "threads": laws_by[(role, "threads")].at(world), "connects": laws_by[(role, "connects")].at(world),
-                       "limit": fd_limits[role], "by_owner": by_owner}
+                       "threads": laws_by[(role, "threads")].at(world),
+                       "connects": laws_by[(role, "connects")].at(world), "limit": fd_limits[role],
+                       "by_owner": by_owner}
 
     def need(role: str, figure: str) -> Callable[[int], int]:
         if figure == "fds":
@@ -285,9 +286,10 @@ def project(jobs: list[JobLedger], world: int, ranks_per_host: int | None = None
     system = _system(jobs)
     limits: list[Limit] = []
     for role in roles:
-        if fd_limits[role] is not None:
+        fd_limit = fd_limits[role]
+        if fd_limit is not None:
             who = f"rank {store_rank}" if role == HOST else "each other rank"
-            limits.append(Limit(f"RLIMIT_NOFILE of {who}", fd_limits[role], need(role, "fds")))
+            limits.append(Limit(f"RLIMIT_NOFILE of {who}", fd_limit, need(role, "fds")))
     if HOST in roles and "somaxconn" in system:
         limits.append(Limit("net.core.somaxconn (the store's listen backlog: every rank connects at once)",
                             system["somaxconn"], need(HOST, "store_server")))

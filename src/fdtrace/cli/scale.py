@@ -27,7 +27,7 @@ def scale(recordings: tuple[str, ...], world: int, ranks_per_host: int | None, a
     sockets and threads at WORLD ranks, the busiest host's connections, the limit that breaks
     first and the largest world size that fits every limit.
     """
-    from fdtrace.analysis.ledger import job_ledgers
+    from fdtrace.analysis.rank_ledger import job_ledgers
     from fdtrace.analysis.scale import project
 
     jobs = []

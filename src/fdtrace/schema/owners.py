@@ -1,5 +1,5 @@
 """What a distributed job's rank holds a descriptor for (its owner): the one rule that the ledger
-(``fdtrace.analysis.ledger``), ``fdtrace scale``, the report and ``top``'s detail of a rank apply.
+(``fdtrace.analysis.rank_ledger``), ``fdtrace scale``, the report and ``top``'s detail of a rank apply.
 Standard library only: the live view imports it without pandas."""
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def scale_section(recording: Dataset) -> tuple[pd.DataFrame, pd.DataFrame, list[
     """The ledger of the recording's distributed jobs (ranks by owner) and the largest job's
     projection: its laws, lines at REPORT_WORLDS and where its first limit breaks, each owner's
     curve. Empty when the recording holds no job (no ranks in its phases)."""
-    from fdtrace.analysis.ledger import job_ledgers
+    from fdtrace.analysis.rank_ledger import job_ledgers
     from fdtrace.analysis.scale import project
     from fdtrace.errors import FdtraceError
     from fdtrace.schema.owners import OWNERS

@@ -232,8 +232,16 @@ def _ledger_of(job: pd.DataFrame, events: pd.DataFrame, samples: pd.DataFrame, p
         top = own.sort_values(["open_fds", "ts_ns"], ascending=[False, True]).iloc[0] if len(own) else None
         sockets, connects = _open_at_peak(evs, None if top is None else int(top["ts_ns"]))
         counted: dict[tuple[str, str, str | None, str], int] = {}
+        # Without the store's port (a recording without peers): TCPStore's client connects first.
+        first_client = None if store_port is not None else min(
+            (s["ts"] for s in sockets if s["side"] == "connected" and s["family"] != "AF_UNIX"
+             and _innermost(phases, row.pid, s["ts"]) == "init_process_group"), default=None)
         for sock in sockets:
             phase = _innermost(phases, row.pid, sock["ts"])
+            if first_client is not None and sock["ts"] == first_client and sock["side"] == "connected":
+                key = ("store_client", sock["side"], phase, sock["thread"])
+                counted[key] = counted.get(key, 0) + 1
+                continue
             owner = owner_of(sock["side"], sock["family"], sock["peer_port"],
                              (sock["thread"], sock.get("connect_thread", "")), phase, store_port,
                              sock["tid"] in store_tids)
