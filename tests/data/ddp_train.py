@@ -2,7 +2,7 @@
 STEPS steps, rank 0 saves a checkpoint, and every rank prints a checksum of its parameters.
 
     python tests/data/ddp_train.py [--world 2] [--steps 3] [--hook] [--port 29511] [--step-sleep S]
-                                   [--profile DIR]
+                                   [--profile DIR] [--second-group]
 
 Under torchrun (one process per rank, started by torchrun) it trains its own rank, from the
 environment torchrun sets, instead of spawning the ranks itself.
@@ -10,7 +10,9 @@ environment torchrun sets, instead of spawning the ranks itself.
 --hook registers a communication hook of the job's own, which counts its calls; --older-torch
 hides the reducer's _update_process_group, as a torch without it would (the shim then falls back); --step-sleep
 waits S seconds after each step (time for a watcher to see the ranks move); --profile runs the
-steps under the PyTorch profiler and writes its (Kineto) trace to DIR/trace-RANK.json.
+steps under the PyTorch profiler and writes its (Kineto) trace to DIR/trace-RANK.json;
+--second-group makes a second world-sized Gloo group (new_group(backend="gloo")) and all-reduces over it
+once, holding it to the end (a second full mesh of connections).
 """
 
 import argparse
@@ -39,10 +41,14 @@ class _ReducerOfAnOlderTorch:
         return getattr(self._reducer, name)
 
 
-def train(rank, world, steps, port, hook, checkpoint, step_sleep, profile_dir, older_torch=False):
+def train(rank, world, steps, port, hook, checkpoint, step_sleep, profile_dir, older_torch=False,
+          second_group=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    if second_group:
+        group = dist.new_group(backend="gloo")
+        dist.all_reduce(torch.ones(1), group=group)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                                         torch.nn.Linear(256, 8)), bucket_cap_mb=0.005)
@@ -97,11 +103,12 @@ if __name__ == "__main__":
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--older-torch", action="store_true", help="a reducer without _update_process_group")
+    parser.add_argument("--second-group", action="store_true", help="a second world-sized Gloo group")
     parser.add_argument("--checkpoint", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "ddp-checkpoint.pt"))
     args = parser.parse_args()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.steps, int(os.environ["MASTER_PORT"]),
-              args.hook, args.checkpoint, args.step_sleep, args.profile, args.older_torch)
+              args.hook, args.checkpoint, args.step_sleep, args.profile, args.older_torch, args.second_group)
     else:
         mp.spawn(train, args=(args.world, args.steps, args.port, args.hook, args.checkpoint, args.step_sleep,
-                              args.profile, args.older_torch), nprocs=args.world)
+                              args.profile, args.older_torch, args.second_group), nprocs=args.world)

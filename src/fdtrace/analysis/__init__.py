@@ -271,3 +271,19 @@ def thread_sites(recording: Dataset, pid: int | None = None) -> pd.DataFrame:
     with engine_for(recording) as engine:
         started = thread_starts(engine, pid)
     return _sites.thread_sites(started, recording.stacks, pid=pid)
+
+
+def ledger(recording: Dataset) -> pd.DataFrame:
+    """Each rank's descriptors by owner, for every distributed job of a recording made with
+    ``fdtrace run --record`` (its phases name the ranks).
+
+    Returns one row per (job, rank, owner, side, phase, thread): ``host``, ``job`` (its rendezvous
+    address and world size), ``world_size``, ``rank``, ``pid``, ``owner`` (``store_server``,
+    ``store_client``, ``pairs``, ``listeners``, ``other_sockets``, ``files_pipes``: see
+    ``fdtrace.schema.owners``), ``side`` (connected, accepted, unconnected), the ``phase`` and
+    ``thread`` that made them, and ``descriptors``, counted at the rank's sample with the most
+    descriptors. Empty for a recording of no distributed job. See docs/scale.md.
+    """
+    from fdtrace.analysis.rank_ledger import job_ledgers, ledger_frame
+
+    return ledger_frame(job_ledgers(recording))

@@ -14,6 +14,7 @@ from fdtrace.cli.record import record
 from fdtrace.cli.rehearse import rehearse
 from fdtrace.cli.report import report
 from fdtrace.cli.run import run
+from fdtrace.cli.scale import scale
 from fdtrace.cli.service import service
 from fdtrace.cli.top import replay, top
 from fdtrace.cli.trace import trace
@@ -27,5 +28,5 @@ def main() -> None:
 
 
 for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact,
-                trace_export, rehearse, service):
+                trace_export, rehearse, service, scale):
     main.add_command(command)

@@ -22,6 +22,7 @@ from fdtrace.policy import (
     with_margin,
 )
 from fdtrace.procfs.threads import describe_state, dns_waiters
+from fdtrace.schema.owners import OWNERS
 from fdtrace.schema.records import PhaseNow
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
 
@@ -291,6 +292,10 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
                 f"full in {duration(view.seconds_to_exhaustion())}  sockets {view.sockets or '-'}  "
                 f"threads {view.threads or '-'}\n")
     text.append(memory_detail(view))
+    if view.rank_sockets:
+        owners = view.descriptors_by_owner()
+        text.append("descriptors by owner: ", style="bold")
+        text.append("  ".join(f"{OWNERS[o]} {n}" for o, n in owners.items() if n) + "\n")
     if view.thread_limit is not None:
         kind, count, limit = view.thread_limit
         share = count / limit if limit else None

@@ -19,6 +19,7 @@ from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
 from fdtrace.schema.failures import INCIDENT_CLASSES, failure_class
+from fdtrace.schema.owners import CONNECTED_ERRNOS, OWNERS, owner_of
 from fdtrace.schema.records import PhaseNow, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
@@ -76,6 +77,10 @@ class ProcessView:
     failures: set[str] = field(default_factory=set)  # its failure classes (schema.failures.failure_class)
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     ended_ns: int | None = None  # when it ended (wall)
+    # A training rank's sockets (fd -> side, family, peer port, threads, phase when made) and its
+    # rendezvous store's port: what `descriptors_by_owner` counts (fdtrace.schema.owners).
+    rank_sockets: dict[int, tuple[str, str | None, int | None, tuple[str, ...], str]] = field(default_factory=dict)
+    store_port: int | None = None
     last_seen_ns: int = 0
     census: list[ThreadState] = field(default_factory=list)  # what its threads are blocked in, last round
     fd_sites: dict[int | None, tuple[int, float | None]] = field(default_factory=dict)  # stack -> (open, growth/min)
@@ -132,6 +137,16 @@ class ProcessView:
         """The memory a connection costs, fitted over the samples the view kept."""
         measure = "cgroup usage" if self.memcg_limit is not None else "RSS"
         return memory_fit([(n, v) for _, n, v in self.memory_history if n is not None], measure)
+
+    def descriptors_by_owner(self) -> dict[str, int]:
+        """A training rank's descriptors by owner (the ledger's, live): its sockets followed
+        through its calls, and what else its last sample counted (files and pipes)."""
+        counts = dict.fromkeys(OWNERS, 0)
+        for side, family, port, threads, phase in self.rank_sockets.values():
+            counts[owner_of(side, family, port, threads, phase, self.store_port)] += 1
+        if self.open_fds is not None and self.sockets is not None:
+            counts["files_pipes"] = max(self.open_fds - self.sockets, 0)
+        return counts
 
     def describe_last_state(self) -> str:
         """What its last sample saw, for an OOM kill's log line: FDs, sockets, threads, memory."""
@@ -387,6 +402,7 @@ class IncidentState:
                     view.fd_exhaustion_errors += count
                     self._window_errors[(pid, syscall, errno)] += count
         self._destinations(events)
+        self._rank_sockets(events)
         rare = pc.is_in(events["kind"].cast(pa.string()),
                         value_set=pa.array(["oom_kill", "process_exit", "go_thread_limit"]))
         if pc.any(rare).as_py():
@@ -422,6 +438,41 @@ class IncidentState:
             tally[0] += count
             if errno not in NOT_FAILURES:
                 tally[1] += count
+
+    def _rank_sockets(self, events: pa.Table) -> None:
+        """Follow the sockets of the training ranks (processes under `fdtrace run` with a rank):
+        who made each, in which phase, and what it connected to. The store's port is the one
+        init_process_group names (its rendezvous address), else the rank's first connect there."""
+        ranks = [pid for pid, now in self.phases.items() if now.rank is not None]
+        if not ranks:
+            return
+        kinds = pa.array(["socket", "accept", "connect", "close"])
+        mask = pc.and_(pc.is_in(events["pid"].cast(pa.int64()), value_set=pa.array(ranks, type=pa.int64())),
+                       pc.is_in(events["kind"].cast(pa.string()), value_set=kinds))
+        if not pc.any(mask).as_py():
+            return
+        rows = events.filter(mask).select(["pid", "comm", "kind", "fd", "errno", "family", "peer_port"])
+        for row in plain_rows(rows):
+            view, now = self.processes[row["pid"]], self.phases[row["pid"]]
+            if now.phase == "init_process_group" and now.name.rsplit(":", 1)[-1].isdigit():
+                view.store_port = int(now.name.rsplit(":", 1)[-1])
+            fd, errno = row["fd"], row["errno"] or ""
+            if fd is None:
+                continue
+            if row["kind"] in ("socket", "accept") and not errno:
+                side = "accepted" if row["kind"] == "accept" else "unconnected"
+                view.rank_sockets[fd] = (side, row["family"], row["peer_port"], (row["comm"] or "",), now.phase)
+            elif row["kind"] == "connect" and fd in view.rank_sockets:
+                _side, _family, _port, threads, phase = view.rank_sockets[fd]
+                if errno not in CONNECTED_ERRNOS:
+                    del view.rank_sockets[fd]  # a lookup's retry, closed at once
+                    continue
+                if view.store_port is None and phase == "init_process_group" and row["peer_port"] is not None:
+                    view.store_port = row["peer_port"]  # TCPStore's client connects first
+                view.rank_sockets[fd] = ("connected", row["family"], row["peer_port"],
+                                         (*threads, row["comm"] or ""), phase)
+            elif row["kind"] == "close" and not errno:
+                view.rank_sockets.pop(fd, None)
 
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]

@@ -172,3 +172,23 @@ def figure_html(report: Report) -> str:
     if fig is None:
         return "<p>No events.</p>"
     return str(fig.to_html(full_html=False, include_plotlyjs=True, config={"displaylogo": False}))
+
+
+def scale_figure_html(curve: pd.DataFrame) -> str:
+    """Each owner's descriptors against the world size, per kind of rank (the store's host and the
+    others), on log axes: an HTML fragment that uses the plotly.js the timeline's figure carries."""
+    if curve.empty:
+        return ""
+    roles = list(dict.fromkeys(curve["role"]))
+    fig = make_subplots(rows=1, cols=len(roles), subplot_titles=roles, shared_yaxes=True)
+    for column, role in enumerate(roles, start=1):
+        mine = curve[curve["role"] == role]
+        for owner, line in mine.groupby("owner", sort=False):
+            if not line["descriptors"].any():
+                continue
+            fig.add_trace(go.Scatter(x=line["world"], y=line["descriptors"], mode="lines+markers", name=str(owner),
+                                     legendgroup=str(owner), showlegend=column == 1), row=1, col=column)
+        fig.update_xaxes(type="log", title_text="world size (ranks)", row=1, col=column)
+    fig.update_yaxes(type="log", title_text="descriptors", row=1, col=1)
+    fig.update_layout(height=380, margin={"t": 40, "b": 40}, title_text="Descriptors by owner against the world size")
+    return str(fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False}))

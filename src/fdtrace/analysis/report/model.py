@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 #: The event columns the report reads (a large recording is loaded with these only).
 EVENT_COLUMNS = ("ts_ns", "time", "pid", "start_ns", "comm", "kind", "syscall", "ret", "errno", "signal",
                  "exit_code", "anon_rss_kb", "file_rss_kb", "oom_score_adj", "peer_addr", "peer_port", "tid",
-                 "stack_id", "limit_target", "limit_resource", "limit_soft", "limit_hard")
+                 "stack_id", "limit_target", "limit_resource", "limit_soft", "limit_hard", "fd", "family")
 SOCKET_KINDS = ["socket", "accept", "connect", "close"]
 #: The calls whose bursts are spikes (with failed calls of any syscall): close() is not one of them.
 SPIKE_KINDS = ["socket", "accept", "connect"]
@@ -79,6 +79,63 @@ class Report:
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     oom_victims: pd.DataFrame = field(default_factory=pd.DataFrame)
     memory_series: dict[str, pd.DataFrame] = field(default_factory=dict)
+    # A distributed job (fdtrace run --record): each rank's descriptors by owner, how each owner
+    # grows with the world size, the job at larger world sizes in words, and each owner's curve.
+    ledger: pd.DataFrame = field(default_factory=pd.DataFrame)
+    scale_laws: pd.DataFrame = field(default_factory=pd.DataFrame)
+    scale_lines: list[str] = field(default_factory=list)
+    scale_curve: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+#: The world sizes the report projects a distributed job to (and draws each owner at).
+REPORT_WORLDS = (64, 512, 4096)
+CURVE_WORLDS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def scale_section(recording: Dataset) -> tuple[pd.DataFrame, pd.DataFrame, list[str], pd.DataFrame]:
+    """The ledger of the recording's distributed jobs (ranks by owner) and the largest job's
+    projection: its laws, lines at REPORT_WORLDS and where its first limit breaks, each owner's
+    curve. Empty when the recording holds no job (no ranks in its phases)."""
+    from fdtrace.analysis.rank_ledger import job_ledgers
+    from fdtrace.analysis.scale import project
+    from fdtrace.errors import FdtraceError
+    from fdtrace.schema.owners import OWNERS
+
+    empty = pd.DataFrame()
+    try:
+        jobs = job_ledgers(recording)
+    except FdtraceError:
+        return empty, empty, [], empty
+    if not jobs:
+        return empty, empty, [], empty
+    tables = []
+    for job in jobs:
+        wide = job.ranks[["job", "rank", "fds", "sockets", "threads", "fd_limit"]].set_index("rank")
+        tables.append(wide.join(job.by_owner().rename(columns=OWNERS)).reset_index())
+    ledger = pd.concat(tables, ignore_index=True)
+    try:
+        chosen = project(jobs, REPORT_WORLDS[0])
+    except FdtraceError:  # jobs of different shapes: the largest alone
+        chosen = project([max(jobs, key=lambda j: j.world_size)], REPORT_WORLDS[0])
+        jobs = [max(jobs, key=lambda j: j.world_size)]
+    lines = []
+    for world in REPORT_WORLDS:
+        at = project(jobs, world)
+        for role, figures in at.roles.items():
+            who = f"rank {at.store_rank}" if at.store_rank is not None and role == "store host" else (
+                "each other rank" if "store host" in at.roles else "each rank")
+            limit = figures["limit"]
+            words = f"at {world:,} ranks {who} needs {figures['fds']:,} descriptors"
+            if limit is not None:
+                words += f"; its limit is {limit:,}"
+                if figures["fds"] > limit:
+                    fix = next((a for a in at.advice if a.startswith(f"at {world:,} ranks {who} ")), "")
+                    words += ": " + fix.split(": ", 1)[1] if ": " in fix else ""
+            lines.append(words)
+    if chosen.first_limit is not None and chosen.max_world is not None:
+        lines.append(f"the first limit to break is {chosen.first_limit.name}, at {chosen.first_limit.at_world:,} "
+                     f"ranks: the job fits up to {chosen.max_world:,}")
+    return ledger, chosen.laws_frame(), lines, chosen.curve(list(CURVE_WORLDS))
 
 
 def build(recording: Analyzable, top: int = 3) -> Report:
@@ -201,6 +258,8 @@ def _build(recording: Dataset, engine: Engine, top: int) -> Report:
     needs = fd_needs_on(engine)
     memory, victims = memory_needs_on(engine, needs), oom_victims_on(engine)
     marks = phases[phases["end_wall_ns"].notna() & phases["rank"].notna()] if len(phases) else pd.DataFrame()
+    ledger, laws, scale_lines, curve = scale_section(recording) if len(phases) else (
+        pd.DataFrame(), pd.DataFrame(), [], pd.DataFrame())
     return Report(
         title=f"fdtrace report: {', '.join(recording.meta)}",
         summary=summary, socket_rate=socket_rate, fd_series=fd_series, error_rate=error_rate,
@@ -217,6 +276,7 @@ def _build(recording: Dataset, engine: Engine, top: int) -> Report:
         heat=fleet_heat_on(engine, span=span) if several else pd.DataFrame(),
         cascade=cascade_from(found) if several else pd.DataFrame(),
         clocks=clocks if several and clocks is not None else pd.DataFrame(),
+        ledger=ledger, scale_laws=laws, scale_lines=scale_lines, scale_curve=curve,
     )
 
 

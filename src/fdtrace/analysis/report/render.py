@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.report.charts import figure_html
+from fdtrace.analysis.report.charts import figure_html, scale_figure_html
 from fdtrace.analysis.report.model import Report, time_text
 from fdtrace.display import html_shown, markdown_shown
 
@@ -146,7 +146,8 @@ SECTIONS = ("Summary", "Timeline", "Spikes in socket, accept and connect calls a
             "FD headroom",
             "Incidents: failures by program, most severe first", "Connect destinations", "Losses during the recording",
             "What to change", "Open descriptors by call site", "What the threads were doing",
-            "Memory headroom and OOM kills")
+            "Memory headroom and OOM kills", "Each rank's descriptors by owner, and the job at scale")
+NO_LEDGER = "No distributed job in this recording (record one with fdtrace run --record to have its ranks' ledger)."
 MEMORY_COLUMNS = ["comm", "pid", "rss_mib", "limit_mib", "peak_mib", "usage", "memcg_oom_kills", "fit", "need_mib",
                   "time"]
 VICTIM_COLUMNS = ["comm", "pid", "time", "anon_rss_kb", "last_state"]
@@ -190,6 +191,10 @@ def to_html(report: Report) -> str:
               f"<h2>{SECTIONS[9]}</h2>", _frame_html(report.leaks, NO_SITES),
               f"<h2>{SECTIONS[10]}</h2>", _frame_html(report.threads, NO_CENSUS),
               *([_frame_html(report.thread_sites, "")] if len(report.thread_sites) else []),
+              f"<h2>{SECTIONS[12]}</h2>", _frame_html(report.ledger, NO_LEDGER),
+              *(f"<p>{html.escape(line)}</p>" for line in report.scale_lines),
+              *([_frame_html(report.scale_laws, ""), scale_figure_html(report.scale_curve)]
+                if len(report.scale_laws) else []),
               f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES), "</body></html>"]
     return "".join(parts)
 
@@ -214,6 +219,9 @@ def to_markdown(report: Report) -> str:
               "", f"## {SECTIONS[9]}", "", _frame_md(report.leaks, NO_SITES),
               "", f"## {SECTIONS[10]}", "", _frame_md(report.threads, NO_CENSUS),
               *(["", _frame_md(report.thread_sites, "")] if len(report.thread_sites) else []),
+              "", f"## {SECTIONS[12]}", "", _frame_md(report.ledger, NO_LEDGER),
+              *([""] if report.scale_lines else []), *(f"- {markdown_shown(line)}" for line in report.scale_lines),
+              *(["", _frame_md(report.scale_laws, "")] if len(report.scale_laws) else []),
               "", f"## {SECTIONS[7]}", "", _frame_md(report.losses, NO_LOSSES)]
     return "\n".join(parts) + "\n"
 

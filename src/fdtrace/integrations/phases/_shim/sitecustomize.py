@@ -195,13 +195,47 @@ class _TimedCommHook:
         return future.then(done)
 
 
+def _rendezvous(kwargs):
+    """The rendezvous store's address that init_process_group is given: its init_method's
+    tcp://HOST:PORT, else the environment's MASTER_ADDR:MASTER_PORT (None when neither says);
+    fdtrace's ledger tells the store's connections from the collectives' by it."""
+    method = kwargs.get("init_method")
+    if isinstance(method, str) and method.startswith("tcp://"):
+        return method[len("tcp://"):].split("?")[0][:40]
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port and (method is None or method == "env://"):
+        return f"{addr}:{port}"[:40]
+    return None
+
+
+def _timed_init(function):
+    """init_process_group, recorded with the rendezvous address as its name."""
+    def wrapper(*args, **kwargs):
+        name = None
+        try:
+            name = _rendezvous(kwargs)
+        except Exception:
+            pass
+        token = _begin("init_process_group", name)
+        start_mono, start_wall = time.monotonic_ns(), time.time_ns()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _write("init_process_group", start_mono, start_wall, name, token=token)
+    wrapper.__wrapped__ = function
+    wrapper._fdtrace_phase = "init_process_group"
+    wrapper.__name__ = getattr(function, "__name__", "wrapper")
+    wrapper.__doc__ = getattr(function, "__doc__", None)
+    return wrapper
+
+
 def _patch_distributed(torch):
     import torch.distributed as dist
 
     for name in ("init_process_group", "new_group", "barrier", "destroy_process_group"):
         original = getattr(dist, name, None)
         if original is not None and not hasattr(original, "_fdtrace_phase"):
-            setattr(dist, name, _timed(name, original))
+            setattr(dist, name, _timed_init(original) if name == "init_process_group" else _timed(name, original))
 
 
 # DDP module -> the timed process group its reducer was given.
