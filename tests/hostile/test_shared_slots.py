@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -219,6 +220,12 @@ def test_another_users_fake_haproxys_leave_roots_haproxy_sampled(planted: Path) 
         haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE)
         wait_for("root's haproxy started", stats.exists, 30)
+        # root asks it once itself: an accept4 of haproxy's, so a round samples it with its socket made
+        # (a round that sampled it as it started may have read its configuration before the socket was)
+        with socket.socket(socket.AF_UNIX) as ask:
+            ask.connect(str(stats))
+            ask.sendall(b"show info\n")
+            assert b"Pid:" in ask.recv(65536)
         wait_for("root's haproxy sampled", lambda: any(r["socket"] == str(stats) and r["error"] is None
                                                        and r["source"] == "found" for r in recorded_haproxy(out)))
     finally:

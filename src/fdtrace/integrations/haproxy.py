@@ -676,6 +676,8 @@ class HaproxyWatch:
         self.procfs = procfs
         self.sampler = sampler
         self._seen: dict[tuple[int, int], None] = {}
+        # stats sockets a configuration named that did not exist yet (a haproxy sampled as it starts)
+        self._missing: dict[tuple[int, int], list[str]] = {}
 
     def look(self, samples: list[Any]) -> list[dict[str, int | str | None]]:
         """The configuration rows of the haproxy processes first seen in ``samples``; and which
@@ -687,6 +689,8 @@ class HaproxyWatch:
                                    if str(s.comm).startswith("haproxy") and s.open_fds is not None
                                    and s.fd_soft_limit is not None and s.open_fds >= s.fd_soft_limit - 1})
         for sample in samples:
+            for socket_path in self._missing.pop((sample.pid, sample.start_ns), []):
+                self._offer(socket_path, sample)  # named before haproxy had made it: looked at again
             if not str(sample.comm).startswith("haproxy") or (sample.pid, sample.start_ns) in self._seen:
                 continue
             if len(self._seen) >= MAX_WATCHED:
@@ -717,6 +721,11 @@ class HaproxyWatch:
         try:
             info = os.lstat(socket_path)
         except OSError:
+            key = (sample.pid, sample.start_ns)
+            if key in self._missing or len(self._missing) < MAX_WATCHED:
+                missing = self._missing.setdefault(key, [])
+                if len(missing) < MAX_SOCKETS:
+                    missing.append(socket_path)
             return
         if stat.S_ISSOCK(info.st_mode) and sample.uid is not None and info.st_uid == sample.uid:
             self.sampler.add(socket_path, sample.pid, sample.uid)

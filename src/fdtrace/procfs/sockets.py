@@ -51,7 +51,7 @@ def local_peer_uids(procfs: ProcFS, connections: list[tuple[tuple[str, int], tup
             if len(fields) < 8:
                 continue
             at = wanted.get((table, fields[1], fields[2]))
-            if at is not None and fields[7].isdigit() and fields[3] not in ("06", "07"):  # see _OWNERLESS
+            if at is not None and fields[7].isdigit() and len(fields) > 9 and fields[9] != "0":  # 0: closed
                 found[at] = int(fields[7])
     return found
 
@@ -63,9 +63,8 @@ _NLM_F_REQUEST = 1
 _NLMSG_ERROR = 2
 _INET_DIAG_NOCOOKIE = 0xFFFFFFFF
 _TCP_STATES = 0xFFF  # every TCP state
-#: TCP states whose socket has no owner left (TIME_WAIT, CLOSE): the kernel says uid 0 for them.
-_OWNERLESS = (6, 7)
-#: Where inet_diag_msg's idiag_uid lies, after the 16-byte netlink header.
+#: Where inet_diag_msg's idiag_uid lies, after the 16-byte netlink header (its idiag_inode follows:
+#: 0 for a socket its owner has closed, in FIN_WAIT or TIME_WAIT, whose uid the kernel gives as 0).
 _UID_AT = 16 + 4 + 48 + 12
 
 
@@ -117,10 +116,11 @@ class PeerLookup:
                 _length, kind, _flags, seq, _port = struct.unpack_from("=IHHII", answer)
                 if seq != self._seq:
                     continue  # an answer to an earlier question that timed out
-                if kind == _NLMSG_ERROR or kind != _SOCK_DIAG_BY_FAMILY or len(answer) < _UID_AT + 4:
+                if kind == _NLMSG_ERROR or kind != _SOCK_DIAG_BY_FAMILY or len(answer) < _UID_AT + 8:
                     return None
-                if answer[17] in _OWNERLESS:
-                    return None  # a peer that already hung up: the kernel gives its socket as root's
-                return int(struct.unpack_from("=I", answer, _UID_AT)[0])
+                uid, inode = struct.unpack_from("=II", answer, _UID_AT)
+                if inode == 0:
+                    return None  # a peer that already hung up (no file left): the kernel says root for it
+                return int(uid)
         except OSError:
             return None
