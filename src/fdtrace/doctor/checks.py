@@ -236,9 +236,9 @@ class Doctor:
             checks += problems
             if config is None:
                 continue
-            for paired, maxconn, _, _ in pairs:
+            for paired, maxconn, demanded, _ in pairs:
                 if paired is config and connections is not None:
-                    checks += _maxconn_checks(scope, config, connections, maxconn, recommended)
+                    checks += _maxconn_checks(scope, config, connections, maxconn, recommended, demanded, soft)
             checks += self._haproxy_checks(pid, scope, soft, config, recommended)
         if nginx is not None:
             checks += _nginx_checks(scope, nginx, connections)
@@ -597,7 +597,7 @@ def haproxy_pair(config: HaproxyConfig, procfs: ProcFS, pid: int,
 
 
 def _maxconn_checks(scope: str, config: HaproxyConfig, connections: int, maxconn: int,
-                    recommended: str) -> list[Check]:
+                    recommended: str, demanded: int, soft: int | None) -> list[Check]:
     """HAProxy's maxconn against the connections held at once: the maxconn to set (with the
     margin) named with the FD limit HAProxy demands for it (``recommended``, the RLIMIT_NOFILE
     check's), the pair that starts under ``strict-limits``."""
@@ -607,7 +607,8 @@ def _maxconn_checks(scope: str, config: HaproxyConfig, connections: int, maxconn
     status = Status.FAIL if current < connections else Status.WARN if current < maxconn else Status.OK
     limit = recommended.removeprefix(">= ")
     with_limit = (f", and ulimit-n {limit} with it (what HAProxy demands for that maxconn, with the margin)"
-                  if limit else ", and the FD limit with it")
+                  if limit else f", within its FD limit {soft if soft is not None else 'unlimited'} (HAProxy demands "
+                  f"{demanded} for it)")
     return [Check(scope, "haproxy maxconn vs the rehearsed shape", status,
                   f"maxconn {current} for {connections} connections at once",
                   f"maxconn >= {maxconn}" if status else "",
