@@ -212,7 +212,7 @@ class Doctor:
         soft, hard = sample.fd_soft_limit, sample.fd_hard_limit
         configs = self._haproxy_configs(pid, scope) if sample.comm.startswith("haproxy") else []
         nginx = read_nginx_config(self.procfs, pid) if sample.comm == "nginx" else None
-        pairs = []
+        pairs, asked = [], need
         for config, _ in configs:
             pair = haproxy_pair(config, self.procfs, pid, connections) if config is not None else None
             if pair is not None:
@@ -229,7 +229,8 @@ class Doctor:
             checks.append(Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {measured} {need}"))
         else:
             status = Status.FAIL if failed or need > soft else by_usage(need, soft)
-            current = f"{soft} ({sample.open_fds} open now; {measured} {need}, {need / soft:.0%})"
+            demands = f", HAProxy demands {need}" if need != asked else ""
+            current = f"{soft} ({sample.open_fds} open now; {measured} {asked}{demands}, {need / soft:.0%})"
             checks += self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, current, place)
         recommended = next((c.recommended for c in checks if c.name == "RLIMIT_NOFILE soft" and c.recommended), "")
         for config, problems in configs:
