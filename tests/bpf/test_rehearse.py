@@ -95,6 +95,7 @@ def stats_sessions(path: Path) -> int:
 class Setup:
     small: Balancer  # under prlimit --nofile=256:256
     large: Balancer  # under prlimit --nofile=4096:4096
+    capped: Balancer  # maxconn 50 under 4096
     backend: int  # the echo server's port
 
 
@@ -114,11 +115,12 @@ def answers(socket_path: Path) -> bool:
         return False
 
 
-def haproxy(folder: Path, name: str, limit: int, backend: int) -> Balancer:
+def haproxy(folder: Path, name: str, limit: int, backend: int, maxconn: int = 4096) -> Balancer:
     port, stats = free_port(), folder / f"{name}.sock"
     config = folder / f"{name}.cfg"
     config.write_text(
-        f"global\n    maxconn 4096\n    ulimit-n {limit}\n    no strict-limits\n    stats socket {stats} mode 600\n"
+        f"global\n    maxconn {maxconn}\n    ulimit-n {limit}\n    no strict-limits\n"
+        f"    stats socket {stats} mode 600\n"
         "defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 60s\n    timeout server 60s\n"
         f"frontend fe\n    bind 127.0.0.1:{port}\n    default_backend be\n"
         f"backend be\n    server echo 127.0.0.1:{backend}\n")
@@ -142,6 +144,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     try:
         started.append(haproxy(folder, "small", 256, backend))
         started.append(haproxy(folder, "large", 4096, backend))
+        started.append(haproxy(folder, "capped", 4096, backend, maxconn=50))
         yield Setup(*started, backend)
     finally:
         for balancer in started:
@@ -288,6 +291,30 @@ def test_haproxy_under_4096_holds_the_shape(setup: Setup) -> None:
     assert advice["RLIMIT_NOFILE soft"]["status"] == "FAIL"
     assert advice["RLIMIT_NOFILE soft"]["recommended"] == f">= {recommended}"
     assert advice["haproxy maxconn vs the rehearsed shape"]["recommended"] == "maxconn >= 7680"
+
+
+def test_a_maxconn_that_holds_fewer_judges_the_failure(setup: Setup) -> None:
+    """haproxy at its maxconn takes no more connections (the kernel queues them, unanswered): no
+    descriptor ran out, and the failure is judged by its maxconn, named with the FD limit HAProxy
+    demands for the maxconn advised."""
+    capped = setup.capped
+    run = rehearse("--target", f"127.0.0.1:{capped.port}", "--ranks", "4", "--connections-per-rank", "25",
+                   "--ramp", "4", "--hold", "0.2", "--timeout", "1", "--json")
+    assert run.returncode == 2, run.stderr
+    result = json.loads(run.stdout)
+    assert (result["pid"], result["held"], result["failed_at"]) == (capped.pid, 50, 51), result["bursts"]
+    failure = result["failure"]
+    assert failure["errno"] is None and result["failed_calls"] == {}
+    assert failure["judged_by"] == ("no descriptor ran out: its own connection limit did (maxconn 50 for 100 "
+                                    "connections at once)")
+    advice = {c["name"]: c for c in result["advice"]}
+    pair = advice["haproxy maxconn vs the rehearsed shape"]
+    assert (pair["status"], pair["recommended"]) == ("FAIL", "maxconn >= 120")
+    # 4096 descriptors already hold what HAProxy demands for maxconn 120: no FD change
+    demanded = maxsock(120, haproxy_threads(capped.pid))
+    assert pair["change"] == (f"set maxconn 120 in the global section of {capped.config}, within its FD limit 4096 "
+                              f"(HAProxy demands {demanded} for it)")
+    assert advice["RLIMIT_NOFILE soft"]["recommended"] == ""
 
 
 def one_line_error(run: subprocess.CompletedProcess[str], says: str) -> None:

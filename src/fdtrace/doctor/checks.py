@@ -212,7 +212,7 @@ class Doctor:
         soft, hard = sample.fd_soft_limit, sample.fd_hard_limit
         configs = self._haproxy_configs(pid, scope) if sample.comm.startswith("haproxy") else []
         nginx = read_nginx_config(self.procfs, pid) if sample.comm == "nginx" else None
-        pairs = []
+        pairs, asked = [], need
         for config, _ in configs:
             pair = haproxy_pair(config, self.procfs, pid, connections) if config is not None else None
             if pair is not None:
@@ -229,16 +229,17 @@ class Doctor:
             checks.append(Check(scope, "RLIMIT_NOFILE soft", Status.OK, f"unlimited; {measured} {need}"))
         else:
             status = Status.FAIL if failed or need > soft else by_usage(need, soft)
-            current = f"{soft} ({sample.open_fds} open now; {measured} {need}, {need / soft:.0%})"
+            demands = f", HAProxy demands {need}" if need != asked else ""
+            current = f"{soft} ({sample.open_fds} open now; {measured} {asked}{demands}, {need / soft:.0%})"
             checks += self._raise_fd_limit(scope, pid, soft, hard, need, basis, status, current, place)
         recommended = next((c.recommended for c in checks if c.name == "RLIMIT_NOFILE soft" and c.recommended), "")
         for config, problems in configs:
             checks += problems
             if config is None:
                 continue
-            for paired, maxconn, _, _ in pairs:
+            for paired, maxconn, demanded, _ in pairs:
                 if paired is config and connections is not None:
-                    checks += _maxconn_checks(scope, config, connections, maxconn, recommended)
+                    checks += _maxconn_checks(scope, config, connections, maxconn, recommended, demanded, soft)
             checks += self._haproxy_checks(pid, scope, soft, config, recommended)
         if nginx is not None:
             checks += _nginx_checks(scope, nginx, connections)
@@ -597,7 +598,7 @@ def haproxy_pair(config: HaproxyConfig, procfs: ProcFS, pid: int,
 
 
 def _maxconn_checks(scope: str, config: HaproxyConfig, connections: int, maxconn: int,
-                    recommended: str) -> list[Check]:
+                    recommended: str, demanded: int, soft: int | None) -> list[Check]:
     """HAProxy's maxconn against the connections held at once: the maxconn to set (with the
     margin) named with the FD limit HAProxy demands for it (``recommended``, the RLIMIT_NOFILE
     check's), the pair that starts under ``strict-limits``."""
@@ -607,7 +608,8 @@ def _maxconn_checks(scope: str, config: HaproxyConfig, connections: int, maxconn
     status = Status.FAIL if current < connections else Status.WARN if current < maxconn else Status.OK
     limit = recommended.removeprefix(">= ")
     with_limit = (f", and ulimit-n {limit} with it (what HAProxy demands for that maxconn, with the margin)"
-                  if limit else ", and the FD limit with it")
+                  if limit else f", within its FD limit {soft if soft is not None else 'unlimited'} (HAProxy demands "
+                  f"{demanded} for it)")
     return [Check(scope, "haproxy maxconn vs the rehearsed shape", status,
                   f"maxconn {current} for {connections} connections at once",
                   f"maxconn >= {maxconn}" if status else "",
