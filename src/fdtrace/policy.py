@@ -251,3 +251,15 @@ def memory_advice(comm: str, fit: MemoryFit, connections: int, what: str, limit:
     change = (f"{fewer} (what its cgroup holds with the margin) or raise MemoryMax= of its unit (memory.max, "
               f"memory.limit_in_bytes) to {raise_to}M" + (" (and tune.bufsize)" if comm.startswith("haproxy") else ""))
     return need, f"{why}; its cgroup allows {kib(limit)}", change
+
+
+#: The first uid of a person's account (Debian's and most distributions' FIRST_UID): below it,
+#: root and the system services, whose programs come first for what fdtrace shares out (the
+#: flight recorder's incident budget).
+FIRST_USER_UID = 1000
+
+
+def is_system_uid(uid: int | None) -> bool:
+    """Whether a process of this real uid is root's or a system service's; an unknown uid is a
+    user's (a process cannot rank itself up by exiting before it is looked at)."""
+    return uid is not None and 0 <= uid < FIRST_USER_UID
