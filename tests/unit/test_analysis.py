@@ -123,18 +123,19 @@ def test_incidents_are_grouped_by_program_and_ranked_by_severity() -> None:
     frame.loc[frame["pid"] == 9, "exit_code"] = 1
     assert len(failures(frame)) == 6
     found = incidents(frame, window_s=10)
-    # grep's exit 1 came first, but exit codes are not incidents unless asked for
-    assert found["comm"].tolist() == ["haproxy", "worker"] and found["first_overall"].tolist() == [True, False]
+    # grep's exit 1 came first, but exit codes are not incidents unless asked for; within a class
+    # of harm, the most failures first (worker's 3 before haproxy's 2, which failed first)
+    assert found["comm"].tolist() == ["worker", "haproxy"] and found["first_overall"].tolist() == [False, True]
     assert found["severity"].tolist() == ["EMFILE/ENFILE"] * 2
-    worker = found.iloc[1]
+    worker = found.iloc[0]
     assert (worker["failure"], worker["count"], worker["processes"], worker["first_pid"]) == ("accept4 EMFILE", 3, 3, 4)
-    first = found.iloc[0]
+    first = found.iloc[1]
     assert first["failure"] == "accept4 EMFILE" and first["count"] == 2
     # EINPROGRESS is a non-blocking connect's answer, not a symptom; three kinds of symptom at most
     assert first["followed_by"] == {"worker: accept4 EMFILE": 3, "client: accept4 ECONNREFUSED": 2}
     with_exits = incidents(frame, window_s=10, exits=True)
-    assert with_exits["comm"].tolist() == ["grep", "worker", "haproxy"]  # then by severity, and by count
-    assert with_exits.iloc[0]["severity"] == "non-zero exit"
+    assert with_exits["comm"].tolist() == ["worker", "haproxy", "grep"]  # by harm: an exit 1 last
+    assert with_exits.iloc[2]["severity"] == "non-zero exit"
 
 
 def test_report_on_a_recording_has_every_section() -> None:
@@ -145,8 +146,8 @@ def test_report_on_a_recording_has_every_section() -> None:
         assert f"<h2>{section}</h2>" in page and f"## {section}" in markdown
     assert page.count("Plotly.newPlot(") == 1 and "emfile-child [15007]" in page  # the figure, drawn in a browser
     # Markdown's markup characters are escaped (a name could otherwise make a link or a tag)
-    assert markdown_shown("First failure: emfile-child [15007], socket EMFILE at 2026-11-30 05:36:15.697 UTC "
-                          "(3 in all)") in markdown
+    assert markdown_shown("Worst failure: emfile-child [15007], socket EMFILE ×3, first at "
+                          "2026-11-30 05:36:15.697 UTC.") in markdown
     # capped at its limit of 64, it asked for 4 more in one second: 68 needed, 82 with the margin
     assert markdown_shown(
         "RLIMIT_NOFILE of emfile-child [15007]: soft limit 64, failed 4 times with EMFILE; it needed at least 68 "

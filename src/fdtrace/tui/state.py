@@ -17,7 +17,7 @@ from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, MemoryFit, kib, mem
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
-from fdtrace.schema.failures import INCIDENT_CLASSES, failure_class
+from fdtrace.schema.failures import FAILURE_CLASSES, INCIDENT_CLASSES, failure_class, harm_order
 from fdtrace.schema.records import PhaseNow, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
@@ -72,6 +72,7 @@ class ProcessView:
     oom_killed: bool = False
     sampled: bool = False  # whether a /proc round saw it (its limits are known only then)
     failures: set[str] = field(default_factory=set)  # its failure classes (schema.failures.failure_class)
+    first_failure_ns: int | None = None  # when it first failed as an incident does (wall)
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     ended_ns: int | None = None  # when it ended (wall)
     last_seen_ns: int = 0
@@ -178,6 +179,17 @@ class ProcessView:
         """Whether it failed as an incident does (``schema.failures``), ended or not: EMFILE/ENFILE,
         an OOM kill, Go's thread limit, a kill by a signal; a non-zero exit alone is not one."""
         return not self.failures.isdisjoint(INCIDENT_CLASSES)
+
+    def harm(self) -> tuple[int, int, int]:
+        """Its place by harm (``schema.failures.harm_order``): its worst incident class, then the
+        most failures (its EMFILE/ENFILE, else 1), then who failed first."""
+        worst = next((c for c in FAILURE_CLASSES if c in self.failures and c in INCIDENT_CLASSES), None)
+        count = self.fd_exhaustion_errors if worst == "EMFILE/ENFILE" else 1
+        return harm_order(worst, count, self.first_failure_ns if self.first_failure_ns is not None else 1 << 62)
+
+    def _failed_at(self, when_ns: int) -> None:
+        if self.first_failure_ns is None or when_ns < self.first_failure_ns:
+            self.first_failure_ns = when_ns
 
     @property
     def alerts(self) -> list[str]:
@@ -370,6 +382,8 @@ class IncidentState:
             times = errors["time"].cast(pa.int64()).to_pylist()
             for key, when in zip(keys, times, strict=True):
                 self._window_error_first.setdefault(key, when)
+                if key[2] in FD_EXHAUSTION_ERRNOS:
+                    self.processes[key[0]]._failed_at(when)
                 if key[2] == "EMFILE":  # per UTC second, as the needs model counts them
                     self._count_emfile_second(self.processes[key[0]], when)
             for (pid, syscall, errno), count in Counter(keys).items():
@@ -421,9 +435,11 @@ class IncidentState:
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]
         found = failure_class(row)
+        time_ns = _ns(row["time"])
         if found is not None:
             view.failures.add(found)
-        time_ns = _ns(row["time"])
+            if found in INCIDENT_CLASSES:
+                view._failed_at(time_ns)
         if row["kind"] == "oom_kill":
             view.oom_killed = True
             self._oom_kills += 1
@@ -643,9 +659,11 @@ class IncidentState:
 
 
 def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
-    """Failed first, then the nearest to a limit: its FD table's or its memory cgroup's."""
+    """Failed first, by harm (``ProcessView.harm``); then the nearest to a limit: its FD table's or
+    its memory cgroup's."""
     usage = max((u for u in (view.usage, view.memory_usage) if u is not None), default=None)
-    return (not view.failed, -(usage if usage is not None else -1.0), view.pid)
+    return (not view.failed, view.harm() if view.failed else (0, 0, 0), -(usage if usage is not None else -1.0),
+            view.pid)
 
 
 def _memory_key(view: ProcessView) -> tuple[Any, ...]:
