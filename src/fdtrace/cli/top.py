@@ -92,7 +92,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
 @click.argument("directories", nargs=-1, required=True, type=click.Path())
 @click.option("--speed", type=float, default=1.0, show_default=True, help="Replay speed (2 = twice real time).")
 def replay(directories: tuple[str, ...], speed: float) -> None:
-    """Replay recordings in the live view: play, pause, faster/slower, jump to the next error."""
+    """Replay recordings in the live view: play, pause, faster/slower, jump from incident to incident (n/N)."""
     from fdtrace.pipeline import Pipeline
     from fdtrace.sources.replay import ReplayControls, ReplaySource
 
