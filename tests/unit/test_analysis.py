@@ -246,3 +246,19 @@ def test_info_opens_with_what_went_wrong() -> None:
     assert not any("process_api" in line or "(0%" in line or "(1%" in line for line in lines)  # unrelated ones
     quiet = summary(load(Path(__file__).parents[1] / "data" / "ddp")).splitlines()
     assert quiet[0].startswith("what went wrong: nothing")
+
+
+def test_the_fd_panel_draws_the_failing_processes_first_then_the_fewest_descriptors_left() -> None:
+    """haproxy at 255/256 with 2,391 EMFILE comes before three processes at 32-descriptor limits;
+    among those that did not fail, the fewest descriptors left first, not the highest ratio."""
+    from fdtrace.analysis.report.model import by_harm
+
+    rows = [("a", 1, 32, 32), ("haproxy", 2, 255, 256), ("c", 3, 32, 32), ("d", 4, 31, 32), ("e", 5, 254, 256),
+            ("f", 6, 10, None)]
+    least = pd.DataFrame({"host": ["vm"] * len(rows), "comm": [r[0] for r in rows], "pid": [r[1] for r in rows],
+                          "open_fds": [r[2] for r in rows], "fd_soft_limit": [r[3] for r in rows]})
+    least["usage"] = least["open_fds"] / least["fd_soft_limit"]
+    least = least.sort_values("usage", ascending=False)  # as least_headroom gives them
+    failing = pd.DataFrame({"host": ["vm", "vm"], "pid": [2, 3], "start_ns": [0, 0], "n": [2391, 1],
+                            "first": [5, 1]})
+    assert by_harm(least, failing)["comm"].tolist() == ["haproxy", "c", "a", "d", "e", "f"]
