@@ -101,3 +101,42 @@ def test_three_presses_of_n_reach_each_programs_first_failure_in_turn(recording:
         assert 1 <= bar.count("▲") <= 3  # incidents marked, not their 21 calls (close ones share a cell)
     finally:
         subprocess.run([*TMUX, "kill-server"], check=False)
+
+
+def test_the_view_draws_on_the_terminal_when_stderr_is_redirected(recording: Path, tmp_path: Path) -> None:
+    """`replay 2>file` on a terminal still draws (on stdout's terminal), and what it says at the
+    end still goes to the file; with no terminal at all, one line says why."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    errors = (tmp_path / "err.txt").open("w")
+    view = subprocess.Popen([FDTRACE, "replay", str(recording)], stdin=follower, stdout=follower, stderr=errors,
+                            env={**os.environ, "TERM": "xterm-256color"})
+    os.close(follower)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"file-nr" not in screen and time.monotonic() < deadline:  # the header of its first screen
+            if select.select([leader], [], [], 0.5)[0]:
+                screen += os.read(leader, 65536)
+        assert b"file-nr" in screen
+        os.write(leader, b"q")
+        deadline = time.monotonic() + 60
+        while view.poll() is None and time.monotonic() < deadline:  # read what it draws meanwhile: a full
+            if select.select([leader], [], [], 0.2)[0]:                # terminal would hold it back
+                try:
+                    os.read(leader, 65536)
+                except OSError:  # it closed the terminal
+                    break
+        assert view.wait(timeout=10) == 0
+    finally:
+        os.close(leader)
+        errors.close()
+        if view.poll() is None:
+            view.kill()
+            view.wait()
+    alone = subprocess.run([FDTRACE, "replay", str(recording)], stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60, start_new_session=True)  # no controlling terminal
+    assert alone.returncode != 0 and len(alone.stderr.splitlines()) == 1, alone.stderr
+    assert alone.stderr.startswith("fdtrace: error: the view draws on a terminal, and there is none")
