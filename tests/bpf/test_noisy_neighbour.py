@@ -190,6 +190,7 @@ def test_the_exit_line_info_and_the_metadata_say_what_was_trimmed_or_given_up(ru
     assert trimmed == meta["incidents_trimmed"] and trimmed >= 1  # 30 s after the early one: more than 4 MiB
     [line] = [line for line in str(run["said"]).splitlines() if line.startswith("fdtrace: recorded")]
     assert f"incident windows: {len(kept)} kept ({trimmed} trimmed to fit --keep-incidents)" in line, line
+    assert f"; {meta['rotated_out']['files']} oldest files ({meta['rotated_out']['bytes']} bytes" in line, line
     assert (f"{dropped['windows']} given up ({dropped['incidents']} incidents)" in line) == (dropped["windows"] > 0)
     shown = subprocess.run([FDTRACE, "info", str(out)], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr

@@ -127,7 +127,9 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     final = run(pipeline, stop)
     watched = sum(probe.startswith("uprobe:runtime.gwrite") for probe in source.kernel.probes)
     skipped = source.sampler.describe_skipped()
-    note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}"
+    note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())} "
+         "in the kernel"
+         + (f"; {recording.rotated_note}" if recording.rotated_note else "")
          + (f"; {watched} Go binar{'y' if watched == 1 else 'ies'} watched for its thread-limit message"
             if watched else "")
          + (f"; samples skipped: {skipped}" if skipped else "")

@@ -138,6 +138,7 @@ class ParquetSink:
         self._last_counters: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._next_compaction = 0.0
         self.incident_note = ""  # after close(), with max_size: what the incident budget kept and gave up
+        self.rotated_note = ""  # after close(), with max_size: what the ring deleted
         self._uids: dict[int, int] = {}  # pid: real uid, of the processes sampled or failed
         reserve_descriptors(self, self.name, RecordingWriter.DESCRIPTORS)  # counted before the probes attach
 
@@ -204,6 +205,10 @@ class ParquetSink:
         finally:
             self._bytes_at_close = writer.bytes_written
             if self.max_size is not None:
+                rotated = writer.rotated_out
+                self.rotated_note = (f"{rotated['files']} oldest files ({rotated['bytes']} bytes, "
+                                     f"{rotated['rows'].get('events', 0)} events) deleted by --max-size"
+                                     if rotated["files"] else "")
                 self.incident_note = incident_note(len(writer.incident_windows()), writer.trimmed(),
                                                    writer.incidents_dropped)
 
