@@ -134,3 +134,15 @@ def kib(value: float) -> str:
     if abs(value) >= 10 * MIB:
         return f"{value / MIB:,.0f} MiB"
     return f"{value / 1024:,.0f} KiB" if abs(value) >= 10 * 1024 else f"{value / 1024:,.1f} KiB"
+
+
+#: The first uid of a person's account (Debian's and most distributions' FIRST_UID): below it,
+#: root and the system services, whose programs come first for what fdtrace shares out (the
+#: flight recorder's incident budget).
+FIRST_USER_UID = 1000
+
+
+def is_system_uid(uid: int | None) -> bool:
+    """Whether a process of this real uid is root's or a system service's; an unknown uid is a
+    user's (a process cannot rank itself up by exiting before it is looked at)."""
+    return uid is not None and 0 <= uid < FIRST_USER_UID

@@ -72,6 +72,11 @@ def test_metrics_show_the_child_at_its_limit_and_its_errors() -> None:
         assert metrics[("node_filefd_maximum", ())] > 0 and metrics[("node_filefd_allocated", ())] > 0
         assert metrics[("fdtrace_events_lost_total", (("reason", "ringbuf_full"),))] == 0
         assert ("fdtrace_oom_kills_total", ()) in metrics
+        # failures by class with their rank of harm (the host's others count too: at least the child's 3)
+        fd_class = (("class", "EMFILE/ENFILE"), ("harm", "0"), ("incident", "true"))
+        assert metrics[("fdtrace_failures_total", fd_class)] >= 3
+        assert ("fdtrace_failures_total", (("class", "ended on request"), ("harm", "3"), ("incident", "false"))) \
+            in metrics
     finally:
         child.kill()
         child.wait()

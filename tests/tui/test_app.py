@@ -175,13 +175,15 @@ def test_replay_controls_move_time() -> None:
         log = app.query_one("#log", RichLog)
         assert any("pipe2 failed with EMFILE" in line.text for line in log.lines)
         events = RECORDING.events
-        problems = events[events["errno"].isin(["EMFILE", "ENFILE"]) | (events["kind"] == "oom_kill")
-                          | ((events["kind"] == "process_exit") & events["signal"].notna())]
-        now = feed.player.now_ns
-        await pilot.press("N")  # back to the last one before now
+        problems = events[events["errno"].isin(["EMFILE", "ENFILE"])]["time"].map(lambda t: t.value)
+        expected = problems[problems < feed.player.now_ns].max()
+        await pilot.press("less_than_sign")  # one failed call back: the last one before now
         await pilot.pause(0.2)
-        expected = problems[problems["time"].map(lambda t: t.value) < now]["time"].iloc[-1].value
-        assert abs(feed.player.now_ns - expected) < 1_000
+        assert feed.player.now_ns == expected
+        await pilot.press("N")  # back to where the incident began: emfile-child's first EMFILE
+        await pilot.pause(0.2)
+        assert abs(feed.player.now_ns - first_emfile["time"].iloc[0].value) < 1_000
+        assert "incident 1 of 1: emfile-child socket EMFILE ×4" in str(app.query_one("#position", Static).render())
         await pilot.press("left_curly_bracket")  # a minute back: to the start, state rebuilt from there
         await pilot.pause(0.3)
         assert feed.player.now_ns == start

@@ -80,6 +80,14 @@ class RecordingControls:
         self.calls.append("previous_problem")
         return True
 
+    def next_failed_call(self) -> bool:
+        self.calls.append("next_failed_call")
+        return True
+
+    def previous_failed_call(self) -> bool:
+        self.calls.append("previous_failed_call")
+        return True
+
 
 async def until(pilot: Any, ready: Callable[[], bool]) -> None:
     """Let the view run until ``ready`` (10 s at most: a loaded host draws late, not never)."""
@@ -108,16 +116,19 @@ def test_the_replay_keys_act_through_the_controls() -> None:
             await until(pilot, lambda: "the double's status" in header(app))
             assert REPLAY_KEYS <= shown_keys(app)
             assert app.sub_title.startswith("replay: space play/pause")
-            await pilot.press("space", "plus", "minus", "n", "N", "left_square_bracket", "right_square_bracket",
-                              "left_curly_bracket", "right_curly_bracket", "R")
+            await pilot.press("space", "plus", "minus", "n", "N", "greater_than_sign", "less_than_sign",
+                              "left_square_bracket", "right_square_bracket", "left_curly_bracket",
+                              "right_curly_bracket", "R")
             bar = app.query_one("#position", Static)
             assert bar.display and "▲" in str(bar.render()) and "●" in str(bar.render())
 
     asyncio.run(scenario())
     assert controls.calls == ["toggle_pause", "faster", "slower", "next_problem", "previous_problem",
-                              ("seek_by", -10), ("seek_by", 10), ("seek_by", -60), ("seek_by", 60), "toggle_recording"]
+                              "next_failed_call", "previous_failed_call", ("seek_by", -10), ("seek_by", 10),
+                              ("seek_by", -60), ("seek_by", 60), "toggle_recording"]
     # only the failed jump is told; and what the controls said of R
-    assert notes == ["no EMFILE, ENFILE, OOM kill or kill by a signal after this point", "the double records nothing"]
+    assert notes == ["no incident (EMFILE, ENFILE, OOM kill, Go thread limit or crash) after this point",
+                     "the double records nothing"]
 
 
 def test_the_live_view_shows_no_replay_keys_and_records_with_r(tmp_path: Path) -> None:

@@ -123,18 +123,19 @@ def test_incidents_are_grouped_by_program_and_ranked_by_severity() -> None:
     frame.loc[frame["pid"] == 9, "exit_code"] = 1
     assert len(failures(frame)) == 6
     found = incidents(frame, window_s=10)
-    # grep's exit 1 came first, but exit codes are not incidents unless asked for
-    assert found["comm"].tolist() == ["haproxy", "worker"] and found["first_overall"].tolist() == [True, False]
+    # grep's exit 1 came first, but exit codes are not incidents unless asked for; within a class
+    # of harm, the most failures first (worker's 3 before haproxy's 2, which failed first)
+    assert found["comm"].tolist() == ["worker", "haproxy"] and found["first_overall"].tolist() == [False, True]
     assert found["severity"].tolist() == ["EMFILE/ENFILE"] * 2
-    worker = found.iloc[1]
+    worker = found.iloc[0]
     assert (worker["failure"], worker["count"], worker["processes"], worker["first_pid"]) == ("accept4 EMFILE", 3, 3, 4)
-    first = found.iloc[0]
+    first = found.iloc[1]
     assert first["failure"] == "accept4 EMFILE" and first["count"] == 2
     # EINPROGRESS is a non-blocking connect's answer, not a symptom; three kinds of symptom at most
     assert first["followed_by"] == {"worker: accept4 EMFILE": 3, "client: accept4 ECONNREFUSED": 2}
     with_exits = incidents(frame, window_s=10, exits=True)
-    assert with_exits["comm"].tolist() == ["grep", "worker", "haproxy"]  # then by severity, and by count
-    assert with_exits.iloc[0]["severity"] == "non-zero exit"
+    assert with_exits["comm"].tolist() == ["worker", "haproxy", "grep"]  # by harm: an exit 1 last
+    assert with_exits.iloc[2]["severity"] == "non-zero exit"
 
 
 def test_report_on_a_recording_has_every_section() -> None:
@@ -145,8 +146,8 @@ def test_report_on_a_recording_has_every_section() -> None:
         assert f"<h2>{section}</h2>" in page and f"## {section}" in markdown
     assert page.count("Plotly.newPlot(") == 1 and "emfile-child [15007]" in page  # the figure, drawn in a browser
     # Markdown's markup characters are escaped (a name could otherwise make a link or a tag)
-    assert markdown_shown("First failure: emfile-child [15007], socket EMFILE at 2026-11-30 05:36:15.697 UTC "
-                          "(3 in all)") in markdown
+    assert markdown_shown("Worst failure: emfile-child [15007], socket EMFILE ×3, first at "
+                          "2026-11-30 05:36:15.697 UTC.") in markdown
     # capped at its limit of 64, it asked for 4 more in one second: 68 needed, 82 with the margin
     assert markdown_shown(
         "RLIMIT_NOFILE of emfile-child [15007]: soft limit 64, failed 4 times with EMFILE; it needed at least 68 "
@@ -245,3 +246,19 @@ def test_info_opens_with_what_went_wrong() -> None:
     assert not any("process_api" in line or "(0%" in line or "(1%" in line for line in lines)  # unrelated ones
     quiet = summary(load(Path(__file__).parents[1] / "data" / "ddp")).splitlines()
     assert quiet[0].startswith("what went wrong: nothing")
+
+
+def test_the_fd_panel_draws_the_failing_processes_first_then_the_fewest_descriptors_left() -> None:
+    """haproxy at 255/256 with 2,391 EMFILE comes before three processes at 32-descriptor limits;
+    among those that did not fail, the fewest descriptors left first, not the highest ratio."""
+    from fdtrace.analysis.report.model import by_harm
+
+    rows = [("a", 1, 32, 32), ("haproxy", 2, 255, 256), ("c", 3, 32, 32), ("d", 4, 31, 32), ("e", 5, 254, 256),
+            ("f", 6, 10, None)]
+    least = pd.DataFrame({"host": ["vm"] * len(rows), "comm": [r[0] for r in rows], "pid": [r[1] for r in rows],
+                          "open_fds": [r[2] for r in rows], "fd_soft_limit": [r[3] for r in rows]})
+    least["usage"] = least["open_fds"] / least["fd_soft_limit"]
+    least = least.sort_values("usage", ascending=False)  # as least_headroom gives them
+    failing = pd.DataFrame({"host": ["vm", "vm"], "pid": [2, 3], "start_ns": [0, 0], "n": [2391, 1],
+                            "first": [5, 1]})
+    assert by_harm(least, failing)["comm"].tolist() == ["haproxy", "c", "a", "d", "e", "f"]

@@ -148,3 +148,21 @@ def test_memory_near_its_cgroup_limit_alerts_and_an_oom_kill_says_what_was_last_
     assert said.text.endswith("; last seen: 1,420 FDs (1,415 sockets), 2 threads, RSS 148 MiB; its cgroup at "
                               "148 MiB of 150 MiB (99%): foreseen")
     assert not [a for a in state.processes[400].alerts if a.startswith("memory")]  # the kill says it now
+
+
+def test_a_growth_stops_its_full_in_when_it_stops_and_an_ended_process_has_none() -> None:
+    """Open FDs growing 10 a second give a "full in"; 10 s flat after it, none (not a whole 30 s
+    window later); a process that ended is never "full in" anything."""
+    seconds = 1_000_000_000
+    state = IncidentState()
+    for t in range(10):
+        state.apply_samples([sample(1, open_fds=100 + 10 * t)], t * seconds)
+    view = state.processes[1]
+    assert view.seconds_to_exhaustion() == (1024 - 190) / 10
+    for t in range(10, 21):
+        state.apply_samples([sample(1, open_fds=190)], t * seconds)
+    assert view.seconds_to_exhaustion() is None
+    state.apply_samples([sample(1, open_fds=200)], 21 * seconds)
+    assert view.seconds_to_exhaustion() is not None
+    view.ended, view.ended_ns = "exit 0", 22 * seconds
+    assert view.seconds_to_exhaustion() is None

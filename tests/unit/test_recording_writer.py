@@ -15,6 +15,7 @@ from fdtrace.analysis.summary import incident_window_lines
 from fdtrace.cli.common import parse_size
 from fdtrace.errors import FdtraceError
 from fdtrace.recording import host_dir, load, part_files
+from fdtrace.recording import writer as writer_module
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.schema import SCHEMA_VERSION
 
@@ -118,28 +119,74 @@ def test_max_size_holds_while_parts_are_merged(tmp_path: Path) -> None:
     assert writer.rotated_out["files"] >= 1 and len(load(tmp_path / "capped").system) >= 4 * 50
 
 
-def test_incident_windows_past_their_budget_drop_the_oldest_first(tmp_path: Path) -> None:
-    """Four incidents, each keeping one part, under a --keep-incidents that holds two: the two
-    oldest windows go (counted), the two newest stay past the ring turning over."""
+def part_size(tmp_path: Path) -> int:
     one = RecordingWriter(tmp_path / "one", "h1", META)
     write_intervals(one, 1)
-    part = one.size
-    writer = RecordingWriter(tmp_path / "ring", "h1", META, max_size=int(part * 3.5), keep_incidents=int(part * 2.5),
+    return one.size
+
+
+def test_a_users_failures_again_and_again_never_evict_roots_first_incident(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's program fails once, then a user's (uid 65534) fails at five later flushes, each its
+    own window (no gap joins them here), under a budget of three parts: root's window stays, the
+    user's program keeps its first and its latest windows, the three between are given up
+    (counted), and the ring keeps only its newest part besides."""
+    monkeypatch.setattr(writer_module, "WINDOW_GAP_NS", 0)
+    part = part_size(tmp_path)
+    writer = RecordingWriter(tmp_path / "ring", "h1", META, max_size=int(part * 1.5), keep_incidents=int(part * 3.5),
                              keep_before_ns=0, keep_after_ns=0)
-    for i in range(12):
-        if i in (1, 4, 7, 10):  # inside the span of the part this flush writes
-            writer.mark_incidents([(time.monotonic_ns(), "EMFILE/ENFILE")], 0)
+    for i in range(14):
+        if i == 1:  # inside the span of the part this flush writes
+            writer.mark_incidents([(time.monotonic_ns(), "EMFILE/ENFILE", "early", 0)], 0)
+        if i in (3, 5, 7, 9, 11):
+            writer.mark_incidents([(time.monotonic_ns(), "EMFILE/ENFILE", "noisy", 65534)], 0)
         write_intervals(writer, 1, start=i)
     writer.write_meta(complete=True)
     meta = json.loads((tmp_path / "ring" / "meta" / "host=h1.json").read_text())
-    assert [w["incidents"] for w in meta["incident_windows"]] == [{"EMFILE/ENFILE": 1}] * 2
-    assert meta["incidents_dropped"]["windows"] == 2 and meta["incidents_dropped"]["incidents"] == 2
-    assert meta["incidents_dropped"]["bytes"] > 0
+    assert [(w["program"], w["uid"]) for w in meta["incident_windows"]] == [("early", 0), ("noisy", 65534),
+                                                                              ("noisy", 65534)]
+    assert meta["incidents_dropped"]["windows"] == 3 and meta["incidents_dropped"]["incidents"] == 3
     kept = set(load(tmp_path / "ring").system["file_nr"])
-    assert {7, 10} <= kept and not {1, 4} & kept and 11 in kept  # the newest windows, and the ring's newest
+    assert kept == {1, 3, 11, 13}  # root's, the user's first and latest, the ring's newest
     assert writer.size <= writer.max_size + writer.keep_incidents  # type: ignore[operator]
-    assert incident_window_lines(meta)[-1] == ("  incident windows dropped (more than --keep-incidents holds): "
-                                               "2 windows, 2 incidents, the oldest first")
+    assert incident_window_lines(meta)[-1] == ("  incident windows given up (more than --keep-incidents holds): "
+                                               "3 windows, 3 incidents")
+
+
+def test_a_window_wider_than_its_budget_is_trimmed_to_its_failures_not_dropped(tmp_path: Path) -> None:
+    """--keep-before 600 s before an incident, with a budget of two parts and three parts of the
+    ring before it: the window keeps the part with the incident (trimmed, said so), nothing is
+    given up, and the ring goes on over the parts before it."""
+    part = part_size(tmp_path)
+    writer = RecordingWriter(tmp_path / "ring", "h1", META, max_size=int(part * 3.5), keep_incidents=int(part * 2.5),
+                             keep_before_ns=600 * 10**9, keep_after_ns=0)
+    for i in range(12):
+        if i == 5:
+            writer.mark_incidents([(time.monotonic_ns(), "EMFILE/ENFILE", "early", None)], 0)
+        write_intervals(writer, 1, start=i)
+    writer.write_meta(complete=True)
+    meta = json.loads((tmp_path / "ring" / "meta" / "host=h1.json").read_text())
+    [window] = meta["incident_windows"]
+    assert window["trimmed"] is True and window["incidents"] == {"EMFILE/ENFILE": 1}
+    assert meta["incidents_dropped"]["windows"] == 0 and meta["incidents_trimmed"] == 1
+    assert set(load(tmp_path / "ring").system["file_nr"]) == {5, 9, 10, 11}
+    [line] = [line for line in incident_window_lines(meta) if "kept" in line]
+    assert line.endswith(": early: EMFILE/ENFILE 1 (trimmed to fit --keep-incidents)")
+
+
+def test_compaction_leaves_the_parts_a_window_keeps_apart(tmp_path: Path) -> None:
+    """--rotate merges the ring's parts around a window, not the window's: it can still be
+    trimmed part by part."""
+    part = part_size(tmp_path)
+    writer = RecordingWriter(tmp_path / "ring", "h1", META, max_size=part * 100, keep_incidents=part * 100,
+                             keep_before_ns=0, keep_after_ns=0)
+    for i in range(6):
+        if i == 3:
+            writer.mark_incidents([(time.monotonic_ns(), "OOM kill", "early", 0)], 0)
+        write_intervals(writer, 1, start=i)
+    writer.compact()
+    names = [p.name for p in part_files(host_dir(tmp_path / "ring", "system", "h1"))]
+    assert names == ["part-000001-000003.parquet", "part-000004.parquet", "part-000005-000006.parquet"]
 
 
 def test_an_events_part_reads_back_as_written_and_engines_read_it_as_it_is(tmp_path: Path) -> None:

@@ -11,7 +11,15 @@ from fdtrace.analysis.binning import where
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
-from fdtrace.schema.failures import BAD_EXIT_SQL, FAILURE_CLASSES, FD_SQL, KILLED_SQL, failed_call_sql
+from fdtrace.schema.failures import (
+    BAD_EXIT_SQL,
+    FAILURE_CLASSES,
+    FD_SQL,
+    HARM,
+    REQUESTED_SIGNALS,
+    REQUESTED_SQL,
+    failed_call_sql,
+)
 from fdtrace.schema.failures import FAILURE_SQL as IS_FAILURE
 
 COLUMNS = ["time", "host", "pid", "start_ns", "comm", "kind", "failure"]
@@ -22,7 +30,8 @@ INCIDENT_COLUMNS = ["severity", "host", "comm", "failure", "count", "processes",
 FAILURE_SQL = (f"CASE WHEN {FD_SQL} THEN concat(syscall, ' ', errno) WHEN kind = 'oom_kill' THEN 'OOM kill' "
                "WHEN kind = 'go_thread_limit' AND ret IS NULL THEN 'Go thread limit exceeded' "
                "WHEN kind = 'go_thread_limit' THEN concat('Go thread limit ', CAST(ret AS VARCHAR), ' exceeded') "
-               f"WHEN {KILLED_SQL} THEN concat('killed by ', signal) "
+               f"WHEN {REQUESTED_SQL} THEN concat('ended by ', signal) "
+               "WHEN kind = 'process_exit' AND signal IS NOT NULL AND signal <> '' THEN concat('killed by ', signal) "
                f"WHEN {BAD_EXIT_SQL} THEN concat('exit ', CAST(exit_code AS VARCHAR)) END")
 
 
@@ -62,28 +71,33 @@ SYMPTOMS_SHOWN = 3
 
 
 def severity_of(failure: str) -> tuple[int, str]:
-    """(rank, class) of a ``failure`` text, rank 0 the most severe (see ``SEVERITIES``)."""
+    """(rank, class) of a ``failure`` text, rank 0 the most harmful (``schema.failures.HARM``:
+    EMFILE/ENFILE and OOM kills alike, then Go's thread limit, crashes, ends on request, non-zero
+    exits)."""
     if failure.rsplit(" ", 1)[-1] in FD_EXHAUSTION_ERRNOS:
-        rank = 0
+        name = "EMFILE/ENFILE"
     elif failure == "OOM kill":
-        rank = 1
+        name = "OOM kill"
     elif failure.startswith("Go thread limit "):
-        rank = 2
+        name = "Go thread limit"
+    elif failure.startswith("ended by ") or (failure.startswith("killed by ")
+                                              and failure.rsplit(" ", 1)[-1] in REQUESTED_SIGNALS):
+        name = "ended on request"
     elif failure.startswith("killed by "):
-        rank = 3
+        name = "killed by a signal"
     elif failure.startswith("exit "):
-        rank = 4
+        name = "non-zero exit"
     else:
-        rank = 5
-    return rank, SEVERITIES[rank]
+        return len(FAILURE_CLASSES), SEVERITIES[-1]
+    return HARM[name], name
 
 
 def incidents_on(engine: Engine, window_s: float = 10.0, found: pd.DataFrame | None = None,
                  exits: bool = False) -> pd.DataFrame:
     """``incidents()`` computed by ``engine`` (``found``: its ``failures()``, when known)."""
     all_failures = failures_on(engine) if found is None else found
-    if not exits:
-        all_failures = all_failures[~all_failures["failure"].str.startswith("exit ")]
+    if not exits:  # ends on request and non-zero exits are listed apart (failures()), never an incident
+        all_failures = all_failures[~all_failures["failure"].str.startswith(("exit ", "ended by "))]
     if all_failures.empty:
         return pd.DataFrame(columns=INCIDENT_COLUMNS)
     all_failures = all_failures.reset_index(drop=True)
@@ -118,13 +132,13 @@ def incidents_on(engine: Engine, window_s: float = 10.0, found: pd.DataFrame | N
              "followed_by": followed[order], "_rank": first.rank}
             for order, first in enumerate(firsts.itertuples(index=False))
             for key in [(first.host, first.comm, first.failure)]]
-    ranked = pd.DataFrame(rows).sort_values(["first_overall", "_rank", "count", "first"],
-                                            ascending=[False, True, False, True], kind="stable")
+    ranked = pd.DataFrame(rows).sort_values(["_rank", "count", "first"], ascending=[True, False, True],
+                                            kind="stable")
     return ranked.drop(columns="_rank")[INCIDENT_COLUMNS].reset_index(drop=True)
 
 
 def incidents(recording_or_events: Any, window_s: float = 10.0, exits: bool = False) -> pd.DataFrame:
-    """The failures grouped by host, program and failure, the first overall first, then by
-    severity. See ``fdtrace.analysis`` for the full description."""
+    """The failures grouped by host, program and failure, by harm (``schema.failures.HARM``), then
+    the most failures, then the first to fail. See ``fdtrace.analysis`` for the full description."""
     with engine_for(recording_or_events) as engine:
         return incidents_on(engine, window_s=window_s, exits=exits)

@@ -242,11 +242,12 @@ def memory_advice_lines(needs: pd.DataFrame, victims: pd.DataFrame | None = None
 
 
 def memory_series_on(engine: Engine, chosen: pd.DataFrame) -> pd.DataFrame:
-    """The chosen processes' memory over time: its cgroup's usage and limit, and its RSS."""
+    """The chosen processes' memory over time: its cgroup's usage and limit, its RSS, and its cgroup."""
     if not len(chosen) or "memcg_usage_bytes" not in engine.columns("samples"):
         return pd.DataFrame(columns=["host", "pid", "start_ns", "time", "rss_bytes", "memcg_usage_bytes",
-                                     "memcg_limit_bytes"])
+                                     "memcg_limit_bytes", "cgroup"])
+    cgroup = "cgroup" if "cgroup" in engine.columns("samples") else "CAST(NULL AS VARCHAR) AS cgroup"
     found = engine.query(f"SELECT host, pid, start_ns, time_ns, {_RSS} AS rss_bytes, memcg_usage_bytes, "
-                         f"memcg_limit_bytes FROM samples WHERE {processes_where(chosen)} ORDER BY ts_ns")
+                         f"memcg_limit_bytes, {cgroup} FROM samples WHERE {processes_where(chosen)} ORDER BY ts_ns")
     found.insert(3, "time", pd.to_datetime(found.pop("time_ns"), unit="ns", utc=True))
     return found

@@ -342,7 +342,7 @@ def _system(jobs: list[JobLedger]) -> dict[str, int]:
 
 def _advice(projection: Projection) -> list[str]:
     """What to change for ``projection.world`` ranks, in the report's words."""
-    from fdtrace.analysis.report.advice import fd_limit_ways
+    from fdtrace.advice.change import fd_limit_ways
 
     lines = []
     world = projection.world

@@ -16,7 +16,7 @@ from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
 from fdtrace.policy import kib
 from fdtrace.schema import STATS
-from fdtrace.schema.failures import FD_SQL, INCIDENT_SQL
+from fdtrace.schema.failures import FD_SQL, HARM, INCIDENT_SQL, REQUESTED_SIGNALS, REQUESTED_SQL, harm_order
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable, Dataset
@@ -45,48 +45,65 @@ def _capped(lines: list[str], what: str) -> list[str]:
 
 def _failed(engine: Engine) -> pd.DataFrame:
     """In one pass over the events: EMFILE/ENFILE counted per process and syscall (``at`` null),
-    and each OOM kill and kill by a signal (``at`` its time)."""
+    and each OOM kill, kill by a signal and end on request (``at`` its time)."""
     return engine.query(
         f"SELECT host, pid, comm, kind, errno, syscall, signal, anon_rss_kb, CASE WHEN {FD_SQL} THEN NULL ELSE "
         f"time_ns END AS at, count(*) AS n, min(time_ns) AS first FROM events WHERE {INCIDENT_SQL} "
-        "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9")
+        f"OR ({REQUESTED_SQL}) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9")
 
 
 def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
              failed: pd.DataFrame | None = None) -> list[str]:
-    """What went wrong, worst first: the processes that died of it (OOM kills, Go thread limits,
-    kills by a signal), EMFILE/ENFILE per process and syscall, and the processes that reached a
-    limit; each class capped on its own, so a host full of failing calls still shows its deaths."""
+    """What went wrong, most harmful first (``schema.failures.harm_order``): EMFILE/ENFILE per
+    process and syscall and OOM kills, then Go thread limits, then crashes, then the processes
+    that reached a limit; each rank capped on its own. Ends on request (SIGHUP, SIGINT, SIGTERM,
+    SIGPIPE) are one line apart, never a failure."""
     def who(host: Any, comm: Any, pid: Any) -> str:
         return f"{comm} [{pid}]" + (f" on {host}" if several_hosts else "")
 
     failed = _failed(engine) if failed is None else failed
+    requested = failed["at"].notna() & (failed["kind"] == "process_exit") & failed["signal"].isin(REQUESTED_SIGNALS)
+    asked, failed = failed[requested], failed[~requested]
     calls = failed[failed["at"].isna()]
-    deaths: list[str] = []
-    ends = failed[failed["at"].notna()].sort_values(["at", "host", "pid"])
+    # Every failing process, ranked by harm (schema.failures.harm_order): each rank capped on its
+    # own, so a host full of failing calls still shows its deaths.
+    ranked: dict[int, list[tuple[tuple[int, int, int], str]]] = {}
+    ends = failed[failed["at"].notna()]
     for row in ends.itertuples():
+        kind = str(row.kind)
         what = {"oom_kill": "OOM-killed", "go_thread_limit": "exceeded its Go thread limit (the runtime said so, and "
-                "exits 2)"}.get(str(row.kind), f"killed by {row.signal}")
-        deaths.append(f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.at)}")
-    lines: list[str] = []
+                "exits 2)"}.get(kind, f"killed by {row.signal}")
+        cls = {"oom_kill": "OOM kill", "go_thread_limit": "Go thread limit"}.get(kind, "killed by a signal")
+        key = harm_order(cls, 1, int(row.at))
+        ranked.setdefault(key[0], []).append((key, f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.at)}"))
     if len(calls):
         per_process = calls.groupby(["host", "pid", "comm"], sort=False).agg(n=("n", "sum"), first=("first", "min"))
-        for (host, pid, comm), totals in per_process.sort_values(["first", "n"], ascending=[True, False]).iterrows():
+        for (host, pid, comm), totals in per_process.iterrows():
             mine = calls[(calls["host"] == host) & (calls["pid"] == pid) & (calls["comm"] == comm)]
             mine = mine.sort_values(["n", "errno", "syscall"], ascending=[False, True, True])
             detail = ", ".join(f"{r.errno} {r.syscall} {r.n}" for r in mine.itertuples())
-            lines.append(f"  {who(host, comm, pid)}: {totals['n']} calls failed ({detail}), first at "
-                         f"{_ns(totals['first'])}")
+            key = harm_order("EMFILE/ENFILE", int(totals["n"]), int(totals["first"]))
+            ranked.setdefault(key[0], []).append((key, f"  {who(host, comm, pid)}: {totals['n']} calls failed "
+                                                       f"({detail}), first at {_ns(totals['first'])}"))
+    lines: list[str] = []
+    for rank in sorted(ranked):
+        lines += _capped([text for _, text in sorted(ranked[rank], key=lambda found: found[0])],
+                         "failing processes" if rank == HARM["EMFILE/ENFILE"] else "processes ended")
+    apart = []
+    if len(asked):
+        signals = asked.groupby("signal")["n"].sum().sort_index()
+        apart = ["ended on request, not failures: " + ", ".join(f"{name} {int(n)}" for name, n in signals.items())
+                 + " (e.g. " + ", ".join(f"{r.comm} [{r.pid}]" for r in asked.sort_values("at").head(3).itertuples())
+                 + ")"]
     reached: list[str] = []
     if len(least):
         for row in least[least["usage"] >= 1.0].itertuples():
             reached.append(f"  {who(row.host, row.comm, row.pid)}: reached its FD limit, {row.open_fds} of "
                            f"{row.fd_soft_limit:.0f} at {when(row.time)}")
-    if not deaths and not lines and not reached:
-        return ["what went wrong: nothing (no EMFILE/ENFILE, OOM kill, Go thread limit, kill by a signal or full FD "
-                "table)"]
-    return ["what went wrong:", *_capped(deaths, "processes ended"), *_capped(lines, "failing processes"),
-            *_capped(reached, "processes at their limit")]
+    if not lines and not reached:
+        return ["what went wrong: nothing (no EMFILE/ENFILE, OOM kill, Go thread limit, crash or full FD table)",
+                *apart]
+    return ["what went wrong:", *lines, *_capped(reached, "processes at their limit"), *apart]
 
 
 def _hosts(recording: Dataset, engine: Engine, kinds: pd.DataFrame) -> list[str]:
@@ -135,14 +152,19 @@ def incident_windows(meta: dict[str, Any]) -> list[tuple[str, str]]:
     for window in windows if isinstance(windows, list) else []:
         try:
             kinds = ", ".join(f"{shown(str(kind))} {int(n)}" for kind, n in dict(window["incidents"]).items())
+            program = window.get("program")
+            uid = window.get("uid")
+            who = (shown(program) + (f" (uid {uid})" if isinstance(uid, int) and not isinstance(uid, bool) else "")
+                   + ": ") if isinstance(program, str) and program else ""
+            trimmed = " (trimmed to fit --keep-incidents)" if window.get("trimmed") is True else ""
             found.append(("incident window kept (--keep-incidents)",
-                          f"{_ns(int(window['start']))} .. {_ns(int(window['end']))}: {kinds}"))
+                          f"{_ns(int(window['start']))} .. {_ns(int(window['end']))}: {who}{kinds}{trimmed}"))
         except (KeyError, TypeError, ValueError):
             continue
     dropped = meta.get("incidents_dropped")
     if isinstance(dropped, dict) and _count(dropped.get("windows")) > 0:
-        found.append(("incident windows dropped (more than --keep-incidents holds)",
-                      f"{dropped['windows']} windows, {_count(dropped.get('incidents'))} incidents, the oldest first"))
+        found.append(("incident windows given up (more than --keep-incidents holds)",
+                      f"{dropped['windows']} windows, {_count(dropped.get('incidents'))} incidents"))
     return found
 
 

@@ -278,3 +278,48 @@ def open_recordings(directories: tuple[str, ...], engine: str, spark_master: str
                             clock_correction=not no_clock_correction)
     except FdtraceError as error:
         fail(error)
+
+
+def view_terminal() -> int | None:
+    """The terminal a view draws on. Textual draws on stderr; when stderr is redirected (`top
+    2>log`), the terminal it was started from: stdout's, else /dev/tty. Returns a descriptor to
+    draw on (None: stderr itself); fails with why when there is no terminal at all."""
+    import os
+
+    if os.isatty(2):
+        return None
+    if os.isatty(1):
+        return os.dup(1)
+    try:
+        return os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        fail(FdtraceError(f"the view draws on a terminal, and there is none: stderr and stdout are redirected and "
+                          f"/dev/tty cannot be opened ({exc.strerror}); run it in a terminal, or use "
+                          "`fdtrace record`/`trace` for output to files"))
+
+
+class DrawnOn:
+    """While the view runs, stderr is the terminal ``view_terminal()`` found; after it, stderr is
+    given back (what fdtrace says at the end goes where it was redirected)."""
+
+    def __init__(self, terminal: int | None) -> None:
+        self.terminal = terminal
+        self.saved = -1
+
+    def __enter__(self) -> DrawnOn:
+        import os
+
+        if self.terminal is not None:
+            sys.stderr.flush()
+            self.saved = os.dup(2)
+            os.dup2(self.terminal, 2)
+            os.close(self.terminal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        if self.saved >= 0:
+            sys.stderr.flush()
+            os.dup2(self.saved, 2)
+            os.close(self.saved)

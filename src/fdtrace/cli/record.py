@@ -47,11 +47,14 @@ from fdtrace.errors import FdtraceError
                    "what is deleted is counted in the metadata. Incident windows are kept apart (--keep-incidents).")
 @click.option("--keep-incidents", default=None, metavar="SIZE",
               help="With --max-size: bytes, besides --max-size, for the files around each EMFILE/ENFILE, OOM kill, "
-                   "Go thread limit and kill by a signal, which the ring does not delete (default: half of "
-                   "--max-size); past it the oldest windows go first, counted in the metadata.")
-@click.option("--keep-before", type=float, default=600.0, show_default=True,
-              help="With --max-size: seconds before an incident that its window keeps.")
-@click.option("--keep-after", type=float, default=120.0, show_default=True,
+                   "Go thread limit and crash, which the ring does not delete (default: half of --max-size). "
+                   "Shared out: root's and system services' programs before other users', each program's first "
+                   "window before its latest before the others, the seconds with the failures before the wider "
+                   "time; windows are trimmed before any is given up, and both are counted in the metadata.")
+@click.option("--keep-before", type=float, default=60.0, show_default=True,
+              help="With --max-size: seconds before an incident that its window keeps, as --keep-incidents "
+                   "allows (the default and --keep-after hold 90 s of 1 M events/s in the service's 1G).")
+@click.option("--keep-after", type=float, default=30.0, show_default=True,
               help="With --max-size: seconds after an incident that its window keeps.")
 @click.option("--resume", is_flag=True,
               help="Continue this host's recording already in the directory (a service's restart) instead of "
@@ -125,8 +128,11 @@ def record(output: str, duration: float | None, pids: tuple[int, ...], follow: b
     watched = sum(probe.startswith("uprobe:runtime.gwrite") for probe in source.kernel.probes)
     skipped = source.sampler.describe_skipped()
     unread = source.shortfalls()
-    note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())}"
+    note(f"recorded {recording.events} events, {recording.bytes_written} bytes; lost {sum(final.losses.values())} "
+         "in the kernel"
+         + (f"; {recording.rotated_note}" if recording.rotated_note else "")
          + (f"; {watched} Go binar{'y' if watched == 1 else 'ies'} watched for its thread-limit message"
             if watched else "")
          + (f"; samples skipped: {skipped}" if skipped else "")
-         + (f"; left unread: {'; '.join(unread)}" if unread else ""))
+         + (f"; left unread: {'; '.join(unread)}" if unread else "")
+         + (f"; {recording.incident_note}" if recording.incident_note else ""))

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from fdtrace.cli.common import (
+    DrawnOn,
     check_trace_options,
     fail,
     follow_option,
@@ -17,6 +18,7 @@ from fdtrace.cli.common import (
     ring_pages_option,
     stacks_options,
     start_live,
+    view_terminal,
 )
 from fdtrace.errors import FdtraceError
 
@@ -61,7 +63,8 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
             fail(error)
         from fdtrace.tui.fleet import FleetApp
 
-        FleetApp(fleet).run()
+        with DrawnOn(view_terminal()):
+            FleetApp(fleet).run()
         return
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.kernel.session import reserve_descriptors
@@ -70,6 +73,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
 
     check_trace_options(pids, follow, ring_pages, max_stacks, max_fds)
     live_without_pandas()
+    terminal = view_terminal()  # before the probes load: a view with no terminal says so at once
     source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages,
             stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,
@@ -83,7 +87,8 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
 
     pipeline = Pipeline(source, source_started=True)
     controls = LiveControls(pipeline, Path(record_dir) if record_dir else None)
-    make_app(pipeline, controls, keep_exited_s=keep_exited).run()
+    with DrawnOn(terminal):
+        make_app(pipeline, controls, keep_exited_s=keep_exited).run()
     for text in source.notes:
         note(text)
 
@@ -92,7 +97,7 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
 @click.argument("directories", nargs=-1, required=True, type=click.Path())
 @click.option("--speed", type=float, default=1.0, show_default=True, help="Replay speed (2 = twice real time).")
 def replay(directories: tuple[str, ...], speed: float) -> None:
-    """Replay recordings in the live view: play, pause, faster/slower, jump to the next error."""
+    """Replay recordings in the live view: play, pause, faster/slower, jump from incident to incident (n/N)."""
     from fdtrace.pipeline import Pipeline
     from fdtrace.sources.replay import ReplayControls, ReplaySource
 
@@ -105,6 +110,7 @@ def replay(directories: tuple[str, ...], speed: float) -> None:
     from fdtrace.tui.app import make_app
 
     pipeline = Pipeline(source, source_started=True)
-    make_app(pipeline, ReplayControls(pipeline, source)).run()
+    with DrawnOn(view_terminal()):
+        make_app(pipeline, ReplayControls(pipeline, source)).run()
     for skipped in source.skipped:
         note(f"skipped an unreadable file: {skipped}")

@@ -20,13 +20,15 @@ class Notice:
 
 @dataclass(frozen=True)
 class Position:
-    """Where a replay is in its recording: the span, the virtual clock, and the wall times of the
-    failures that ``next_problem`` stops at (the position bar marks them)."""
+    """Where a replay is in its recording: the span, the virtual clock, the wall times of the
+    incidents that ``next_problem`` stops at (the position bar marks them), and the name of the
+    one the last jump reached ("incident 3 of 12: haproxy accept4 EMFILE ×1,891"; "" when none)."""
 
     start_ns: int
     end_ns: int
     now_ns: int
     problems_ns: Iterable[int] = field(default_factory=tuple)
+    incident: str = ""
 
 
 class Controls(Protocol):
@@ -73,11 +75,20 @@ class Controls(Protocol):
         """[ ] { }: jump forward or back."""
 
     def next_problem(self) -> bool:
-        """n: jump to the next failure that matters; False when there is none."""
+        """n: jump to the next incident (another program's failure, or the same program's after a
+        quiet gap); False when there is none."""
         ...
 
     def previous_problem(self) -> bool:
-        """N: jump to the last failure before now; False when there is none."""
+        """N: jump to the incident that began last before now; False when there is none."""
+        ...
+
+    def next_failed_call(self) -> bool:
+        """>: step to the next failed call (or end) of an incident; False when there is none."""
+        ...
+
+    def previous_failed_call(self) -> bool:
+        """<: step to the previous failed call; False when there is none."""
         ...
 
 
@@ -109,4 +120,12 @@ class NoPlayback:
 
     def previous_problem(self) -> bool:
         """Nothing to jump to."""
+        return False
+
+    def next_failed_call(self) -> bool:
+        """Nothing to step to."""
+        return False
+
+    def previous_failed_call(self) -> bool:
+        """Nothing to step to."""
         return False

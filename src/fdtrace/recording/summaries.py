@@ -81,7 +81,9 @@ def summarize(events: Any) -> dict[str, Any]:
     ends = _matches(events["kind"], ["oom_kill", "process_exit", "go_thread_limit"])
     failing = pc.or_(_matches(events["errno"], fd_errnos), ends)
     failed = rows_of(events.filter(failing))  # few rows: these are copied as text
-    failed = failed.filter(incident_mask(failed))  # the incidents (schema.failures: the one rule)
+    # the incidents and the ends on request, listed apart (schema.failures: the one rule; these rows
+    # have no exit code, so no non-zero exit is among them)
+    failed = failed.filter(incident_mask(failed, exits=True))
     failed = failed.append_column("at", pc.if_else(pc.is_in(failed["errno"], value_set=pa.array(fd_errnos)),
                                                    pa.scalar(None, pa.int64()), failed["time_ns"]))
     connects = events.filter(_matches(events["kind"], ["connect"]))

@@ -3,6 +3,7 @@ schemas (see layout.py)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import fcntl
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fdtrace.errors import FdtraceError
+from fdtrace.policy import is_system_uid
 from fdtrace.recording.layout import (
     TABLES,
     host_folder,
@@ -65,14 +67,47 @@ class _Part:
 
 @dataclass
 class IncidentWindow:
-    """The time around incidents whose parts a ring keeps (CLOCK_MONOTONIC ns; ``wall_offset_ns``
-    turns them into UTC), and the incidents in it by kind."""
+    """The incidents of one program close in time, and the time around them whose parts a ring
+    keeps (CLOCK_MONOTONIC ns; ``wall_offset_ns`` turns them into UTC).
+
+    ``start_ns``/``end_ns`` is what the budget holds now: the parts with the incidents first,
+    then wider (``level``, an index into the writer's ladder of seconds before and after) as
+    far as ``keep_before``/``keep_after`` when the budget allows."""
 
     start_ns: int
     end_ns: int
     first_ns: int
     wall_offset_ns: int
     kinds: dict[str, int]
+    last_ns: int = -1
+    program: str = ""
+    uid: int | None = None
+    ordinal: int = 0  # the program's how-many-th window (0: its first)
+    level: int = 0
+    cap: int = 1 << 30  # the widest level it may have: once trimmed, what went is not there to widen over
+
+    def __post_init__(self) -> None:
+        if self.last_ns < self.first_ns:
+            self.last_ns = self.first_ns
+
+    @property
+    def incidents(self) -> int:
+        return sum(self.kinds.values())
+
+
+#: An incident for ``RecordingWriter.mark_incidents``: (CLOCK_MONOTONIC ns, failure class,
+#: program, real uid of its process or None when unknown).
+Incident = tuple[int, str, str, "int | None"]
+
+#: A program's failures this close together are one window; one failing on and on starts a new
+#: window this often, so that its first and its latest stay apart (and the ones between go first).
+WINDOW_GAP_NS = 10 * 10**9
+WINDOW_SPAN_NS = 10 * 10**9
+#: Windows held at most (the rest given up, counted), and per program besides its first and latest.
+MAX_WINDOWS = 64
+MAX_MIDDLE_WINDOWS = 4
+#: The ladder of seconds around a window's incidents that the budget widens it by, step by step.
+WIDENING_S = (0, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 class RecordingWriter:
@@ -87,11 +122,18 @@ class RecordingWriter:
     (``--rotate``); ``max_size`` keeps the recording under that many bytes by deleting its oldest
     parts, counted in the metadata as ``rotated_out`` (``--max-size``).
 
-    A flight recorder, with ``max_size``: ``mark_incidents()`` opens a window around each
-    incident (``keep_before_ns`` before it to ``keep_after_ns`` after it); the parts of every
-    table that cover a window are kept, apart from the ring, under ``keep_incidents`` bytes of
-    their own. When the windows need more, the oldest windows go first (counted in the
-    metadata as ``incidents_dropped``); the kept ones are listed there as ``incident_windows``.
+    A flight recorder, with ``max_size``: ``mark_incidents()`` gathers incidents into windows,
+    one per program and burst (``WINDOW_GAP_NS``, ``WINDOW_SPAN_NS``). The parts of every table
+    that a window covers are kept, apart from the ring, under ``keep_incidents`` bytes of their
+    own, shared out at each flush (``_allocate``): first root's and the system services'
+    windows (uid below 1000), then the users' (in turn per uid); within each, a program's first
+    window before its latest, before the ones between (newest first); each window gets the parts that hold its
+    incidents first, and is widened towards ``keep_before_ns``/``keep_after_ns`` only once every
+    window of its rank holds its incidents. A window is trimmed before it is given up, and given
+    up only when even the parts with its incidents do not fit (counted in the metadata as
+    ``incidents_dropped``); the kept ones are listed there as ``incident_windows``, with what
+    each kept. Parts that a window keeps are never merged with the ring's (``_compact``), so a
+    window can be trimmed a second at a time.
 
     ``resume``: a recording of this host already in ``root`` is continued (a service's restart):
     its parts, what it counted and its incident windows are taken over, and numbering goes on
@@ -100,7 +142,7 @@ class RecordingWriter:
 
     def __init__(self, root: Path, host: str, meta: dict[str, Any], shared: bool = False,
                  max_size: int | None = None, keep_incidents: int | None = None,
-                 keep_before_ns: int = 600 * 10**9, keep_after_ns: int = 120 * 10**9,
+                 keep_before_ns: int = 60 * 10**9, keep_after_ns: int = 30 * 10**9,
                  resume: bool = False) -> None:
         self.root = Path(root)
         self.host = host
@@ -110,6 +152,9 @@ class RecordingWriter:
         self.keep_before_ns = keep_before_ns
         self.keep_after_ns = keep_after_ns
         self._windows: list[IncidentWindow] = []
+        self._programs: dict[tuple[str, int | None], list[IncidentWindow]] = {}
+        self._befores = _ladder(keep_before_ns)
+        self._afters = _ladder(keep_after_ns)
         self.incidents_dropped: dict[str, int] = {"windows": 0, "incidents": 0, "bytes": 0}
         self._last_flush_ns = time.monotonic_ns()
         self._wall_offset_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - self._last_flush_ns
@@ -207,9 +252,13 @@ class RecordingWriter:
             try:
                 kinds = {str(k): _count(v) for k, v in dict(window["incidents"]).items()}
                 start, end, first = (int(window[k]) - self._wall_offset_ns for k in ("start", "end", "first"))
-            except (KeyError, TypeError, ValueError):
+                last = int(window.get("last", window["first"])) - self._wall_offset_ns
+                program = str(window.get("program", ""))
+                uid = window.get("uid")
+                uid = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+            except (KeyError, TypeError, ValueError, AttributeError):
                 continue
-            self._windows.append(IncidentWindow(start, end, first, self._wall_offset_ns, kinds))
+            self._open_window(IncidentWindow(start, end, first, self._wall_offset_ns, kinds, last, program, uid))
         self.meta.update(first_started=old.get("first_started", old.get("started")),
                          runs=_count(old.get("runs", 1)) + 1)
         manifest = self._read_manifest()
@@ -238,7 +287,7 @@ class RecordingWriter:
         return self._size
 
     def _insert(self, table: str, part: _Part, at: int | None = None) -> None:
-        part.kept = self._covers_window(part)
+        part.kept = False  # until the next _allocate
         parts = self._parts[table]
         parts.insert(len(parts) if at is None else at, part)
         self._size += part.size
@@ -252,12 +301,8 @@ class RecordingWriter:
 
     def _recount(self) -> None:
         """Sizes and kept flags again from the part lists (after they were read from disk)."""
-        self._size = self._kept_bytes = 0
-        for parts in self._parts.values():
-            for part in parts:
-                part.kept = self._covers_window(part)
-                self._size += part.size
-                self._kept_bytes += part.size if part.kept else 0
+        self._size = sum(part.size for parts in self._parts.values() for part in parts)
+        self._allocate()
 
     def add(self, table: str, rows: pa.Table) -> None:
         """Buffer rows for ``table`` until the next flush."""
@@ -309,47 +354,134 @@ class RecordingWriter:
         self._buffers = {t: [] for t in TABLES}
         self._submit(self._write_flush, number, pending, time.monotonic_ns(), wait=wait)
 
-    def mark_incidents(self, incidents: list[tuple[int, str]], wall_offset_ns: int) -> None:
-        """Keep what the recording holds around these incidents ((CLOCK_MONOTONIC ns, kind) each),
-        under ``keep_incidents`` (only with ``max_size``: a recording without one deletes nothing)."""
+    def mark_incidents(self, incidents: list[Incident], wall_offset_ns: int) -> None:
+        """Keep what the recording holds around these incidents (see ``Incident``), under
+        ``keep_incidents`` (only with ``max_size``: a recording without one deletes nothing)."""
         if self.max_size is not None and incidents:
             self._submit(self._add_windows, list(incidents), wall_offset_ns, wait=False)
 
-    def _add_windows(self, incidents: list[tuple[int, str]], wall_offset_ns: int) -> None:
-        for at_ns, kind in sorted(incidents):
-            start, end = at_ns - self.keep_before_ns, at_ns + self.keep_after_ns
-            last = self._windows[-1] if self._windows else None
-            if last is not None and start <= last.end_ns:
-                last.end_ns = max(last.end_ns, end)
+    def _add_windows(self, incidents: list[Incident], wall_offset_ns: int) -> None:
+        for at_ns, kind, program, uid in sorted(incidents, key=lambda i: i[0]):
+            windows = self._programs.get((program, uid))
+            last = windows[-1] if windows else None
+            if last is not None and at_ns - last.last_ns <= WINDOW_GAP_NS and at_ns - last.first_ns <= WINDOW_SPAN_NS:
+                last.last_ns = max(last.last_ns, at_ns)
                 last.kinds[kind] = last.kinds.get(kind, 0) + 1
-            else:
-                self._windows.append(IncidentWindow(start, end, at_ns, wall_offset_ns, {kind: 1}))
-            self._mark(start, newest_first=True)
+                continue
+            self._open_window(IncidentWindow(at_ns, at_ns, at_ns, wall_offset_ns, {kind: 1}, at_ns, program, uid))
 
-    def _mark(self, since_ns: int, newest_first: bool) -> None:
-        """Look again whether the parts from ``since_ns`` on (newest first: a window just opened)
-        or up to it (oldest first: a window dropped, ``since_ns`` its end) cover a window."""
-        for parts in self._parts.values():
-            ordered = reversed(parts) if newest_first else iter(parts)
-            for part in ordered:
-                start, end = self._span(part)
-                if (end < since_ns) if newest_first else (start > since_ns):
+    def _open_window(self, window: IncidentWindow) -> None:
+        """A new window of its program; past the program's or the writer's share of windows, the
+        lowest in rank is given up (counted)."""
+        windows = self._programs.setdefault((window.program, window.uid), [])
+        window.ordinal = windows[-1].ordinal + 1 if windows else 0
+        windows.append(window)
+        self._windows.append(window)
+        if len(windows) > MAX_MIDDLE_WINDOWS + 2:  # the oldest between its first and its latest
+            self._give_up(windows[1], 0)
+        if len(self._windows) > MAX_WINDOWS:
+            self._give_up(max(self._windows, key=self._rank), 0)
+
+    def _give_up(self, window: IncidentWindow, held: int) -> None:
+        self._windows.remove(window)
+        windows = self._programs[(window.program, window.uid)]
+        windows.remove(window)
+        if not windows:  # its next failure opens its first window again: this one is gone
+            del self._programs[(window.program, window.uid)]
+        self.incidents_dropped["windows"] += 1
+        self.incidents_dropped["incidents"] += window.incidents
+        self.incidents_dropped["bytes"] += held
+
+    def _rank(self, window: IncidentWindow) -> tuple[int, int, int]:
+        """A window's place in the budget (lower first): root's and system services' windows
+        before users'; a program's first window, then its latest, then those between (newest
+        first); by time within each."""
+        windows = self._programs.get((window.program, window.uid)) or [window]
+        place = 0 if window.ordinal == 0 else 1 if window is windows[-1] else 2
+        return (0 if is_system_uid(window.uid) else 1, place,
+                -window.first_ns if place == 2 else window.first_ns)
+
+    def _fairly(self, ordered: list[IncidentWindow]) -> list[IncidentWindow]:
+        """Windows in rank order, the users' taken in turn per uid within each place (a user with
+        many programs gets no more of the budget's first share than one with a single one)."""
+        turns: dict[tuple[int, int, int | None], int] = {}
+        keyed = []
+        for order, window in enumerate(ordered):
+            tier, place, _ = self._rank(window)
+            turn = 0
+            if tier:
+                turn = turns.get((tier, place, window.uid), 0)
+                turns[(tier, place, window.uid)] = turn + 1
+            keyed.append(((tier, place, turn, order), window))
+        return [window for _, window in sorted(keyed, key=lambda item: item[0])]
+
+    def _extent(self, window: IncidentWindow, level: int) -> tuple[int, int]:
+        before = self._befores[min(level, len(self._befores) - 1)]
+        after = self._afters[min(level, len(self._afters) - 1)]
+        return window.first_ns - before, window.last_ns + after
+
+    def _allocate(self) -> None:
+        """Share ``keep_incidents`` among the windows (see the class's doc) and mark the parts it
+        keeps; a window whose incidents' own parts do not fit is given up."""
+        by_table = [(parts, [part.end_ns for part in parts]) for parts in self._parts.values()]
+        chosen: set[int] = set()
+        used = 0
+
+        def cost(start: int, end: int) -> tuple[int, list[_Part]]:
+            found, total = [], 0
+            for parts, ends in by_table:
+                for index in range(bisect.bisect_left(ends, start), len(parts)):
+                    part = parts[index]
+                    if part.start_ns > end:
+                        break
+                    if id(part) not in chosen and part.end_ns >= start and part.end_ns:
+                        found.append(part)
+                        total += part.size
+            return total, found
+
+        levels = max(len(self._befores), len(self._afters))
+        ordered = self._fairly(sorted(self._windows, key=self._rank))
+        for tier in (True, False):
+            windows = [w for w in ordered if is_system_uid(w.uid) == tier]
+            held = []
+            for window in windows:
+                need, found = cost(*self._extent(window, 0))
+                if used + need > self.keep_incidents:
+                    self._give_up(window, need)
+                    continue
+                used += need
+                chosen.update(id(part) for part in found)
+                window.level = 0
+                held.append(window)
+            for level in range(1, levels):
+                widening = [w for w in held if w.level == level - 1 and w.cap >= level]
+                if not widening:
                     break
-                kept = self._covers_window(part)
-                if kept != part.kept:
-                    self._kept_bytes += part.size if kept else -part.size
-                    part.kept = kept
+                for window in widening:
+                    need, found = cost(*self._extent(window, level))
+                    if used + need <= self.keep_incidents:
+                        used += need
+                        chosen.update(id(part) for part in found)
+                        window.level = level
+        for window in self._windows:
+            window.cap = window.level
+            window.start_ns, window.end_ns = self._extent(window, window.level)
+        kept = 0
+        for parts, _ in by_table:
+            for part in parts:
+                part.kept = id(part) in chosen
+                kept += part.size if part.kept else 0
+        self._kept_bytes = kept
+
+    def trimmed(self) -> int:
+        """Windows kept narrower than --keep-before/--keep-after (the budget held no more)."""
+        top = max(len(self._befores), len(self._afters)) - 1
+        return sum(window.level < top for window in self._windows)
 
     @staticmethod
     def _span(part: _Part) -> tuple[int, int]:
         """The CLOCK_MONOTONIC times a part's rows fall in."""
         return part.start_ns, part.end_ns
-
-    def _covers_window(self, part: _Part) -> bool:
-        if not self._windows:
-            return False
-        start, end = self._span(part)
-        return any(window.start_ns <= end and start <= window.end_ns for window in self._windows)
 
     def _write_flush(self, number: int, pending: dict[str, list[pa.Table]], asked_ns: int) -> None:
         # Under the writers' lock from the start: a manifest compact published meanwhile is
@@ -525,39 +657,56 @@ class RecordingWriter:
         self._collect()
 
     def _compact_locked(self) -> None:
+        if self.max_size is not None and self._windows:
+            self._allocate()
         for table, parts in self._parts.items():
             count = self._unmerged[table]
             self._unmerged[table] = 0
             if count < 2:
                 continue
-            merging = parts[-count:]
-            if self.max_size is not None:  # the merged file sits beside its parts until they go
-                self._rotate_out(reserve=sum(part.size for part in merging), keep=tuple(merging))
-            name = part_name(merging[0].first, merging[-1].last)
-            folder = self._folders[table]
-            merge = functools.partial(_merge_parts, table, folder, merging)
-            size = self._guard(functools.partial(folder.write_file, name, merge, self.file_mode))
-            for part in merging:
-                self._retire(table, part.name)
-            rows = sum(part.rows for part in merging)
-            for _ in merging:
-                self._remove(table, len(parts) - 1)
-            self._insert(table, _Part(merging[0].first, merging[-1].last, name, rows, size,
-                                      min(p.start_ns for p in merging), max(p.end_ns for p in merging)))
+            # The parts an incident window keeps stay as they are (a window is trimmed part by
+            # part); each run of the others between them becomes one file.
+            runs: list[list[_Part]] = [[]]
+            for part in parts[-count:]:
+                if part.kept:
+                    runs.append([])
+                else:
+                    runs[-1].append(part)
+            for merging in (run for run in runs if len(run) >= 2):
+                self._merge(table, merging)
+
+    def _merge(self, table: str, merging: list[_Part]) -> None:
+        parts = self._parts[table]
+        if self.max_size is not None:  # the merged file sits beside its parts until they go
+            self._rotate_out(reserve=sum(part.size for part in merging), keep=tuple(merging))
+            if any(part.kept for part in merging):  # the budget changed its mind meanwhile: leave them
+                return
+        name = part_name(merging[0].first, merging[-1].last)
+        folder = self._folders[table]
+        merge = functools.partial(_merge_parts, table, folder, merging)
+        size = self._guard(functools.partial(folder.write_file, name, merge, self.file_mode))
+        for part in merging:
+            self._retire(table, part.name)
+        rows = sum(part.rows for part in merging)
+        at = next(index for index, part in enumerate(parts) if part is merging[0])
+        for _ in merging:
+            self._remove(table, at)
+        self._insert(table, _Part(merging[0].first, merging[-1].last, name, rows, size,
+                                  min(p.start_ns for p in merging), max(p.end_ns for p in merging)), at)
 
     def _rotate_out(self, reserve: int = 0, keep: tuple[_Part, ...] = ()) -> None:
-        """Delete the oldest parts outside the incident windows until they, and ``reserve``
-        bytes more (a merged file about to be written beside its parts), fit ``max_size``,
-        keeping the newest part of each table and the parts in ``keep``; first drop the oldest
-        windows until the parts they keep fit ``keep_incidents``."""
+        """Share the incident budget out again (``_allocate``), then delete the oldest parts
+        outside the incident windows until they, and ``reserve`` bytes more (a merged file about
+        to be written beside its parts), fit ``max_size``, keeping the newest part of each table
+        and the parts in ``keep``."""
         assert self.max_size is not None
-        while self._windows and self._kept_bytes > self.keep_incidents:
-            window = self._windows.pop(0)
-            before = self._kept_bytes
-            self._mark(window.end_ns, newest_first=False)
-            self.incidents_dropped["windows"] += 1
-            self.incidents_dropped["incidents"] += sum(window.kinds.values())
-            self.incidents_dropped["bytes"] += before - self._kept_bytes
+        if self._windows:
+            self._allocate()
+        elif self._kept_bytes:
+            for parts in self._parts.values():
+                for part in parts:
+                    part.kept = False
+            self._kept_bytes = 0
         while self._size - self._kept_bytes + reserve > self.max_size:
             candidates = []
             for table, parts in self._parts.items():
@@ -578,10 +727,15 @@ class RecordingWriter:
             self.rotated_out["rows"][table] += part.rows
 
     def incident_windows(self) -> list[dict[str, Any]]:
-        """The incident windows kept, for the metadata (times as UTC ns)."""
+        """The incident windows kept, for the metadata (times as UTC ns): what each keeps, its
+        first and last incident, its program and its process's uid, and whether it was trimmed
+        (narrower than --keep-before/--keep-after)."""
+        top = max(len(self._befores), len(self._afters)) - 1
         return [{"start": window.start_ns + window.wall_offset_ns, "end": window.end_ns + window.wall_offset_ns,
-                 "first": window.first_ns + window.wall_offset_ns, "incidents": dict(window.kinds)}
-                for window in self._windows]
+                 "first": window.first_ns + window.wall_offset_ns, "last": window.last_ns + window.wall_offset_ns,
+                 "incidents": dict(window.kinds), "program": window.program, "uid": window.uid,
+                 "trimmed": window.level < top}
+                for window in sorted(self._windows, key=lambda w: w.first_ns)]
 
     def write_meta(self, complete: bool, wait: bool = True, **updates: Any) -> None:
         """Write the metadata file (atomically); ``complete`` marks a clean end."""
@@ -592,6 +746,7 @@ class RecordingWriter:
                          rotated_out=self.rotated_out)
         if self.max_size is not None:
             self.meta.update(incident_windows=self.incident_windows(), incidents_dropped=self.incidents_dropped,
+                             incidents_trimmed=self.trimmed(),
                              keep_incidents=self.keep_incidents, max_size=self.max_size)
         text = json.dumps(self.meta, indent=1, sort_keys=True).encode()
         self._guard(lambda: self._folders["meta"].write_file(meta_name(self.host), lambda out: out.write(text),
@@ -610,6 +765,12 @@ class RecordingWriter:
                     "already written are complete", exit_code=1,
                 ) from None
             raise FdtraceError(f"{self.root}: cannot write the recording ({exc.strerror})", exit_code=1) from None
+
+
+def _ladder(keep_ns: int) -> list[int]:
+    """The seconds a window widens by, step by step, up to ``keep_ns`` (ns)."""
+    steps = [s * 10**9 for s in WIDENING_S if s * 10**9 < keep_ns]
+    return [*steps, keep_ns] if keep_ns > 0 else [0]
 
 
 def _count(value: Any) -> int:

@@ -7,12 +7,21 @@ An event is, the first that applies:
 
 - *EMFILE/ENFILE*: a call of any syscall failing with EMFILE or ENFILE;
 - *OOM kill*, *Go thread limit*: an event of that kind;
-- *killed by a signal*: a process_exit with a signal;
+- *killed by a signal*: a crash, a process_exit with a signal other than the ones below
+  (SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE, a SIGKILL not sent by the OOM killer, ...);
+- *ended on request*: a process_exit with SIGHUP, SIGINT, SIGTERM or SIGPIPE (``REQUESTED_SIGNALS``:
+  a terminal closed, Ctrl-C, a service stopped, a pipeline's reader gone);
 - *non-zero exit*: a process_exit with an exit code other than 0 (and no signal).
 
 The first four are *incidents*: what the live view ranks first, replay stops at, the flight
-recorder keeps the time around and info's headline names. A non-zero exit is a failure too
-(``failures()`` lists it), but not an incident: short-lived programs exit 1 all day.
+recorder keeps the time around and info's headline names. Ends on request and non-zero exits
+are failures too (``failures()`` lists them), but not incidents, and never a headline:
+short-lived programs exit 1 all day, and a closed terminal is no failure of its shell.
+
+The one order of harm (``HARM``, ``harm_order``), used by info's headline, the report's,
+``incidents()``, the live view and the metrics: EMFILE/ENFILE and OOM kills first, then Go's
+thread limit, then crashes, then ends on request and non-zero exits; within a class, the most
+failures first, then who failed first.
 
 A *failed call* is any call whose errno is not one of ``NOT_FAILURES`` (none, EAGAIN,
 EINPROGRESS: the normal answers of non-blocking sockets), as the in-kernel counters count them.
@@ -26,10 +35,21 @@ from typing import Any
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.schema.events import NOT_FAILURES
 
-#: Failure classes, most severe first; all but the last are incidents.
+#: Failure classes, most severe first; the first four are incidents.
 FAILURE_CLASSES: tuple[str, ...] = ("EMFILE/ENFILE", "OOM kill", "Go thread limit", "killed by a signal",
-                                    "non-zero exit")
+                                    "ended on request", "non-zero exit")
 INCIDENT_CLASSES: tuple[str, ...] = FAILURE_CLASSES[:4]
+#: Signals that end a process because someone asked: not a failure of the process.
+REQUESTED_SIGNALS: tuple[str, ...] = ("SIGHUP", "SIGINT", "SIGTERM", "SIGPIPE")
+#: The rank of harm of each class (lower: worse); a descriptor table full and an OOM kill alike.
+HARM: dict[str, int] = {"EMFILE/ENFILE": 0, "OOM kill": 0, "Go thread limit": 1, "killed by a signal": 2,
+                        "ended on request": 3, "non-zero exit": 4}
+
+
+def harm_order(failure_class: str | None, count: int, first_ns: int) -> tuple[int, int, int]:
+    """The sort key of a program's (or process's) failures by harm: its class's rank, the most
+    failures first, then who failed first. Unknown classes come last."""
+    return HARM.get(failure_class or "", len(FAILURE_CLASSES)), -count, first_ns
 #: Event kinds that are a failure by themselves, and their class.
 FAILURE_KINDS: dict[str, str] = {"oom_kill": "OOM kill", "go_thread_limit": "Go thread limit"}
 
@@ -51,10 +71,11 @@ def failure_class(row: Mapping[str, Any]) -> str | None:
         return FAILURE_KINDS[kind]
     if kind != "process_exit":
         return None
-    if _text(row.get("signal")):
-        return FAILURE_CLASSES[3]
+    signal = _text(row.get("signal"))
+    if signal:
+        return FAILURE_CLASSES[4] if signal in REQUESTED_SIGNALS else FAILURE_CLASSES[3]
     code = row.get("exit_code")
-    return FAILURE_CLASSES[4] if code is not None and code == code and int(code) != 0 else None
+    return FAILURE_CLASSES[5] if code is not None and code == code and int(code) != 0 else None
 
 
 def is_failed_call(errno: Any) -> bool:
@@ -68,10 +89,12 @@ def _quoted(values: Any) -> str:
 
 #: SQL (DuckDB's dialect, over the events view) of each class.
 FD_SQL = f"errno IN ({_quoted(_ERRNOS)})"
-KILLED_SQL = "kind = 'process_exit' AND signal IS NOT NULL AND signal <> ''"
+KILLED_SQL = ("kind = 'process_exit' AND signal IS NOT NULL AND signal <> '' AND "
+              f"signal NOT IN ({_quoted(REQUESTED_SIGNALS)})")
+REQUESTED_SQL = f"kind = 'process_exit' AND signal IN ({_quoted(REQUESTED_SIGNALS)})"
 BAD_EXIT_SQL = "kind = 'process_exit' AND coalesce(exit_code, 0) <> 0"
 INCIDENT_SQL = f"(({FD_SQL}) OR kind IN ({_quoted(FAILURE_KINDS)}) OR ({KILLED_SQL}))"
-FAILURE_SQL = f"({INCIDENT_SQL} OR ({BAD_EXIT_SQL}))"
+FAILURE_SQL = f"({INCIDENT_SQL} OR ({REQUESTED_SQL}) OR ({BAD_EXIT_SQL}))"
 
 
 def failed_call_sql(alias: str = "") -> str:
@@ -81,8 +104,8 @@ def failed_call_sql(alias: str = "") -> str:
 
 
 def incident_mask(events: Any, exits: bool = False) -> Any:
-    """Which rows of an events table (pyarrow) are incidents; with ``exits``, failures (non-zero
-    exits too)."""
+    """Which rows of an events table (pyarrow) are incidents; with ``exits``, failures (ends on
+    request and non-zero exits too)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -94,8 +117,12 @@ def incident_mask(events: Any, exits: bool = False) -> Any:
     ended = pc.equal(kind, "process_exit")
     found = pc.or_(pc.is_in(text("errno"), value_set=pa.array(_ERRNOS)),
                    pc.is_in(kind, value_set=pa.array(list(FAILURE_KINDS))))
-    found = pc.or_(found, pc.and_(ended, pc.not_equal(text("signal"), "")))
-    if exits and "exit_code" in events.column_names:
-        code = pc.fill_null(events["exit_code"].cast(pa.int64()), 0)
-        found = pc.or_(found, pc.and_(ended, pc.not_equal(code, 0)))
+    signal = text("signal")
+    requested = pc.is_in(signal, value_set=pa.array(REQUESTED_SIGNALS))
+    found = pc.or_(found, pc.and_(ended, pc.and_(pc.not_equal(signal, ""), pc.invert(requested))))
+    if exits:
+        found = pc.or_(found, pc.and_(ended, requested))
+        if "exit_code" in events.column_names:
+            code = pc.fill_null(events["exit_code"].cast(pa.int64()), 0)
+            found = pc.or_(found, pc.and_(ended, pc.not_equal(code, 0)))
     return found

@@ -4,6 +4,7 @@ flush to disk per round."""
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from pathlib import Path
@@ -49,6 +50,11 @@ def run_metadata(info: SourceInfo, argv: list[str]) -> dict[str, Any]:
 def incidents(events: Any) -> list[tuple[int, str]]:
     """The incidents among events (``schema.failures.incident_mask``), as (CLOCK_MONOTONIC ns, failure
     class)."""
+    return [(ts, kind) for ts, kind, _, _ in incident_rows(events)]
+
+
+def incident_rows(events: Any) -> list[tuple[int, str, str, int]]:
+    """The incidents among events, as (CLOCK_MONOTONIC ns, failure class, comm, pid)."""
     import pyarrow.compute as pc
 
     found = incident_mask(events)
@@ -56,9 +62,44 @@ def incidents(events: Any) -> list[tuple[int, str]]:
         return []
     chosen = events.filter(found)
     columns = [c for c in ("kind", "errno", "signal") if c in chosen.column_names]
-    return [(ts, failure_class(row) or "") for ts, row in
-            zip(chosen["ts_ns"].to_pylist(), chosen.select(columns).cast(
-                pa.schema([(c, pa.string()) for c in columns])).to_pylist(), strict=True)]
+    rows = chosen.select(columns).cast(pa.schema([(c, pa.string()) for c in columns])).to_pylist()
+    return [(ts, failure_class(row) or "", comm or "", pid) for ts, row, comm, pid in
+            zip(chosen["ts_ns"].to_pylist(), rows, chosen["comm"].cast(pa.string()).to_pylist(),
+                chosen["pid"].to_pylist(), strict=True)]
+
+
+def incident_note(kept: int, trimmed: int, dropped: dict[str, int]) -> str:
+    """The recorder's exit words on the incident windows: "incident windows: 3 kept (1 trimmed),
+    2 given up (140 incidents)"."""
+    text = f"incident windows: {kept} kept" + (f" ({trimmed} trimmed to fit --keep-incidents)" if trimmed else "")
+    if dropped.get("windows"):
+        text += f", {dropped['windows']} given up ({dropped.get('incidents', 0)} incidents)"
+    return text
+
+
+#: Processes whose real uid the sink remembers (from the samples and its own reads) at most.
+MAX_KNOWN_UIDS = 8192
+#: Bytes of /proc/PID/status read at most for a process's real uid.
+MAX_STATUS_BYTES = 4096
+
+
+def real_uid(pid: int) -> int | None:
+    """A live process's real uid, from its /proc status (None when it is gone or unreadable)."""
+    try:
+        fd = os.open(f"/proc/{int(pid)}/status", os.O_RDONLY | os.O_NOFOLLOW)
+    except (OSError, ValueError):
+        return None
+    try:
+        text = os.read(fd, MAX_STATUS_BYTES).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
 
 
 class ParquetSink:
@@ -76,7 +117,7 @@ class ParquetSink:
 
     def __init__(self, directory: Path, argv: list[str], shared: bool = False, max_size: int | None = None,
                  rotate_s: float | None = None, required: bool = True, keep_incidents: int | None = None,
-                 keep_before_s: float = 600.0, keep_after_s: float = 120.0, resume: bool = False) -> None:
+                 keep_before_s: float = 60.0, keep_after_s: float = 30.0, resume: bool = False) -> None:
         self.directory = Path(directory)
         check_directory(self.directory, create=True)  # before anything is compiled: a planted path is refused at once
         self.name = f"recording to {self.directory}"
@@ -97,6 +138,9 @@ class ParquetSink:
         self._last_counters: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._next_compaction = 0.0
         self._unread: list[str] = []  # what the source left unread (its final update says)
+        self.incident_note = ""  # after close(), with max_size: what the incident budget kept and gave up
+        self.rotated_note = ""  # after close(), with max_size: what the ring deleted
+        self._uids: dict[int, int] = {}  # pid: real uid, of the processes sampled or failed
         reserve_descriptors(self, self.name, RecordingWriter.DESCRIPTORS)  # counted before the probes attach
 
     @property
@@ -127,7 +171,8 @@ class ParquetSink:
             writer.add("events", codecs.without_host(update.events))
             self.events += update.events.num_rows
             if self.max_size is not None:
-                writer.mark_incidents(incidents(update.events),
+                writer.mark_incidents([(ts, kind, comm, self._uid(pid)) for ts, kind, comm, pid in
+                                       incident_rows(update.events)],
                                       time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns())
         if update.connections is not None and update.connections.num_rows:
             writer.add("connections", update.connections)
@@ -165,9 +210,35 @@ class ParquetSink:
                 raise
         finally:
             self._bytes_at_close = writer.bytes_written
+            if self.max_size is not None:
+                rotated = writer.rotated_out
+                self.rotated_note = (f"{rotated['files']} oldest files ({rotated['bytes']} bytes, "
+                                     f"{rotated['rows'].get('events', 0)} events) deleted by --max-size"
+                                     if rotated["files"] else "")
+                self.incident_note = incident_note(len(writer.incident_windows()), writer.trimmed(),
+                                                   writer.incidents_dropped)
+
+    def _uid(self, pid: int) -> int | None:
+        """The real uid of a failing process: sampled, or read now; None when it is gone (then its
+        incidents rank as a user's)."""
+        uid = self._uids.get(pid)
+        if uid is None:
+            uid = real_uid(pid)
+            if uid is not None:
+                self._remember(pid, uid)
+        return uid
+
+    def _remember(self, pid: int, uid: int) -> None:
+        if len(self._uids) >= MAX_KNOWN_UIDS:
+            self._uids.clear()
+        self._uids[pid] = uid
 
     def _round(self, sample_round: SampleRound, update: Update) -> None:
         writer = self.writer
+        if self.max_size is not None:
+            for sample in sample_round.samples:
+                if sample.uid is not None:
+                    self._remember(sample.pid, sample.uid)
         now = sample_round.mono_ns
         offset = sample_round.time_ns - now
         if sample_round.clock is not None:

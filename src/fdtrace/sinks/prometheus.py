@@ -17,7 +17,9 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import HaproxyRow, SourceInfo, SystemFigures, Update
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.procfs.thread_limits import binding_limit
+from fdtrace.schema.failures import FAILURE_CLASSES, HARM, INCIDENT_CLASSES, failure_class, incident_mask
 from fdtrace.schema.records import ProcessSample
 from fdtrace.sinks.metrics_server import DESCRIPTORS, MetricsServer
 
@@ -51,6 +53,7 @@ class _Snapshot:
     losses: dict[str, int] = field(default_factory=dict)
     oom_kills: int = 0
     haproxy: list[HaproxyRow] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
 
 
 class PrometheusSink:
@@ -76,6 +79,7 @@ class PrometheusSink:
         self._lock = threading.Lock()
         self._snapshot = _Snapshot()
         self._oom_kills = 0
+        self._failures: dict[str, int] = dict.fromkeys(FAILURE_CLASSES, 0)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         try:
@@ -98,11 +102,22 @@ class PrometheusSink:
                             sample_round.haproxy)
 
     def observe(self, events: Any) -> None:
-        """Count what only the event stream tells (OOM kills)."""
+        """Count what only the event stream tells (OOM kills, failures by class)."""
         if events.num_rows:
+            import pyarrow as pa
             import pyarrow.compute as pc
 
             self._oom_kills += int(pc.sum(pc.equal(events["kind"].cast("string"), "oom_kill")).as_py() or 0)
+            failed = events.filter(incident_mask(events, exits=True))
+            if failed.num_rows:
+                errno = pc.fill_null(failed["errno"].cast(pa.string()), "")
+                full = pc.is_in(errno, value_set=pa.array(sorted(FD_EXHAUSTION_ERRNOS)))
+                self._failures["EMFILE/ENFILE"] += int(pc.sum(full).as_py() or 0)
+                columns = [c for c in ("kind", "errno", "signal", "exit_code") if c in failed.column_names]
+                for row in failed.filter(pc.invert(full)).select(columns).to_pylist():  # ends: few
+                    found = failure_class(row)
+                    if found is not None:
+                        self._failures[found] += 1
 
     def update(self, samples: list[ProcessSample], system: SystemFigures, counters: CounterStore,
                losses: dict[str, int], haproxy: list[HaproxyRow] | None = None) -> None:
@@ -110,7 +125,7 @@ class PrometheusSink:
         top = sorted(samples, key=lambda s: s.open_fds, reverse=True)[: self.max_processes]
         live = sorted(counters.live.values(), key=lambda t: sum(t.counts.values()), reverse=True)
         snapshot = _Snapshot(top, live[: self.max_processes], dict(system), dict(losses), self._oom_kills,
-                             list(haproxy or []))
+                             list(haproxy or []), dict(self._failures))
         with self._lock:
             self._snapshot = snapshot
 
@@ -176,6 +191,12 @@ class PrometheusSink:
                 errors.add_metric([str(totals.pid), totals.comm, syscall, errno], count)
         yield errors
         yield CounterMetricFamily("fdtrace_oom_kills_total", "OOM kills seen.", value=snap.oom_kills)
+        classes = CounterMetricFamily("fdtrace_failures_total", "Failures seen by class, with the class's rank of "
+                                      "harm (0 the worst; ended on request and non-zero exits are no incidents).",
+                                      labels=["class", "harm", "incident"])
+        for name, count in snap.failures.items():
+            classes.add_metric([name, str(HARM[name]), "true" if name in INCIDENT_CLASSES else "false"], count)
+        yield classes
         if snap.system:
             yield GaugeMetricFamily("node_filefd_allocated", "File descriptor statistics: allocated.",
                                     value=snap.system["file_nr"])

@@ -39,6 +39,32 @@ def _with_host(events: pa.Table, host: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+#: A program's failures with no quiet gap this long between them are one incident (replay's n/N).
+INCIDENT_GAP_NS = 10 * 10**9
+
+
+@dataclass(frozen=True)
+class Incidents:
+    """A recording's incidents in time order: the wall time of each one's first failure, and
+    its name."""
+
+    times_ns: np.ndarray
+    labels: list[str]
+
+
+def _incident_label(row: dict[str, Any], count: int) -> str:
+    """An incident's name: "haproxy accept4 EMFILE ×1,891", "java OOM kill", "worker killed by SIGSEGV"."""
+    if row.get("errno"):
+        what = f"{row.get('syscall') or row.get('kind')} {row['errno']}"
+    elif row.get("kind") == "oom_kill":
+        what = "OOM kill"
+    elif row.get("kind") == "go_thread_limit":
+        what = "Go thread limit"
+    else:
+        what = f"killed by {row.get('signal') or '?'}"
+    return f"{row.get('comm') or '?'} {what}" + (f" ×{count:,}" if count > 1 else "")
+
+
 @dataclass
 class EventBatch:
     """The events a poll of the player hands out, at ``mono_ns`` (the virtual wall clock), with
@@ -107,7 +133,8 @@ class EventPlayer:
         self._position = 0  # index of the next event to hand out
         self._anchor_virtual = self.start_ns
         self._anchor_real = clock()
-        self._problem_times: np.ndarray | None = None
+        self._problem_hits: np.ndarray | None = None
+        self._incidents: Incidents | None = None
 
     @staticmethod
     def _loss_index(losses: list[pa.Table]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -181,32 +208,75 @@ class EventPlayer:
         self._rebase(wall_ns)
 
     def seek_next_problem(self, backwards: bool = False) -> int | None:
-        """Jump to the next failure that matters after the current time (``backwards``: the last
-        one before it): any call that failed with EMFILE or ENFILE (socket, accept and fd_error
-        alike), an OOM kill, a Go program past its thread limit, or a process killed by a
-        signal. Returns its wall time, or None
-        when there is none."""
+        """Jump to the next failed call or end that matters after the current time (``backwards``:
+        the last one before it): any call that failed with EMFILE or ENFILE (socket, accept and
+        fd_error alike), an OOM kill, a Go program past its thread limit, or a crash. Returns its
+        wall time, or None when there is none."""
+        hits = self._problem_indexes()
         if backwards:
-            end = int(np.searchsorted(self._times, self.now_ns, side="left"))
-            hits = self._problems(0, end)
-            if not len(hits):
-                return None
-            target = int(self._times[int(hits[-1])])
+            at = int(np.searchsorted(hits, np.searchsorted(self._times, self.now_ns, side="left"), side="left")) - 1
         else:
-            after = int(np.searchsorted(self._times, self.now_ns, side="right"))
-            hits = self._problems(after, len(self._times))
-            if not len(hits):
-                return None
-            target = int(self._times[after + int(hits[0])])
+            at = int(np.searchsorted(hits, np.searchsorted(self._times, self.now_ns, side="right"), side="left"))
+        if not 0 <= at < len(hits):
+            return None
+        target = int(self._times[int(hits[at])])
         self.seek(target)
         return target
 
+    def seek_next_incident(self, backwards: bool = False) -> int | None:
+        """Jump to the next incident after the current time (``backwards``: the last one that began
+        before it); returns its number (0 the first), or None when there is none."""
+        times = self.incidents().times_ns
+        if backwards:
+            at = int(np.searchsorted(times, self.now_ns, side="left")) - 1
+        else:
+            at = int(np.searchsorted(times, self.now_ns, side="right"))
+        if not 0 <= at < len(times):
+            return None
+        self.seek(int(times[at]))
+        return at
+
     def problem_times(self) -> np.ndarray:
-        """The wall times of every failure ``seek_next_problem`` stops at (the position bar marks
+        """The wall times of the incidents ``seek_next_incident`` stops at (the position bar marks
         them), computed once."""
-        if self._problem_times is None:
-            self._problem_times = self._times[self._problems(0, len(self._times))]
-        return self._problem_times
+        return self.incidents().times_ns
+
+    def incidents(self) -> Incidents:
+        """The recording's incidents, indexed once: a program's failures (host and name) with no
+        quiet gap of ``INCIDENT_GAP_NS`` between them are one, named by its first failure and
+        counted ("haproxy accept4 EMFILE ×1,891")."""
+        if self._incidents is None:
+            self._incidents = self._index_incidents()
+        return self._incidents
+
+    def _problem_indexes(self) -> np.ndarray:
+        if self._problem_hits is None:
+            self._problem_hits = self._problems(0, len(self._times))
+        return self._problem_hits
+
+    def _index_incidents(self) -> Incidents:
+        hits = self._problem_indexes()
+        if not len(hits):
+            return Incidents(np.zeros(0, dtype=np.int64), [])
+        rows = self.events.take(pa.array(hits))
+        times = self._times[hits]
+
+        def text(name: str) -> Any:
+            return pc.fill_null(rows[name].cast(pa.string()), "")
+        keys = pc.binary_join_element_wise(text("host"), text("comm"), "\x00")
+        codes = pc.index_in(keys, value_set=pc.unique(keys)).to_numpy(zero_copy_only=False)
+        order = np.lexsort((times, codes))  # by program, then time
+        by_program, at = codes[order], times[order]
+        starts = np.ones(len(order), dtype=bool)
+        starts[1:] = (by_program[1:] != by_program[:-1]) | (at[1:] - at[:-1] > INCIDENT_GAP_NS)
+        counts = np.bincount(np.cumsum(starts) - 1)
+        firsts = order[starts]
+        chronological = np.argsort(times[firsts], kind="stable")
+        firsts, counts = firsts[chronological], counts[chronological]
+        named = rows.take(pa.array(firsts)).select(["comm", "kind", "syscall", "errno", "signal"])
+        labels = [_incident_label(row, int(n)) for row, n in zip(
+            named.cast(pa.schema([(c, pa.string()) for c in named.column_names])).to_pylist(), counts, strict=True)]
+        return Incidents(times[firsts], labels)
 
     def _problems(self, start: int, end: int) -> np.ndarray:
         """Indexes, from ``start``, of the problem events among events[start:end]."""
@@ -300,6 +370,7 @@ class ReplaySource:
         roots = _roots(paths)
         self.skipped: list[str] = []
         self.notes: list[str] = []
+        self.incident_note = ""  # where the last n/N went: "incident 3 of 12: haproxy accept4 EMFILE ×1,891"
         # Every table of a host from one state of its recording, held until all are read: a
         # recorder still writing it merges and rotates out meanwhile without changing what is read.
         fleet = recorded_fleet(roots, self.skipped, self.notes)
@@ -425,22 +496,34 @@ class ReplaySource:
     def seek(self, wall_ns: int) -> None:
         """Jump to a wall time. The next update carries everything from the start up to it,
         with ``reset`` set, so the view rebuilds exactly what it showed at that moment."""
+        self.incident_note = ""
         self.player.replay_until(wall_ns)
         self._shown_until = self.player.start_ns - 1
         self._reset = True
 
     def next_problem(self, backwards: bool = False) -> bool:
-        """Jump to the next (``backwards``: the previous) EMFILE/ENFILE of any call, OOM kill or
-        kill by a signal; False when there is none."""
+        """Jump to the next (``backwards``: the previous) incident (``EventPlayer.incidents``),
+        named by ``incident_note``; False when there is none."""
+        found = self.player.seek_next_incident(backwards)
+        if found is None:
+            return False
+        self.seek(self.player.now_ns)
+        incidents = self.player.incidents()
+        self.incident_note = f"incident {found + 1:,} of {len(incidents.labels):,}: {incidents.labels[found]}"
+        return True
+
+    def previous_problem(self) -> bool:
+        """Jump to the incident that began last before now; False when none."""
+        return self.next_problem(backwards=True)
+
+    def next_failed_call(self, backwards: bool = False) -> bool:
+        """Step to the next (``backwards``: the previous) failed call or end of an incident, one at
+        a time; False when there is none."""
         target = self.player.seek_next_problem(backwards)
         if target is None:
             return False
         self.seek(target)
         return True
-
-    def previous_problem(self) -> bool:
-        """Jump to the last EMFILE/ENFILE, OOM kill or kill by a signal before now; False when none."""
-        return self.next_problem(backwards=True)
 
 
 class ReplayControls:
@@ -474,7 +557,8 @@ class ReplayControls:
         """The recording's span, the replay's clock and its failures."""
         with self.pipeline.lock:
             player = self.source.player
-            return Position(player.start_ns, player.end_ns, player.now_ns, player.problem_times())
+            return Position(player.start_ns, player.end_ns, player.now_ns, player.problem_times(),
+                            self.source.incident_note)
 
     def toggle_recording(self) -> Notice:
         """A replay is not recorded again."""
@@ -503,6 +587,14 @@ class ReplayControls:
     def previous_problem(self) -> bool:
         with self.pipeline.lock:
             return self.source.previous_problem()
+
+    def next_failed_call(self) -> bool:
+        with self.pipeline.lock:
+            return self.source.next_failed_call()
+
+    def previous_failed_call(self) -> bool:
+        with self.pipeline.lock:
+            return self.source.next_failed_call(backwards=True)
 
 
 def _by_time(parts: list[pa.Table]) -> pa.Table | None:

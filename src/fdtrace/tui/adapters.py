@@ -218,14 +218,16 @@ def phases_line(phases: dict[int, PhaseNow], now_ns: int) -> Text:
     return text
 
 
-def position_bar(start_ns: int, end_ns: int, now_ns: int, failures_ns: Any, width: int) -> Text:
+def position_bar(start_ns: int, end_ns: int, now_ns: int, failures_ns: Any, width: int, incident: str = "") -> Text:
     """Replay's position: the recording's span as a bar ``width`` cells wide, the part played
-    filled, each failure (EMFILE/ENFILE, OOM kill, Go thread limit, kill) marked where it lies,
-    and the times at both ends and now."""
+    filled, each incident (EMFILE/ENFILE, OOM kill, Go thread limit, crash) marked where it
+    began, the times at both ends and now, and the incident the last jump reached."""
     left = time.strftime("%H:%M:%S", time.gmtime(start_ns / 1e9))
     right = time.strftime("%H:%M:%S", time.gmtime(end_ns / 1e9))
     now = min(max(now_ns, start_ns), end_ns)
     label = f" {time.strftime('%H:%M:%S', time.gmtime(now_ns / 1e9))} UTC"  # past the end, time goes on
+    if incident:
+        label += f" │ {shown(incident)}"
     cells = max(10, width - len(left) - len(right) - len(label) - 4)
     span = max(end_ns - start_ns, 1)
 

@@ -33,7 +33,8 @@ POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 MAX_ROWS = 300
 SORTS = tuple(SORT_KEYS)
 #: Keys that act on a replay (hidden in the live view).
-REPLAY_ACTIONS = frozenset({"toggle_play", "faster", "slower", "next_problem", "previous_problem", "seek"})
+REPLAY_ACTIONS = frozenset({"toggle_play", "faster", "slower", "next_problem", "previous_problem", "next_failed_call",
+                            "previous_failed_call", "seek"})
 
 
 class ViewSink:
@@ -102,8 +103,10 @@ class FdtraceApp(App[None]):
         Binding("space", "toggle_play", "Play/pause"),
         Binding("plus", "faster", "Faster"),
         Binding("minus", "slower", "Slower"),
-        Binding("n", "next_problem", "Next error"),
-        Binding("N", "previous_problem", "Prev error"),
+        Binding("n", "next_problem", "Next incident"),
+        Binding("N", "previous_problem", "Prev incident"),
+        Binding("greater_than_sign", "next_failed_call", "Next failed call", show=False),
+        Binding("less_than_sign", "previous_failed_call", "Prev failed call", show=False),
         Binding("left_square_bracket", "seek(-10)", "-10s"),
         Binding("right_square_bracket", "seek(10)", "+10s"),
         Binding("left_curly_bracket", "seek(-60)", "-60s", show=False),
@@ -143,7 +146,8 @@ class FdtraceApp(App[None]):
         for key, label, width in COLUMNS:
             table.add_column(label, key=key, width=width)
         if self.controls.playback:
-            self.sub_title = "replay: space play/pause, +/- speed, n next error, [ ] seek"
+            self.sub_title = ("replay: space play/pause, +/- speed, n/N next/previous incident, < > failed call, "
+                              "[ ] seek")
         skipped = list(self.controls.skipped)
         if skipped:
             some = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
@@ -241,7 +245,7 @@ class FdtraceApp(App[None]):
         position.display = where is not None
         if where is not None:
             position.update(position_bar(where.start_ns, where.end_ns, where.now_ns, where.problems_ns,
-                                         max(self.size.width - 2, 20)))
+                                         max(self.size.width - 2, 20), where.incident))
         log = self.query_one("#log", RichLog)
         if self._log_rebuild:
             log.clear()
@@ -399,11 +403,19 @@ class FdtraceApp(App[None]):
 
     def action_next_problem(self) -> None:
         if not self.controls.next_problem():
-            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal after this point")
+            self.notify("no incident (EMFILE, ENFILE, OOM kill, Go thread limit or crash) after this point")
 
     def action_previous_problem(self) -> None:
         if not self.controls.previous_problem():
-            self.notify("no EMFILE, ENFILE, OOM kill or kill by a signal before this point")
+            self.notify("no incident (EMFILE, ENFILE, OOM kill, Go thread limit or crash) before this point")
+
+    def action_next_failed_call(self) -> None:
+        if not self.controls.next_failed_call():
+            self.notify("no EMFILE, ENFILE, OOM kill, Go thread limit or crash after this point")
+
+    def action_previous_failed_call(self) -> None:
+        if not self.controls.previous_failed_call():
+            self.notify("no EMFILE, ENFILE, OOM kill, Go thread limit or crash before this point")
 
     def action_seek(self, seconds: int) -> None:
         self.controls.seek_by(seconds)

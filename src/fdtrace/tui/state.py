@@ -18,7 +18,7 @@ from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, kib, site_name
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
-from fdtrace.schema.failures import INCIDENT_CLASSES, failure_class
+from fdtrace.schema.failures import FAILURE_CLASSES, INCIDENT_CLASSES, failure_class, harm_order
 from fdtrace.schema.owners import CONNECTED_ERRNOS, OWNERS, owner_of
 from fdtrace.schema.records import PhaseNow, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
 
@@ -75,6 +75,7 @@ class ProcessView:
     oom_killed: bool = False
     sampled: bool = False  # whether a /proc round saw it (its limits are known only then)
     failures: set[str] = field(default_factory=set)  # its failure classes (schema.failures.failure_class)
+    first_failure_ns: int | None = None  # when it first failed as an incident does (wall)
     ended: str | None = None  # "exit 1", "SIGKILL", ...
     ended_ns: int | None = None  # when it ended (wall)
     # A training rank's sockets (fd -> side, family, peer port, threads, phase when made) and its
@@ -89,8 +90,10 @@ class ProcessView:
     def thread_growth(self, window_ns: int = 60_000_000_000) -> float | None:
         """Threads started per second over the last ``window_ns``; None unless the threads grew at
         every sample of at least 10 s of that window (steadily)."""
-        if len(self.thread_history) < 3:
+        if len(self.thread_history) < 3 or self.ended is not None:
             return None
+        if not _still_growing(list(self.thread_history)):
+            return None  # it stopped growing: no alert from what it did before
         end_t = self.thread_history[-1][0]
         recent = [(t, v) for t, v in self.thread_history if t >= end_t - window_ns]
         if len(recent) < 3 or recent[-1][0] - recent[0][0] < 10_000_000_000:
@@ -121,11 +124,14 @@ class ProcessView:
     def seconds_to_memory_limit(self, window_ns: int = 30_000_000_000) -> float | None:
         """At the growth of its cgroup's usage over the last ``window_ns``, seconds until the
         cgroup's limit; None when not growing (or no limit), 0 when there."""
-        if self.memcg_limit is None or self.memcg_usage is None or len(self.memory_history) < 2:
+        if (self.memcg_limit is None or self.memcg_usage is None or len(self.memory_history) < 2
+                or self.ended is not None):
             return None
         room = self.memcg_limit - self.memcg_usage
         if room <= 0:
             return 0.0
+        if not _still_growing([(t, v) for t, _, v in self.memory_history]):
+            return None
         end_t, _, end_v = self.memory_history[-1]
         start_t, _, start_v = next(((t, n, v) for t, n, v in self.memory_history if t >= end_t - window_ns),
                                    self.memory_history[0])
@@ -179,10 +185,12 @@ class ProcessView:
     def seconds_to_exhaustion(self, window_ns: int = 30_000_000_000) -> float | None:
         """At the growth rate of open FDs over the last ``window_ns``, seconds until the soft limit;
         None when not growing (or unknown), 0 when already there."""
-        if self.headroom is None or len(self.history) < 2:
+        if self.headroom is None or len(self.history) < 2 or self.ended is not None:
             return None
         if self.headroom <= 0:
             return 0.0
+        if not _still_growing([(t, v) for t, v in self.history]):
+            return None
         end_t, end_v = self.history[-1]
         start_t, start_v = next(((t, v) for t, v in self.history if t >= end_t - window_ns), self.history[0])
         if end_t <= start_t or end_v <= start_v:
@@ -195,6 +203,17 @@ class ProcessView:
         """Whether it failed as an incident does (``schema.failures``), ended or not: EMFILE/ENFILE,
         an OOM kill, Go's thread limit, a kill by a signal; a non-zero exit alone is not one."""
         return not self.failures.isdisjoint(INCIDENT_CLASSES)
+
+    def harm(self) -> tuple[int, int, int]:
+        """Its place by harm (``schema.failures.harm_order``): its worst incident class, then the
+        most failures (its EMFILE/ENFILE, else 1), then who failed first."""
+        worst = next((c for c in FAILURE_CLASSES if c in self.failures and c in INCIDENT_CLASSES), None)
+        count = self.fd_exhaustion_errors if worst == "EMFILE/ENFILE" else 1
+        return harm_order(worst, count, self.first_failure_ns if self.first_failure_ns is not None else 1 << 62)
+
+    def _failed_at(self, when_ns: int) -> None:
+        if self.first_failure_ns is None or when_ns < self.first_failure_ns:
+            self.first_failure_ns = when_ns
 
     @property
     def alerts(self) -> list[str]:
@@ -234,6 +253,20 @@ class ProcessView:
         limit = f"{rate} new per second, thread limit ({self.thread_limit[0]}) {when}"
         dominant = next((s for s in self.census if s.syscall not in ("running", "user")), None)
         return f"{describe_state(dominant)}, {limit}" if dominant is not None else limit
+
+
+#: A growth alert holds only while the value grew within this much of the newest sample.
+GROWING_NS = 10_000_000_000
+
+
+def _still_growing(history: list[tuple[int, int]]) -> bool:
+    """Whether the newest value is above the one ``GROWING_NS`` before it (the previous sample when
+    none is that recent): a growth that stopped ends its alert and its "full in" then, not a
+    whole window later."""
+    end_t, end_v = history[-1]
+    recent = [v for t, v in history if t >= end_t - GROWING_NS]
+    base = recent[0] if len(recent) > 1 else history[-2][1]
+    return end_v > base
 
 
 @dataclass(frozen=True)
@@ -390,6 +423,8 @@ class IncidentState:
             times = errors["time"].cast(pa.int64()).to_pylist()
             for key, when in zip(keys, times, strict=True):
                 self._window_error_first.setdefault(key, when)
+                if key[2] in FD_EXHAUSTION_ERRNOS:
+                    self.processes[key[0]]._failed_at(when)
                 if key[2] == "EMFILE":  # per UTC second, as the needs model counts them
                     self._count_emfile_second(self.processes[key[0]], when)
             for (pid, syscall, errno), count in Counter(keys).items():
@@ -477,9 +512,11 @@ class IncidentState:
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]
         found = failure_class(row)
+        time_ns = _ns(row["time"])
         if found is not None:
             view.failures.add(found)
-        time_ns = _ns(row["time"])
+            if found in INCIDENT_CLASSES:
+                view._failed_at(time_ns)
         if row["kind"] == "oom_kill":
             view.oom_killed = True
             self._oom_kills += 1
@@ -496,13 +533,18 @@ class IncidentState:
                                f"(debug.SetMaxThreads; it exits 2)", "error"))
             return
         view.ended_ns = time_ns
+        # One line per failure: the end of a process whose failure was logged already (its Go
+        # thread limit, its OOM kill), and an end on request, are exits (shown when asked).
         if view.go_thread_limit is not None and row["exit_code"] == 2:
             view.ended = f"exit 2: Go's {view.go_thread_limit}-thread limit"
-            self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "error"))
+            self._log(LogEntry(time_ns, view.pid, view.comm, view.ended, "exit"))
             return
         if row["signal"]:
             view.ended = row["signal"]
-            self._log(LogEntry(time_ns, view.pid, view.comm, f"killed by {row['signal']}", "error"))
+            after_oom = view.oom_killed and row["signal"] == "SIGKILL"
+            self._log(LogEntry(time_ns, view.pid, view.comm,
+                               f"killed by {row['signal']}" + (" (the OOM kill)" if after_oom else ""),
+                               "error" if found == "killed by a signal" and not after_oom else "exit"))
         else:
             view.ended = "exited" if row["exit_code"] is None else f"exit {row['exit_code']}"
             if row["exit_code"]:  # shown only when asked: short-lived programs exit 1 all day
@@ -706,9 +748,11 @@ class IncidentState:
 
 
 def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
-    """Failed first, then the nearest to a limit: its FD table's or its memory cgroup's."""
+    """Failed first, by harm (``ProcessView.harm``); then the nearest to a limit: its FD table's or
+    its memory cgroup's."""
     usage = max((u for u in (view.usage, view.memory_usage) if u is not None), default=None)
-    return (not view.failed, -(usage if usage is not None else -1.0), view.pid)
+    return (not view.failed, view.harm() if view.failed else (0, 0, 0), -(usage if usage is not None else -1.0),
+            view.pid)
 
 
 def _memory_key(view: ProcessView) -> tuple[Any, ...]:

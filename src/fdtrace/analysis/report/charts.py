@@ -41,8 +41,8 @@ def panels_of(report: Report) -> list[str]:
         titles.append("Threads of the processes nearest a thread limit (dashed: the limit, where it counts "
                       "their own threads and is near them; others are said below the chart)")
     if report.memory_series:
-        titles.append("Memory of the processes nearest their memory cgroup's limit, MiB (dashed: the limit; "
-                      "its cgroup's usage, else its RSS)")
+        titles.append("Memory of the processes nearest their memory cgroup's limit: each cgroup's usage, % of its "
+                      "own limit (dashed: 100 %)")
     if len(report.call_rate.columns):
         titles.append("socket, accept, connect and close calls per second, by process (log scale)")
     if len(report.phase_marks):
@@ -105,8 +105,8 @@ def figure(report: Report) -> go.Figure | None:
     for series, unit, value, limit, named in (
             (report.thread_series, "threads", ("threads", "%{x|%H:%M:%S}<br>%{y} threads"),
              ("thread_limit", "%{text} %{y}"), "thread_limit_kind"),
-            (report.memory_series, "MiB", ("memory_mib", "%{x|%H:%M:%S}<br>%{y:.1f} MiB"),
-             ("limit_mib", "cgroup limit %{y:.0f} MiB"), None)):
+            (report.memory_series, "% of its cgroup's limit", ("memory_pct", "%{x|%H:%M:%S}<br>%{y:.1f} %"),
+             ("limit_pct", "cgroup limit"), None)):
         if not series:
             continue
         at = next_row()

@@ -26,6 +26,7 @@ from fdtrace.analysis.spike_finder import spikes
 from fdtrace.analysis.summary import incident_windows
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, THREADS_COUNTED
 from fdtrace.schema import NOT_FAILURES, STATS
+from fdtrace.schema.failures import FD_SQL
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable, Dataset
@@ -162,6 +163,29 @@ def _series_of(engine: Engine, chosen: pd.DataFrame, columns: list[str], several
     return found
 
 
+def _fd_failures(engine: Engine) -> pd.DataFrame:
+    """Each process's EMFILE/ENFILE: host, pid, start_ns, count ``n`` and its ``first`` (ns)."""
+    return engine.query(f"SELECT host, pid, start_ns, count(*) AS n, min(time_ns) AS first FROM events "
+                        f"WHERE {FD_SQL} GROUP BY 1, 2, 3")
+
+
+def by_harm(least: pd.DataFrame, failing: pd.DataFrame) -> pd.DataFrame:
+    """Processes (``least_headroom``'s rows) in the order the FD panel draws them: those that
+    failed with EMFILE/ENFILE first (the most failures, then the first to fail), then the fullest
+    by headroom in descriptors (soft limit minus open FDs: 1 left of 256 before 2 left of 32),
+    then by usage."""
+    if not len(least):
+        return least
+    counts = {(str(r.host), int(r.pid)): (int(r.n), int(r.first)) for r in failing.itertuples()}
+    found = [counts.get((str(h), int(p)), (0, 0)) for h, p in zip(least["host"], least["pid"], strict=True)]
+    left = (pd.to_numeric(least["fd_soft_limit"], errors="coerce") - pd.to_numeric(least["open_fds"], errors="coerce"))
+    keyed = least.assign(_failed=[-n for n, _ in found], _first=[f for _, f in found],
+                         _left=left.fillna(float("inf")).to_numpy(dtype="float64"),
+                         _usage=-pd.to_numeric(least["usage"], errors="coerce").fillna(0).to_numpy(dtype="float64"))
+    ordered = keyed.sort_values(["_failed", "_first", "_left", "_usage"], kind="stable")
+    return ordered.drop(columns=["_failed", "_first", "_left", "_usage"])
+
+
 def _per_process(counted: pd.DataFrame, top: int, several: bool, **chosen: Any) -> pd.DataFrame:
     """Per-second counts of the ``top`` busiest processes, a column per process label."""
     rows = counted
@@ -210,7 +234,8 @@ def _build(recording: Dataset, engine: Engine, top: int) -> Report:
     socket_rate = pivot_rates(counted, kind=SOCKET_KINDS, by="kind")
     error_rate = pivot_rates(counted, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
     least = headroom_module.least_headroom_on(engine)
-    fd_series = _series_of(engine, least.head(top), ["open_fds", "fd_soft_limit"], several)
+    fd_series = _series_of(engine, by_harm(least, _fd_failures(engine)).head(top), ["open_fds", "fd_soft_limit"],
+                           several)
     # The processes nearest a thread limit, then (where no limit is known) those with most threads.
     by_threads = headroom_module.least_headroom_on(engine, resource="threads")
     limited = by_threads["thread_limit"].notna()
@@ -318,19 +343,28 @@ def spike_calls(counted: pd.DataFrame) -> pd.DataFrame:
 
 
 def _memory_series(engine: Engine, chosen: pd.DataFrame, several: bool) -> dict[str, pd.DataFrame]:
-    """The memory over time of the chosen processes, by process label: what is drawn (its cgroup's
-    usage, else its RSS) and the cgroup's limit, in MiB."""
+    """The memory over time of the chosen processes' memory cgroups, each as a percentage of its
+    own limit (one line per cgroup: its usage is all its processes'; an uncapped process has no
+    headroom to draw and would flatten the others), by a label naming the cgroup's process."""
     series = memory_series_on(engine, chosen)
-    found = {}
+    found: dict[str, pd.DataFrame] = {}
+    seen: set[tuple[Any, ...]] = set()
     for row in chosen.itertuples():
         mine = series[(series["host"] == row.host) & (series["pid"] == row.pid)]
-        if not len(mine):
-            continue
-        drawn = mine["memcg_usage_bytes"].astype("Float64").fillna(mine["rss_bytes"].astype("Float64"))
         limit = mine["memcg_limit_bytes"].astype("Float64")
+        if not len(mine) or not limit.notna().any():
+            continue
+        usage = mine["memcg_usage_bytes"].astype("Float64")
+        cgroups = mine["cgroup"].dropna()
+        key = (row.host, str(cgroups.iloc[-1]) if len(cgroups) else f"pid {row.pid}")
+        if key in seen:  # a process of a cgroup already drawn: its usage is the cgroup's
+            continue
+        seen.add(key)
         found[_label(row.host, row.comm, row.pid, several)] = pd.DataFrame({
             "time": mine["time"].to_numpy(),
-            "memory_mib": (drawn / (1 << 20)).to_numpy(dtype="float64", na_value=float("nan")),
+            "memory_pct": (usage / limit * 100).to_numpy(dtype="float64", na_value=float("nan")),
+            "limit_pct": (limit / limit * 100).to_numpy(dtype="float64", na_value=float("nan")),
+            "memory_mib": (usage / (1 << 20)).to_numpy(dtype="float64", na_value=float("nan")),
             "limit_mib": (limit / (1 << 20)).to_numpy(dtype="float64", na_value=float("nan"))})
     return found
 

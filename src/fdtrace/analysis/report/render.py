@@ -132,14 +132,20 @@ def _frame_md(frame: pd.DataFrame, empty: str) -> str:
 
 
 def first_failure(report: Report) -> str:
-    """The sentence that names the recording's first failure (of the incidents)."""
-    first = report.incidents[report.incidents["first_overall"].astype(bool)] if len(report.incidents) else None
-    if first is None or not len(first):
+    """The sentence that names the recording's worst failure (the first of the incidents, ranked by
+    harm), and its first when that was another."""
+    if not len(report.incidents):
         return NO_INCIDENTS
-    row = first.iloc[0]
+    row = report.incidents.iloc[0]
     where = f" on {row['host']}" if len(report.heat) else ""
-    return (f"First failure: {row['comm']} [{row['first_pid']}]{where}, {row['failure']} at {_cell(row['first'])} "
-            f"({row['count']:,} in all). Below, every program's failures, the most severe first.")
+    text = (f"Worst failure: {row['comm']} [{row['first_pid']}]{where}, {row['failure']} ×{row['count']:,}, "
+            f"first at {_cell(row['first'])}.")
+    first = report.incidents[report.incidents["first_overall"].astype(bool)]
+    if len(first) and not bool(row["first_overall"]):
+        other = first.iloc[0]
+        text += (f" The first to fail: {other['comm']} [{other['first_pid']}], {other['failure']} at "
+                 f"{_cell(other['first'])}.")
+    return text + " Below, every program's failures, the most harmful first."
 
 
 SECTIONS = ("Summary", "Timeline", "Spikes in socket, accept and connect calls and failures", "Training phases",
@@ -192,7 +198,7 @@ def to_html(report: Report) -> str:
               f"<h2>{SECTIONS[10]}</h2>", _frame_html(report.threads, NO_CENSUS),
               *([_frame_html(report.thread_sites, "")] if len(report.thread_sites) else []),
               f"<h2>{SECTIONS[12]}</h2>", _frame_html(report.ledger, NO_LEDGER),
-              *(f"<p>{html.escape(line)}</p>" for line in report.scale_lines),
+              *(f"<p>{html_shown(line)}</p>" for line in report.scale_lines),
               *([_frame_html(report.scale_laws, ""), scale_figure_html(report.scale_curve)]
                 if len(report.scale_laws) else []),
               f"<h2>{SECTIONS[7]}</h2>", _frame_html(report.losses, NO_LOSSES), "</body></html>"]
