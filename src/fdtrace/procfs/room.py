@@ -1,0 +1,87 @@
+"""Whether a watched process has room for a descriptor fdtrace would cost it: the one rule for
+every probe of fdtrace's that makes another process take a descriptor (a connection to HAProxy's
+stats socket, from ``record``, ``top``, ``export`` and ``doctor``). fdtrace must never be the cause
+of the EMFILE it counts, so the count is read just before the probe, never taken from a sample,
+and the probe needs a margin (``policy.probe_room``), not merely one free descriptor."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from fdtrace.policy import probe_room
+from fdtrace.procfs.reader import READ_ERRORS, ProcFS, skip_reason
+
+
+@dataclass(frozen=True)
+class Room:
+    """A process's descriptors now.
+
+    Attributes:
+        pid: the process.
+        open_fds: its open descriptors (with a bounded count, at least this many: see ``counted``).
+        soft_limit: its RLIMIT_NOFILE soft limit (None: unlimited).
+        needed: descriptors that must be free for a probe (``probe_room`` of the limit).
+        counted: "size" (the fd folder's size, Linux >= 6.2) or "listed" (a listing, stopped once
+            the process was known to have too little room).
+    """
+
+    pid: int
+    open_fds: int
+    soft_limit: int | None
+    needed: int
+    counted: str
+
+    @property
+    def free(self) -> int | None:
+        return None if self.soft_limit is None else self.soft_limit - self.open_fds
+
+    @property
+    def enough(self) -> bool:
+        return self.free is None or self.free >= self.needed
+
+    def refusal(self, what: str) -> str:
+        """Why ``what`` ("haproxy [12]") is not probed now, in words."""
+        more = "at least " if self.counted == "listed" else ""
+        return (f"{what} has {more}{self.open_fds} of its {self.soft_limit} descriptors open, fewer than "
+                f"{self.needed} free: a connection of fdtrace's could fail one of its own with EMFILE")
+
+
+def open_fds_bounded(procfs: ProcFS, pid: int, stop_at: int) -> tuple[int, str]:
+    """(open descriptors, how counted): the size of /proc/PID/fd where the kernel gives it
+    (Linux >= 6.2, O(1)), else a listing that stops at ``stop_at`` entries (a process with 100k
+    descriptors is not listed whole to learn that it has too many)."""
+    folder = f"{procfs.root}/{pid}/fd"
+    try:
+        size = os.stat(folder).st_size
+    except OSError:
+        size = 0
+    if size > 0:
+        return size, "size"
+    count = 0
+    with os.scandir(folder) as entries:  # an OSError (gone, not readable) is the caller's
+        for _ in entries:
+            count += 1
+            if count >= stop_at:
+                break
+    return count, "listed"
+
+
+def room_of(procfs: ProcFS, pid: int) -> Room:
+    """``pid``'s room now: its limit, then its count (the count last, nearest the probe). Raises
+    one of ``READ_ERRORS`` when it cannot be read (gone, not readable)."""
+    soft = procfs.limits(pid).get("Max open files", (None, None))[0]
+    needed = probe_room(soft) if soft is not None else 0
+    stop_at = soft - needed + 1 if soft is not None else 1 << 30
+    count, how = open_fds_bounded(procfs, pid, max(stop_at, 1))
+    return Room(pid, count, soft, needed, how)
+
+
+def refusal(procfs: ProcFS, pid: int, what: str) -> str | None:
+    """Why ``pid`` (named ``what``) must not be made to take a descriptor now, or None when it has
+    room. A process whose room cannot be read is not probed either (its reason says why)."""
+    try:
+        room = room_of(procfs, pid)
+    except READ_ERRORS as error:
+        return f"the descriptors of {what} could not be counted ({skip_reason(error)})"
+    return None if room.enough else room.refusal(what)
