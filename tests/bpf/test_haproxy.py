@@ -123,7 +123,8 @@ def test_show_info_samples_land_in_a_recording(haproxy: tuple[subprocess.Popen[s
     assert 1 <= len(silent) < len(answered) and silent["error"].notna().all() and silent["maxconn"].isna().all()
     assert silent["error"].str.contains("fdtrace tries again in").all()
     # with no flag, what its configuration demands: read once, as haproxy itself could read it
-    [demand] = rows[rows["source"] == "configuration"].to_dict("records")
+    mine = rows[(rows["source"] == "configuration") & (rows["haproxy_pid"] == proc.pid)]  # others' may run too
+    [demand] = mine.to_dict("records")
     assert (demand["socket"], demand["haproxy_pid"], demand["maxconn"], demand["ulimit_n"]) == \
         (str(config), proc.pid, 1000, 64)
     threads = len(os.sched_getaffinity(proc.pid))  # nbthread not set: one per CPU it may run on
