@@ -148,3 +148,20 @@ def test_memory_near_its_cgroup_limit_alerts_and_an_oom_kill_says_what_was_last_
     assert said.text.endswith("; last seen: 1,420 FDs (1,415 sockets), 2 threads, RSS 148 MiB; its cgroup at "
                               "148 MiB of 150 MiB (99%): foreseen")
     assert not [a for a in state.processes[400].alerts if a.startswith("memory")]  # the kill says it now
+
+
+def test_past_the_cap_the_ended_go_first_and_the_failed_last() -> None:
+    """Issue 34: memory bounded by what is shown: past the cap, processes that ended cleanly are
+    forgotten first, then the least recently seen; one that failed (EMFILE) stays, though it
+    was seen earliest of all."""
+    state = IncidentState(max_processes=100)
+    failing = [record(Kind.SOCKET, pid=7, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24)]
+    state.apply_events(decode_table(np.concatenate(failing)))
+    state.apply_samples([sample(pid) for pid in range(1000, 1150)], 2)
+    for pid in range(1100, 1150):  # 50 of them end, and are seen last
+        state.processes[pid].ended_ns = 3
+        state.processes[pid].last_seen_ns = 3
+    state.roll(4, {})
+    assert len(state.processes) == 100 and state.forgotten == 51
+    assert 7 in state.processes and state.processes[7].failed
+    assert not any(pid in state.processes for pid in range(1100, 1150))
