@@ -84,7 +84,7 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
         while not stats.exists():
             assert haproxy.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        idle = samples.open_fds(haproxy.pid)
+        idle = samples.open_fds(haproxy.pid) or 0
         out = tmp_path / "rec"
         recorder = started([FDTRACE, "record", "-o", str(out), "--pid", str(haproxy.pid), "--interval",
                             str(INTERVAL_S)], "recording to")  # no --haproxy-socket: found in its configuration
@@ -107,7 +107,7 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
             for client in clients:
                 client.close()
             deadline = time.monotonic() + 60
-            while samples.open_fds(haproxy.pid) != idle or listen_backlog(port) != 0:  # the storm is over
+            while (samples.open_fds(haproxy.pid) or 0) > idle + 4 or listen_backlog(port) != 0:  # storm over
                 assert time.monotonic() < deadline, "haproxy did not settle after the storm"
                 time.sleep(0.05)
             time.sleep(4 * INTERVAL_S)  # quiet for four of the sampler's turns: it asks again

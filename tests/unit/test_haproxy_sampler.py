@@ -155,3 +155,31 @@ def test_a_socket_asked_for_is_held_back_by_the_haproxy_that_holds_it(
     finally:
         haproxy.kill()
         haproxy.wait()
+
+
+def test_connections_waiting_in_its_accept_queue_count_against_the_room(tmp_path: Path) -> None:
+    """After a storm a haproxy takes its whole backlog as descriptors free (two each): the room
+    counts the connections waiting in its listeners' accept queues (/proc/PID/net/tcp), so a
+    process with room by its count alone is not probed while 30 connections wait."""
+    from fdtrace.procfs import ProcFS
+    from fdtrace.procfs.room import pending_accepts, refusal
+
+    script = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(64); "
+              "print(s.getsockname()[1], flush=True); sys.stdin.read()")
+    proc = subprocess.Popen(["prlimit", "--nofile=64:64", sys.executable, "-S", "-c", script],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    clients: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        procfs = ProcFS()
+        assert pending_accepts(procfs, proc.pid) == 0 and refusal(procfs, proc.pid, "p") is None
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]  # never accepted
+        assert pending_accepts(procfs, proc.pid) == 30
+        said = refusal(procfs, proc.pid, f"haproxy [{proc.pid}]")
+        assert said is not None and "and 30 connections waiting to be accepted (up to 2 descriptors each)" in said
+    finally:
+        for client in clients:
+            client.close()
+        proc.kill()
+        proc.wait()

@@ -31,6 +31,7 @@ class Room:
     soft_limit: int | None
     needed: int
     counted: str
+    pending: int = 0
 
     @property
     def free(self) -> int | None:
@@ -38,12 +39,14 @@ class Room:
 
     @property
     def enough(self) -> bool:
-        return self.free is None or self.free >= self.needed
+        return self.free is None or self.free >= self.needed + PER_PENDING * self.pending
 
     def refusal(self, what: str) -> str:
         """Why ``what`` ("haproxy [12]") is not probed now, in words."""
         more = "at least " if self.counted == "listed" else ""
-        return (f"{what} has {more}{self.open_fds} of its {self.soft_limit} descriptors open, fewer than "
+        waiting = (f" and {self.pending} connections waiting to be accepted (up to {PER_PENDING} descriptors each)"
+                   if self.pending else "")
+        return (f"{what} has {more}{self.open_fds} of its {self.soft_limit} descriptors open{waiting}, fewer than "
                 f"{self.needed} free: a connection of fdtrace's could fail one of its own with EMFILE")
 
 
@@ -67,14 +70,52 @@ def open_fds_bounded(procfs: ProcFS, pid: int, stop_at: int) -> tuple[int, str]:
     return count, "listed"
 
 
+#: Descriptors a connection waiting in a listener's accept queue may cost once accepted (a proxy's
+#: client and server sides).
+PER_PENDING = 2
+#: Lines of /proc/net/tcp{,6} read at most for the accept queues; a process's socket links at most.
+MAX_TCP_LINES = 200_000
+MAX_LINKS_LISTED = 10_000
+
+
+def pending_accepts(procfs: ProcFS, pid: int) -> int:
+    """Connections waiting in the accept queues of ``pid``'s listening TCP sockets: the burst it
+    takes next whatever fdtrace reads of it now (after a storm, a haproxy at its limit takes its
+    whole backlog as descriptors free, two each). 0 when they cannot be read (a process with more
+    than ``MAX_LINKS_LISTED`` descriptors is not listed)."""
+    try:
+        if procfs.open_fds(pid, by_size=True) > MAX_LINKS_LISTED:
+            return 0
+        inodes = {target[8:-1] for target in procfs.fd_targets(pid) if target.startswith("socket:[")}
+    except READ_ERRORS:
+        return 0
+    waiting, lines = 0, 0
+    for table in ("net/tcp", "net/tcp6"):
+        try:
+            with open(procfs.root / str(pid) / table, encoding="ascii", errors="replace") as rows:  # its namespace's
+                for line in rows:
+                    lines += 1
+                    if lines > MAX_TCP_LINES:
+                        return waiting
+                    fields = line.split()
+                    # sl local rem st tx_queue:rx_queue ... inode: a listener's rx_queue is its accept queue
+                    if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
+                        waiting += int(fields[4].partition(":")[2] or "0", 16)
+        except (OSError, ValueError):
+            continue
+    return waiting
+
+
 def room_of(procfs: ProcFS, pid: int) -> Room:
-    """``pid``'s room now: its limit, then its count (the count last, nearest the probe). Raises
-    one of ``READ_ERRORS`` when it cannot be read (gone, not readable)."""
+    """``pid``'s room now: its limit, the connections waiting in its accept queues, then its count
+    (the count last, nearest the probe). Raises one of ``READ_ERRORS`` when it cannot be read
+    (gone, not readable)."""
     soft = procfs.limits(pid).get("Max open files", (None, None))[0]
     needed = probe_room(soft) if soft is not None else 0
-    stop_at = soft - needed + 1 if soft is not None else 1 << 30
+    pending = pending_accepts(procfs, pid) if soft is not None else 0
+    stop_at = soft - needed - PER_PENDING * pending + 1 if soft is not None else 1 << 30
     count, how = open_fds_bounded(procfs, pid, max(stop_at, 1))
-    return Room(pid, count, soft, needed, how)
+    return Room(pid, count, soft, needed, how, pending)
 
 
 def refusal(procfs: ProcFS, pid: int, what: str) -> str | None:
