@@ -347,12 +347,12 @@ def show_info(socket_path: str, timeout: float = 1.0, limit: int = MAX_ANSWER_BY
     made): a reason it gives raises HeldBackError and nothing is connected."""
     if not stat.S_ISSOCK(os.lstat(socket_path).st_mode):
         raise OSError(errno.ENOTSOCK, "not a socket")
-    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         held = room() if room is not None else None
         if held is not None:
             raise HeldBackError(held)
+        deadline = time.monotonic() + timeout
         sock.connect(socket_path)
         sock.sendall(b"show info\n")
         chunks: list[bytes] = []

@@ -7,6 +7,7 @@ and the probe needs a margin (``policy.probe_room``), not merely one free descri
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from fdtrace.policy import probe_room
@@ -32,6 +33,7 @@ class Room:
     needed: int
     counted: str
     pending: int = 0
+    growth: int = 0
 
     @property
     def free(self) -> int | None:
@@ -39,15 +41,17 @@ class Room:
 
     @property
     def enough(self) -> bool:
-        return self.free is None or self.free >= self.needed + PER_PENDING * self.pending
+        return self.free is None or self.free >= self.needed + PER_PENDING * self.pending + \
+            GROWTH_SPANS * self.growth
 
     def refusal(self, what: str) -> str:
         """Why ``what`` ("haproxy [12]") is not probed now, in words."""
         more = "at least " if self.counted == "listed" else ""
         waiting = (f" and {self.pending} connections waiting to be accepted (up to {PER_PENDING} descriptors each)"
                    if self.pending else "")
-        return (f"{what} has {more}{self.open_fds} of its {self.soft_limit} descriptors open{waiting}, fewer than "
-                f"{self.needed} free: a connection of fdtrace's could fail one of its own with EMFILE")
+        rising = f", {self.growth} more in {GROWTH_GAP_S * 1000:.0f} ms" if self.growth else ""
+        return (f"{what} has {more}{self.open_fds} of its {self.soft_limit} descriptors open{waiting}{rising}, "
+                f"fewer than {self.needed} free: a connection of fdtrace's could fail one of its own with EMFILE")
 
 
 def open_fds_bounded(procfs: ProcFS, pid: int, stop_at: int) -> tuple[int, str]:
@@ -106,16 +110,26 @@ def pending_accepts(procfs: ProcFS, pid: int) -> int:
     return waiting
 
 
-def room_of(procfs: ProcFS, pid: int) -> Room:
-    """``pid``'s room now: its limit, the connections waiting in its accept queues, then its count
-    (the count last, nearest the probe). Raises one of ``READ_ERRORS`` when it cannot be read
-    (gone, not readable)."""
+#: The count is read twice this far apart: a process whose descriptors rise between the two reads
+#: (a storm beginning) needs room for GROWTH_SPANS times that rise as well, the time fdtrace's
+#: connection may wait for its turn on a busy host.
+GROWTH_GAP_S = 0.01
+GROWTH_SPANS = 10
+
+
+def room_of(procfs: ProcFS, pid: int, gap_s: float = GROWTH_GAP_S) -> Room:
+    """``pid``'s room now: its limit, its count, the connections waiting in its accept queues,
+    and its count again ``gap_s`` later (the last read nearest the probe). Raises one of
+    ``READ_ERRORS`` when it cannot be read (gone, not readable)."""
     soft = procfs.limits(pid).get("Max open files", (None, None))[0]
     needed = probe_room(soft) if soft is not None else 0
+    stop_at = max(soft - needed + 1, 1) if soft is not None else 1 << 30
+    before, _ = open_fds_bounded(procfs, pid, stop_at)
     pending = pending_accepts(procfs, pid) if soft is not None else 0
-    stop_at = soft - needed - PER_PENDING * pending + 1 if soft is not None else 1 << 30
-    count, how = open_fds_bounded(procfs, pid, max(stop_at, 1))
-    return Room(pid, count, soft, needed, how, pending)
+    if gap_s:
+        time.sleep(gap_s)
+    count, how = open_fds_bounded(procfs, pid, stop_at)
+    return Room(pid, count, soft, needed, how, pending, max(0, count - before))
 
 
 def refusal(procfs: ProcFS, pid: int, what: str) -> str | None:
