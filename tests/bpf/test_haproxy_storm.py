@@ -108,7 +108,9 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
                 client.close()
             deadline = time.monotonic() + 60
             while (samples.open_fds(haproxy.pid) or 0) > idle + 4 or listen_backlog(port) != 0:  # storm over
-                assert time.monotonic() < deadline, "haproxy did not settle after the storm"
+                assert time.monotonic() < deadline, \
+                    f"haproxy did not settle: {samples.open_fds(haproxy.pid)} fds (idle {idle}), " \
+                    f"backlog {listen_backlog(port)}"
                 time.sleep(0.05)
             time.sleep(4 * INTERVAL_S)  # quiet for four of the sampler's turns: it asks again
         recorder.send_signal(signal.SIGINT)
