@@ -84,7 +84,7 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
         while not stats.exists():
             assert haproxy.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        idle = samples.open_fds(haproxy.pid) or 0
+        idle = samples.open_fds(haproxy.pid)
         out = tmp_path / "rec"
         recorder = started([FDTRACE, "record", "-o", str(out), "--pid", str(haproxy.pid), "--interval",
                             str(INTERVAL_S)], "recording to")  # no --haproxy-socket: found in its configuration
@@ -107,11 +107,12 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
             for client in clients:
                 client.close()
             deadline = time.monotonic() + 60
-            while (samples.open_fds(haproxy.pid) or 0) > idle + 4 or listen_backlog(port) != 0:  # storm over
+            settled: list[int | None] = []
+            while len(settled) < 5 or len(set(settled[-5:])) > 1 or listen_backlog(port) != 0:  # storm over
                 assert time.monotonic() < deadline, \
-                    f"haproxy did not settle: {samples.open_fds(haproxy.pid)} fds (idle {idle}), " \
-                    f"backlog {listen_backlog(port)}"
-                time.sleep(0.05)
+                    f"haproxy did not settle: fds {settled[-5:]} (idle {idle}), backlog {listen_backlog(port)}"
+                settled.append(samples.open_fds(haproxy.pid))  # the same for half a second
+                time.sleep(0.1)
             time.sleep(4 * INTERVAL_S)  # quiet for four of the sampler's turns: it asks again
         recorder.send_signal(signal.SIGINT)
         _, errors = recorder.communicate(timeout=120)
