@@ -70,8 +70,8 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
     config.write_text(
         f"global\n    maxconn 4096\n    ulimit-n 256\n    no strict-limits\n    stats socket {stats} mode 600\n"
         "    log stdout format raw local0\n"
-        "defaults\n    mode tcp\n    log global\n    timeout connect 2s\n    timeout client 30s\n"
-        "    timeout server 30s\n"
+        "defaults\n    mode tcp\n    log global\n    timeout connect 2s\n    timeout client 5s\n"
+        "    timeout server 5s\n"
         f"frontend fe\n    bind 127.0.0.1:{port}\n    default_backend be\n"
         f"backend be\n    server s1 127.0.0.1:{backend.getsockname()[1]}\n")
     with open(log, "w") as logged:  # a regular file: haproxy's log writes never fail (none dropped)
@@ -84,7 +84,7 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
         while not stats.exists():
             assert haproxy.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        idle = samples.open_fds(haproxy.pid)
+        idle = samples.open_fds(haproxy.pid) or 0
         out = tmp_path / "rec"
         recorder = started([FDTRACE, "record", "-o", str(out), "--pid", str(haproxy.pid), "--interval",
                             str(INTERVAL_S)], "recording to")  # no --haproxy-socket: found in its configuration
@@ -106,9 +106,10 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
             time.sleep(6 * INTERVAL_S)  # the storm lasts six of the sampler's turns
             for client in clients:
                 client.close()
-            deadline = time.monotonic() + 120  # a haproxy at its limit can hold on for its 30 s timeouts
+            deadline = time.monotonic() + 120  # a haproxy at its limit can hold on for its timeouts
             settled: list[int | None] = []
-            while len(settled) < 5 or len(set(settled[-5:])) > 1 or listen_backlog(port) != 0:  # storm over
+            while len(settled) < 5 or len(set(settled[-5:])) > 1 or (settled[-1] or 0) > idle + 4 \
+                    or listen_backlog(port) != 0:  # the storm is over: its descriptors back to idle, and staying
                 assert time.monotonic() < deadline, \
                     f"haproxy did not settle: fds {settled[-5:]} (idle {idle}), backlog {listen_backlog(port)}"
                 settled.append(samples.open_fds(haproxy.pid))  # the same for half a second
