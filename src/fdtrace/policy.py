@@ -31,6 +31,25 @@ def with_margin(value: int) -> int:
     return math.ceil(value * LIMIT_MARGIN)
 
 
+#: Descriptors a watched process must have free, read just before fdtrace does something that
+#: costs it one (a connection to HAProxy's stats socket): at least this many, and this share of
+#: its soft limit. fdtrace connects a few microseconds after the read, and the process takes the
+#: connection at its next turn of its event loop; until then it goes on accepting. HAProxy 2.6
+#: accepts at most tune.maxaccept (4 by default) connections in a row per listener and thread,
+#: and gives each a server-side socket: one turn on two threads takes 2 x 4 x 2 = 16. The share
+#: covers bigger processes (more threads and listeners, faster bursts): 5 % of 65,536 is 3,277.
+#: (A connection fdtrace makes while the process is full costs it more than one failure: HAProxy
+#: tries the accept4 again every 100 ms until a descriptor is free.)
+PROBE_ROOM_MIN = 16
+PROBE_ROOM_SHARE = 0.05
+
+
+def probe_room(soft_limit: int) -> int:
+    """Descriptors that must be free in a process whose soft limit is ``soft_limit`` before
+    fdtrace makes it take one (``PROBE_ROOM_MIN``, or ``PROBE_ROOM_SHARE`` of the limit)."""
+    return max(PROBE_ROOM_MIN, math.ceil(soft_limit * PROBE_ROOM_SHARE))
+
+
 #: Frames of the C library and of Go's syscall plumbing: a site is named by the first frame below them.
 _WRAPPER_MODULES = ("[libc.so", "[libpthread", "[ld-linux", "[libc-")
 _WRAPPER_FUNCTIONS = ("syscall.", "runtime.", "runtime/", "internal/poll.", "internal/syscall",

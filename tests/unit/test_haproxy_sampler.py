@@ -1,21 +1,23 @@
-"""fdtrace's own stats connection must not add to haproxy's failures (issue 25): a haproxy at its
-FD limit fails each accept4 of it with EMFILE. A stats socket whose haproxy is at its limit is
-not connected to, and one that does not answer is tried again less and less often. Over a real
-Unix socket that accepts and never answers (what a haproxy at its limit looks like from outside)."""
+"""fdtrace's own stats connection must not add to haproxy's failures (issues 25, 34): a haproxy at
+its FD limit fails each accept4 of it with EMFILE. A stats socket whose haproxy has too little
+room, counted just before connecting, is not connected to, and one that does not answer is tried
+again less and less often. Over a real Unix socket that accepts and never answers (what a haproxy
+at its limit looks like from outside), and real processes filling their descriptor tables."""
 
 from __future__ import annotations
 
-import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from fdtrace.integrations.haproxy import MAX_BACKOFF_S, HaproxySampler, HaproxyWatch
-from fdtrace.procfs import ProcFS
+from fdtrace.integrations.haproxy import MAX_BACKOFF_S, HaproxySampler
+from fdtrace.policy import probe_room
 from fdtrace.tui.state import IncidentState
 
 
@@ -71,24 +73,66 @@ def test_a_socket_that_does_not_answer_is_tried_again_less_and_less_often(silent
     assert f"tries again in {MAX_BACKOFF_S:.0f} s" in str(rows[-1]["error"])
 
 
-def test_the_socket_of_a_haproxy_at_its_fd_limit_is_not_connected_to(silent: tuple[Silent, str]) -> None:
+HOLDER = """
+import os, sys
+held = []
+print(len(os.listdir('/proc/self/fd')) - 1, flush=True)
+for line in sys.stdin:
+    want = int(line)
+    while len(held) < want:
+        held.append(os.open('/dev/null', os.O_RDONLY))
+    while len(held) > want:
+        os.close(held.pop())
+    print(len(os.listdir('/proc/self/fd')) - 1, flush=True)
+"""
+
+
+@pytest.fixture
+def holder() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A process under a soft limit of 64 that opens or closes descriptors as told ("N\n": hold
+    N more than at start) and answers with its open count: a haproxy filling up, as its
+    descriptors go."""
+    proc = subprocess.Popen(["prlimit", "--nofile=64:64", sys.executable, "-S", "-c", HOLDER],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    idle = int(proc.stdout.readline())
+    yield proc, idle
+    proc.kill()
+    proc.wait()
+
+
+def hold(proc: subprocess.Popen[str], more: int) -> int:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(f"{more}\n")
+    proc.stdin.flush()
+    return int(proc.stdout.readline())
+
+
+def test_the_socket_of_a_haproxy_without_room_is_not_connected_to(
+        silent: tuple[Silent, str], holder: tuple[subprocess.Popen[str], int]) -> None:
+    """Issue 34: the room is counted just before each connection, never taken from a sample (a
+    round old, it let fdtrace connect 0.5 s into a storm), and it is a margin: 16 free of 64,
+    not one."""
     server, path = silent
+    proc, idle = holder
     sampler = HaproxySampler([], interval_s=1.0, timeout=0.05)
-    sampler.add(path, 4242)  # a stats socket its configuration names
-    watch = HaproxyWatch(ProcFS(), sampler)
-    at_limit = SimpleNamespace(pid=4242, start_ns=1, comm="haproxy", uid=os.getuid(), open_fds=256,
-                               fd_soft_limit=256)
-    watch.look([at_limit])
+    sampler.add(path, proc.pid)  # a stats socket its configuration names
+    assert probe_room(64) == 16
+    assert hold(proc, 64 - 15 - idle) == 49  # 15 free: not asked, though far from its limit
     rows = sampler.sample_now() + sampler.sample_now()
     assert server.connections == 0 and len(rows) == 2
-    assert rows[0]["error"] == ("not asked while haproxy [4242] is at its FD limit (256 of 256): a connection of "
-                                "fdtrace's would fail its accept4 with EMFILE, counted among haproxy's failures")
+    assert rows[0]["error"] == (f"not asked while haproxy [{proc.pid}] has 49 of its 64 descriptors open, fewer "
+                                "than 16 free: a connection of fdtrace's could fail one of its own with EMFILE")
     # the view says why it was not asked (not that it does not answer)
     state = IncidentState()
     state.apply_haproxy(rows[:1], 1)
-    assert state.log[-1].text.startswith(f"stats socket {path} not asked while haproxy [4242] is at its FD limit")
-    watch.look([SimpleNamespace(**{**vars(at_limit), "open_fds": 100})])  # below its limit again: asked
-    sampler.sample_now()
+    assert state.log[-1].text.startswith(f"stats socket {path} not asked while haproxy [{proc.pid}] has 49")
+    assert hold(proc, 64 - 16 - idle) == 48  # 16 free: room enough, asked at once (held back is no failure)
+    [asked] = sampler.sample_now()
+    assert "timed out" in str(asked["error"])
+    deadline = time.monotonic() + 5
+    while server.connections < 1 and time.monotonic() < deadline:  # taken by the server's thread
+        time.sleep(0.01)
     assert server.connections == 1
 
 
@@ -111,3 +155,57 @@ def test_stats_socket_slots_go_to_root_and_system_services_first_then_per_user()
     said = sampler.shortfalls()
     assert len(said) == 1 and said[0].startswith(f"{sum(sampler.refused.values())} HAProxy stats sockets of "
                                                  "configurations not sampled: no slot left for its user (uid 1001 18")
+
+
+def test_a_socket_asked_for_is_held_back_by_the_haproxy_that_holds_it(
+        tmp_path: Path, holder: tuple[subprocess.Popen[str], int]) -> None:
+    """A socket given with --haproxy-socket, never answered yet: its haproxy is the process named
+    haproxy that holds the listening socket bound at that path (/proc/net/unix, its fds)."""
+    proc, idle = holder
+    path = str(tmp_path / "stats.sock")
+    # the holder becomes "haproxy" and listens at the path, then fills up
+    listen = (f"import socket; s = socket.socket(socket.AF_UNIX); s.bind({path!r}); s.listen(8); "
+              "open('/proc/self/comm', 'w').write('haproxy')")
+    proc.kill()
+    proc.wait()
+    script = HOLDER.replace("held = []", listen + "\nheld = []")
+    haproxy = subprocess.Popen(["prlimit", "--nofile=64:64", sys.executable, "-S", "-c", script],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert haproxy.stdout is not None
+        idle = int(haproxy.stdout.readline())
+        assert hold(haproxy, 60 - idle) == 60
+        sampler = HaproxySampler([path], interval_s=1.0, timeout=0.05)
+        [row] = sampler.sample_now()
+        assert str(row["error"]).startswith(f"not asked while haproxy [{haproxy.pid}] has 60 of its 64")
+    finally:
+        haproxy.kill()
+        haproxy.wait()
+
+
+def test_connections_waiting_in_its_accept_queue_count_against_the_room(tmp_path: Path) -> None:
+    """After a storm a haproxy takes its whole backlog as descriptors free (two each): the room
+    counts the connections waiting in its listeners' accept queues (/proc/PID/net/tcp), so a
+    process with room by its count alone is not probed while 30 connections wait."""
+    from fdtrace.procfs import ProcFS
+    from fdtrace.procfs.room import pending_accepts, refusal
+
+    script = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(64); "
+              "print(s.getsockname()[1], flush=True); sys.stdin.read()")
+    proc = subprocess.Popen(["prlimit", "--nofile=64:64", sys.executable, "-S", "-c", script],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    clients: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        procfs = ProcFS()
+        assert pending_accepts(procfs, proc.pid) == 0 and refusal(procfs, proc.pid, "p") is None
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]  # never accepted
+        assert pending_accepts(procfs, proc.pid) == 30
+        said = refusal(procfs, proc.pid, f"haproxy [{proc.pid}]")
+        assert said is not None and "and 30 connections waiting to be accepted (up to 2 descriptors each)" in said
+    finally:
+        for client in clients:
+            client.close()
+        proc.kill()
+        proc.wait()

@@ -166,3 +166,20 @@ def test_a_growth_stops_its_full_in_when_it_stops_and_an_ended_process_has_none(
     assert view.seconds_to_exhaustion() is not None
     view.ended, view.ended_ns = "exit 0", 22 * seconds
     assert view.seconds_to_exhaustion() is None
+
+
+def test_past_the_cap_the_ended_go_first_and_the_failed_last() -> None:
+    """Issue 34: memory bounded by what is shown: past the cap, processes that ended cleanly are
+    forgotten first, then the least recently seen; one that failed (EMFILE) stays, though it
+    was seen earliest of all."""
+    state = IncidentState(max_processes=100)
+    failing = [record(Kind.SOCKET, pid=7, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24)]
+    state.apply_events(decode_table(np.concatenate(failing)))
+    state.apply_samples([sample(pid) for pid in range(1000, 1150)], 2)
+    for pid in range(1100, 1150):  # 50 of them end, and are seen last
+        state.processes[pid].ended_ns = 3
+        state.processes[pid].last_seen_ns = 3
+    state.roll(4, {})
+    assert len(state.processes) == 100 and state.forgotten == 51
+    assert 7 in state.processes and state.processes[7].failed
+    assert not any(pid in state.processes for pid in range(1100, 1150))

@@ -152,3 +152,27 @@ def test_real_proc_counts_this_process_fds() -> None:
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_round_on_a_budget_samples_what_matters_first_and_counts_the_rest() -> None:
+    """Issue 34: a round's /proc work is bounded. On a budget the processes named first (failing,
+    filtered) are sampled before the others, whatever their pids; what the budget leaves out is
+    counted and said, and the round's cost is measured."""
+    import subprocess
+    import sys
+
+    children = [subprocess.Popen([sys.executable, "-S", "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+                for _ in range(4)]
+    try:
+        pids = [c.pid for c in children]
+        sampler = ProcSampler()
+        everything = sampler.round(pids, 0, first=[pids[-1]], budget_s=60.0)
+        assert [s.pid for s in everything] == [pids[-1], *sorted(pids[:-1])] and sampler.unsampled == 0
+        assert sampler.round_s > 0
+        [only] = sampler.round(pids, 0, first=[pids[2]], budget_s=0.0)  # no time: the first one only
+        assert only.pid == pids[2] and sampler.unsampled == 3 and sampler.skipped["late"] == 3
+        assert "3 processes left for later (the round's time ran out)" in sampler.describe_skipped()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

@@ -18,6 +18,7 @@ from fdtrace.analysis.report.advice import go_said
 from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.integrations.haproxy import (
     HaproxyConfig,
+    HeldBackError,
     config_fds,
     config_maxconn,
     config_shape,
@@ -29,6 +30,7 @@ from fdtrace.integrations.nginx import NginxConfig, read_nginx_config
 from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.room import refusal
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import threads_by_uid
 from fdtrace.schema.records import ProcessSample
@@ -483,7 +485,7 @@ class Doctor:
             checks.append(Check(scope, "haproxy strict-limits", Status.WARN, "no strict-limits",
                                 "strict-limits", "remove 'no strict-limits' so HAProxy refuses to start "
                                 "without the FDs its maxconn needs"))
-        checks += self._haproxy_runtime(scope, config, shape, self._uid(pid))
+        checks += self._haproxy_runtime(scope, config, shape, self._uid(pid), pid)
         return checks
 
     def _uid(self, pid: int) -> int | None:
@@ -491,10 +493,11 @@ class Doctor:
         return int(uid.split()[0]) if uid and uid.split()[0].isdigit() else None
 
     def _haproxy_runtime(self, scope: str, config: HaproxyConfig, shape: HaproxyShape | None,
-                         uid: int | None) -> list[Check]:
+                         uid: int | None, pid: int) -> list[Check]:
         """`show info` of the stats sockets the configuration names: only sockets that belong to
         the process's own user, since anyone can start a process named haproxy and name any
-        socket of root's in its configuration."""
+        socket of root's in its configuration; and only while haproxy has room for the
+        connection, counted just before it is made (``procfs.room``)."""
         checks = []
         for path in config.stats_sockets:
             try:
@@ -503,7 +506,10 @@ class Doctor:
                     checks.append(Check(scope, "haproxy stats socket", Status.WARN,
                                         f"{path} belongs to uid {owner}, not to the process's user: not asked"))
                     continue
-                info = show_info(path)
+                info = show_info(path, room=lambda: refusal(self.procfs, pid, f"haproxy [{pid}]"))
+            except HeldBackError as reason:
+                checks.append(Check(scope, "haproxy stats socket", Status.WARN, f"{path} not asked: {reason}"))
+                continue
             except OSError as exc:
                 checks.append(Check(scope, "haproxy stats socket", Status.WARN, f"{path} did not answer ({exc})"))
                 continue

@@ -17,12 +17,15 @@ import stat
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fdtrace.advice.haproxy import CLI_MAXCONN, MAX_COUNT, HaproxyShape, ModelError
 from fdtrace.procfs.reader import READ_ERRORS, Credentials, ProcFS, skip_reason
+from fdtrace.procfs.room import refusal
+from fdtrace.procfs.sockets import socket_holders, unix_listener_inodes
 from fdtrace.safe_files import read_regular
 from fdtrace.schema.tables import HAPROXY_INFO_FIELDS
 
@@ -383,15 +386,24 @@ def read_process_configs(procfs: ProcFS, pid: int, cmdline: list[str] | None = N
     return found
 
 
-def show_info(socket_path: str, timeout: float = 1.0, limit: int = MAX_ANSWER_BYTES) -> dict[str, str]:
+class HeldBackError(Exception):
+    """A stats socket not connected to: its haproxy has too little room (the message says why)."""
+
+
+def show_info(socket_path: str, timeout: float = 1.0, limit: int = MAX_ANSWER_BYTES,
+              room: Callable[[], str | None] | None = None) -> dict[str, str]:
     """`show info` from a stats socket, as {field: value}: only a Unix socket (not through a
     link), answered within ``timeout`` in all and in at most ``limit`` bytes. Raises OSError
-    when it does not answer so."""
+    when it does not answer so. ``room`` is asked last before connecting (our socket already
+    made): a reason it gives raises HeldBackError and nothing is connected."""
     if not stat.S_ISSOCK(os.lstat(socket_path).st_mode):
         raise OSError(errno.ENOTSOCK, "not a socket")
-    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
+        held = room() if room is not None else None
+        if held is not None:
+            raise HeldBackError(held)
+        deadline = time.monotonic() + timeout
         sock.connect(socket_path)
         sock.sendall(b"show info\n")
         chunks: list[bytes] = []
@@ -425,9 +437,6 @@ def info_number(info: dict[str, str], name: str) -> int | None:
 #: The longest wait between two tries of a stats socket that does not answer.
 MAX_BACKOFF_S = 60.0
 NOT_ASKED = "not asked"
-#: Why a stats socket's haproxy is not asked while it is at its FD limit, and what a try costs it.
-AT_LIMIT = (NOT_ASKED + " while haproxy [{pid}] is at its FD limit ({open} of {limit}): a connection of "
-            "fdtrace's would fail its accept4 with EMFILE, counted among haproxy's failures")
 OWN_TRIES = ("; fdtrace tries again in {delay:.0f} s (each try of its own can fail one accept4 of haproxy's with "
              "EMFILE while haproxy is at its FD limit)")
 
@@ -438,20 +447,22 @@ class HaproxySampler:
     previous call. A socket that does not answer gives a row with the error and no figures (it
     is reported, never fatal).
 
-    fdtrace's own connection must not add to haproxy's failures: a socket whose haproxy is at its
-    FD limit (``at_limit``, from the samples) is not connected to (its row says why), and one
-    that does not answer is tried again after 2, 4, 8 ... intervals, at most ``MAX_BACKOFF_S``
-    (its row's error says when)."""
+    fdtrace's own connection must not add to haproxy's failures: the haproxy behind a socket
+    (the one whose configuration named it, the pid its last answer gave, or the haproxy processes
+    that hold it) has its descriptors counted just before each connection (``procfs.room``), and
+    one without room to spare is not connected to (its row says why); a socket that does not
+    answer is tried again after 2, 4, 8 ... intervals, at most ``MAX_BACKOFF_S`` (its row's error
+    says when)."""
 
     def __init__(self, sockets: list[str], interval_s: float = 1.0, timeout: float = 1.0,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic, procfs: ProcFS | None = None) -> None:
         self.sockets = list(sockets)
         self.found: dict[str, int] = {}  # sockets found in configurations (not asked for): path -> haproxy pid
         self.interval_s = interval_s
         self.timeout = min(timeout, interval_s)
         self._clock = clock
-        self._pids: dict[str, int] = {}  # path -> the haproxy pid its last answer gave
-        self._full: dict[int, tuple[int, int]] = {}  # haproxy pid at its FD limit -> (open, limit)
+        self._procfs = procfs or ProcFS()
+        self._pids: dict[str, list[int]] = {}  # path -> the haproxy pids behind it (its answer's, or the holders)
         self._failures: dict[str, tuple[int, float]] = {}  # path -> (failures in a row, next try)
         self._rows: list[dict[str, int | str | None]] = []
         self._owners: dict[str, int] = {}  # found socket -> the uid of the haproxy that named it
@@ -538,19 +549,35 @@ class HaproxySampler:
                 f"left for its user ({users}; {MAX_SOCKETS} slots, {FOUND_PER_USER} at most per user, root's and "
                 "system services' first)"]
 
-    def at_limit(self, full: dict[int, tuple[int, int]]) -> None:
-        """The haproxy processes at their FD limit now, pid -> (open FDs, soft limit), from a round
-        of samples (replaces what was known): their stats sockets are not connected to."""
+    def _behind(self, path: str) -> list[int]:
+        """The haproxy processes whose descriptors a connection to ``path`` costs: the one whose
+        configuration named it, else the pid of its last answer while that process lives, else
+        the processes named haproxy that hold the listening socket bound there."""
         with self._lock:
-            self._full = dict(full)
+            found = self.found.get(path)
+        if found is not None:
+            return [found]
+        known = [pid for pid in self._pids.get(path, []) if os.path.exists(f"{self._procfs.root}/{pid}")]
+        if known:
+            return known
+        inodes = unix_listener_inodes(self._procfs, path)
+        haproxys = []
+        for pid in self._procfs.pids() if inodes else []:
+            try:
+                if self._procfs.stat(pid).comm.startswith("haproxy"):
+                    haproxys.append(pid)
+            except READ_ERRORS:
+                continue
+        self._pids[path] = socket_holders(self._procfs, inodes, haproxys)
+        return self._pids[path]
 
-    def _held(self, path: str) -> str | None:
-        """Why ``path`` is not asked now (its haproxy is at its limit), or None."""
-        pid = self.found.get(path, self._pids.get(path))
-        if pid is None or pid not in self._full:
-            return None
-        open_fds, limit = self._full[pid]
-        return AT_LIMIT.format(pid=pid, open=open_fds, limit=limit)
+    def _room(self, pids: list[int]) -> str | None:
+        """Why a connection must not be made now (one of ``pids`` is short of descriptors), or None."""
+        for pid in pids:
+            why = refusal(self._procfs, pid, f"haproxy [{pid}]")
+            if why is not None:
+                return f"{NOT_ASKED} while {why}"
+        return None
 
     def _due(self, path: str, now: float) -> bool:
         return now >= self._failures.get(path, (0, 0.0))[1]
@@ -572,25 +599,28 @@ class HaproxySampler:
             now = self._clock()
             row: dict[str, int | str | None] = {"socket": path, "error": None,
                                                 "source": "found" if path in self.found else "asked"}
-            with self._lock:
-                held = self._held(path)
-            if held is None and not self._due(path, now):
+            if not self._due(path, now):
                 continue
             info: dict[str, str] = {}
-            if held is not None:
-                row["error"] = held
-            else:
-                try:
-                    info = show_info(path, timeout=self.timeout)
-                    self._failures.pop(path, None)
-                except OSError as exc:
-                    row["error"] = (exc.strerror or str(exc)) + self._failed(path, now)
+            held = False
+            pids = self._behind(path)
+
+            def room(pids: list[int] = pids) -> str | None:
+                return self._room(pids)
+
+            try:
+                info = show_info(path, timeout=self.timeout, room=room)
+                self._failures.pop(path, None)
+            except HeldBackError as reason:
+                row["error"], held = str(reason), True
+            except OSError as exc:
+                row["error"] = (exc.strerror or str(exc)) + self._failed(path, now)
             for name, column in HAPROXY_INFO_FIELDS:
                 row[column] = info_number(info, name)
             if row["haproxy_pid"] is not None:
-                self._pids[path] = int(row["haproxy_pid"])
+                self._pids[path] = [int(row["haproxy_pid"])]
             rows.append(row)
-            if held is None and row["error"] is not None and path in self.found:
+            if not held and row["error"] is not None and path in self.found:
                 with self._lock:  # a socket of a configuration that no longer answers: forgotten
                     if path in self.found:
                         self.sockets.remove(path)
@@ -680,14 +710,10 @@ class HaproxyWatch:
         self._missing: dict[tuple[int, int], list[str]] = {}
 
     def look(self, samples: list[Any]) -> list[dict[str, int | str | None]]:
-        """The configuration rows of the haproxy processes first seen in ``samples``; and which
-        haproxy processes are at their FD limit now (or one short of it: fdtrace's connection
-        would take the last), told to the sampler."""
+        """The configuration rows of the haproxy processes first seen in ``samples`` (whether one
+        has room for a stats connection is read by the sampler just before it connects, never
+        from these samples: they are a round old)."""
         rows: list[dict[str, int | str | None]] = []
-        if self.sampler is not None:
-            self.sampler.at_limit({s.pid: (s.open_fds, s.fd_soft_limit) for s in samples
-                                   if str(s.comm).startswith("haproxy") and s.open_fds is not None
-                                   and s.fd_soft_limit is not None and s.open_fds >= s.fd_soft_limit - 1})
         for sample in samples:
             for socket_path in self._missing.pop((sample.pid, sample.start_ns), []):
                 self._offer(socket_path, sample)  # named before haproxy had made it: looked at again

@@ -39,6 +39,8 @@ class SampleRound:
         clock: the clock offsets measured at the round (live only).
         fd_sites: --stacks: call sites whose open descriptors changed since the last round.
         threads: thread census of the processes nearest a thread limit.
+        cost_s: seconds the round's /proc sampling took (live; None: not measured).
+        unsampled: processes the round left out when its time ran out (sampled in later rounds).
     """
 
     mono_ns: int
@@ -49,6 +51,8 @@ class SampleRound:
     clock: ClockOffsets | None = None
     fd_sites: list[SiteRow] = field(default_factory=list)
     threads: list[ThreadCensus] = field(default_factory=list)
+    cost_s: float | None = None
+    unsampled: int = 0
 
 
 @dataclass

@@ -5,6 +5,7 @@ threads-max, and the other limits that apply)."""
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
@@ -54,6 +55,8 @@ class ProcSampler:
         self._elf_budget = ReadBudget(GO_ROUND_READ_BYTES)
         #: Go programs whose limit was left for a later round for want of that budget.
         self.unread_go_limits = 0
+        self.round_s = 0.0  # what the last round took
+        self.unsampled = 0  # processes the last round left out for want of time
 
     def _size_is_count(self) -> bool:
         """Whether st_size of /proc/PID/fd is the number of open FDs (Linux >= 6.2): O(1) instead
@@ -106,6 +109,8 @@ class ProcSampler:
                 parts.append(f"{count} {what} gone when sampled")
             elif reason == "denied":
                 parts.append(f"{count} {what} not readable")
+            elif reason == "late":
+                parts.append(f"{count} {what} left for later (the round's time ran out)")
             else:
                 parts.append(f"{count} {what} not read ({reason})")
         return ", ".join(parts)
@@ -212,21 +217,43 @@ class ProcSampler:
         except (*READ_ERRORS, ValueError):
             return 0
 
-    def round(self, with_events: Iterable[int], top: int, exclude: int | None = None) -> list[ProcessSample]:
-        """One sampling round: the processes that had events plus the ``top`` by open FDs."""
-        pids = set(with_events) | set(self.top_by_open_fds(top))
-        pids.discard(exclude if exclude is not None else -1)
-        return self.processes(pids)
+    def round(self, with_events: Iterable[int], top: int, exclude: int | None = None,
+              first: Iterable[int] = (), budget_s: float | None = None) -> list[ProcessSample]:
+        """One sampling round: the processes that had events plus the ``top`` by open FDs. With a
+        ``budget_s``, the processes that matter come first (``first``: those failing, those the
+        user named; then the ``top`` by open FDs, nearest a limit; then the others with events)
+        and the rest are sampled as time allows (see ``processes``)."""
+        first = list(dict.fromkeys(first))
+        ranked = self.top_by_open_fds(top)
+        order = [*first, *ranked, *sorted(set(with_events) - set(first) - set(ranked))]
+        if exclude is not None:
+            order = [pid for pid in order if pid != exclude]
+        return self.processes(order, budget_s=budget_s)
 
-    def processes(self, pids: Iterable[int]) -> list[ProcessSample]:
+    def processes(self, pids: Iterable[int], budget_s: float | None = None) -> list[ProcessSample]:
         """Samples of these processes, skipping the ones that are gone. Where RLIMIT_NPROC
-        applies, the threads of the process's user are counted over every process."""
+        applies, the threads of the process's user are counted over every process.
+
+        With a ``budget_s``, ``pids`` are sampled in their order until the round has taken that
+        long; the others are left out, counted in ``unsampled`` (and in ``skipped`` as "late").
+        ``round_s`` is what the round took, measured."""
+        started = time.monotonic()
+        order = list(dict.fromkeys(pids)) if budget_s is not None else sorted(set(pids))
         self._cgroups, self._memcgs = {}, {}
         self._elf_budget.renew()
+        samples = []
+        self.unsampled = 0
         try:
-            samples = [s for pid in sorted(set(pids)) if (s := self.sample(pid)) is not None]
+            for at, pid in enumerate(order):
+                if budget_s is not None and at and time.monotonic() - started > budget_s:  # the first always
+                    self.unsampled = len(order) - at
+                    self.skipped["late"] += self.unsampled
+                    break
+                if (sample := self.sample(pid)) is not None:
+                    samples.append(sample)
         finally:
             self._cgroups = self._memcgs = None
+            self.round_s = time.monotonic() - started
         limited = {s.uid for s in samples if s.nproc_soft_limit is not None and s.uid is not None}
         if not limited:
             return samples

@@ -10,7 +10,7 @@ import socket
 import struct
 import sys
 
-from fdtrace.procfs.reader import ProcFS
+from fdtrace.procfs.reader import READ_ERRORS, ProcFS
 
 
 def _hex_address(address: str, port: int) -> tuple[str, str]:
@@ -124,3 +124,40 @@ class PeerLookup:
                 return int(uid)
         except OSError:
             return None
+
+
+#: Lines of /proc/net/unix read at most to find one socket (a busy host has hundreds of thousands).
+MAX_UNIX_LINES = 200_000
+
+
+def unix_listener_inodes(procfs: ProcFS, path: str) -> set[int]:
+    """The inodes of the listening Unix sockets bound at ``path`` (/proc/net/unix, read a line at a
+    time up to ``MAX_UNIX_LINES``); none when it cannot be read."""
+    found: set[int] = set()
+    try:
+        with open(procfs.root / "net" / "unix", encoding="utf-8", errors="replace") as table:
+            for number, line in enumerate(table):
+                if number > MAX_UNIX_LINES:
+                    break
+                fields = line.split(maxsplit=7)
+                # Num RefCount Protocol Flags Type St Inode Path; Flags 00010000: listening
+                if len(fields) == 8 and fields[7].rstrip("\n") == path and fields[3] == "00010000" \
+                        and fields[6].isdigit():
+                    found.add(int(fields[6]))
+    except OSError:
+        return set()
+    return found
+
+
+def socket_holders(procfs: ProcFS, inodes: set[int], pids: list[int]) -> list[int]:
+    """Which of ``pids`` hold a descriptor of one of these socket inodes (gone or unreadable
+    processes left out)."""
+    links = {f"socket:[{inode}]" for inode in inodes}
+    holders = []
+    for pid in pids:
+        try:
+            if links.intersection(procfs.fd_targets(pid)):
+                holders.append(pid)
+        except READ_ERRORS:
+            continue
+    return holders

@@ -90,11 +90,15 @@ class TargetSampler(ProcSampler):
         super().__init__()
         self.targets = set(pids)
 
-    def round(self, with_events: Iterable[int], top: int, exclude: int | None = None) -> list[ProcessSample]:
-        """The usual round, with the target in it (without ranking every process when ``top`` is 0)."""
+    def round(self, with_events: Iterable[int], top: int, exclude: int | None = None,
+              first: Iterable[int] = (), budget_s: float | None = None) -> list[ProcessSample]:
+        """The usual round, with the target in it, first (without ranking every process when
+        ``top`` is 0)."""
+        first = [*sorted(self.targets), *first]
         if top:
-            return super().round({*with_events, *self.targets}, top, exclude)
-        return self.processes({*with_events, *self.targets} - {exclude})
+            return super().round({*with_events, *self.targets}, top, exclude, first=first, budget_s=budget_s)
+        order = [*first, *sorted(set(with_events) - set(first))]
+        return self.processes([pid for pid in order if pid != exclude], budget_s=budget_s)
 
 
 class WorkersSampler(ProcSampler):

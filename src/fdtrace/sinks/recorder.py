@@ -10,6 +10,9 @@ from fdtrace.display import shown
 from fdtrace.pipeline import NoPlayback, Notice, Pipeline
 from fdtrace.sinks.parquet import ParquetSink
 
+#: The longest the R key waits for the pipeline (the view's thread must not hang on it).
+LOCK_WAIT_S = 0.25
+
 
 class LiveControls(NoPlayback):
     """The live view's controls over its pipeline.
@@ -28,15 +31,26 @@ class LiveControls(NoPlayback):
         self.recording: ParquetSink | None = None
 
     def status(self) -> str:
-        """live, recording to DIR (N events), or why the recording stopped."""
-        with self.pipeline.lock:
-            if self.recording is not None and self.recording in self.pipeline.sinks:
-                return f"live, recording to {self.recording.directory} ({self.recording.events} events)"
-            failed = [f.error for f in self.pipeline.failures if isinstance(f.sink, ParquetSink)]
-            return f"live, recording stopped: {failed[-1]}" if failed else "live"
+        """live, recording to DIR (N events), or why the recording stopped. Never waits for the
+        pipeline's lock (the view asks every redraw, and a poll can hold the lock for seconds on a
+        busy host): the lists it reads are copied whole."""
+        recording, sinks, failures = self.recording, list(self.pipeline.sinks), list(self.pipeline.failures)
+        if recording is not None and recording in sinks:
+            return f"live, recording to {recording.directory} ({recording.events} events)"
+        failed = [f.error for f in failures if isinstance(f.sink, ParquetSink)]
+        return f"live, recording stopped: {failed[-1]}" if failed else "live"
 
     def toggle_recording(self) -> Notice:
-        """R: start recording to a new directory, or stop and say where it was saved."""
+        """R: start recording to a new directory, or stop and say where it was saved. The view
+        waits at most ``LOCK_WAIT_S`` for the pipeline (a poll may hold it): then it says so."""
+        if not self.pipeline.lock.acquire(timeout=LOCK_WAIT_S):
+            return Notice("the feed is busy reading the kernel and /proc: press R again", "warning")
+        try:
+            return self._toggle()
+        finally:
+            self.pipeline.lock.release()
+
+    def _toggle(self) -> Notice:
         with self.pipeline.lock:
             if self.recording is None or self.recording not in self.pipeline.sinks:
                 directory = self.record_dir or Path(time.strftime("fdtrace-%Y%m%d-%H%M%S"))

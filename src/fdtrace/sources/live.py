@@ -24,6 +24,7 @@ from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import thread_census
+from fdtrace.schema.failures import incident_mask
 from fdtrace.schema.records import ProcessSample, ThreadCensus
 from fdtrace.sources.filters import keep_comms
 
@@ -51,6 +52,9 @@ class LiveOptions:
             nearest a thread limit (and of every process traced with --pid).
         samples_of_comms_only: with ``comms``, rounds sample only processes of those names too
             (`top --comm`); otherwise ``comms`` filters the events only.
+        round_share: a round's /proc sampling stops after this share of the interval: the
+            processes failing, those named (--pid, --comm) and those nearest a limit first, the
+            rest as time allows (each round says what it took and how many it left out).
     """
 
     trace: TraceOptions = TraceOptions()
@@ -65,6 +69,7 @@ class LiveOptions:
     exiting: bool = False
     census_processes: int = 3
     samples_of_comms_only: bool = False
+    round_share: float = 0.5
 
 
 class LiveSource:
@@ -84,6 +89,7 @@ class LiveSource:
         self._blocked_code = BlockedCode()  # the census's code of blocked threads
         self._go_shortfalls: list[str] = []
         self._pids_with_events: set[int] = set()
+        self._pids_failing: dict[int, None] = {}  # failed (EMFILE, OOM kill...) since the last round, in order
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
         self._rounds_asked: list[threading.Event] = []
@@ -184,6 +190,9 @@ class LiveSource:
         events = keep_comms(batch.events, self.options.comms)
         if events.num_rows:
             self._pids_with_events.update(events["pid"].unique().to_pylist())
+            failing = events.filter(incident_mask(events))
+            if failing.num_rows:
+                self._pids_failing.update(dict.fromkeys(failing["pid"].to_pylist()))
         return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns,
                       stacks=batch.stacks, connections=batch.connections)
 
@@ -195,9 +204,10 @@ class LiveSource:
         offsets = dataclasses.replace(sample_offsets(), quality=self._clock_quality.read())
         samples, system = [], None
         if self.options.sample:
-            # the processes asked for by --pid are sampled every round, events or not
+            first = [*self._pids_failing, *self.options.trace.pids, *self._named()]
             samples = self.sampler.round(self._pids_with_events | set(self.options.trace.pids),
-                                         self.options.top_processes, exclude=os.getpid())
+                                         self.options.top_processes, exclude=os.getpid(), first=first,
+                                         budget_s=self.options.round_share * self.options.interval_s)
             if self.options.comms and self.options.samples_of_comms_only:
                 samples = [s for s in samples if s.comm in self.options.comms]
             system = self.sampler.system()
@@ -208,11 +218,14 @@ class LiveSource:
                     except OSError as error:  # its /proc/PID/exe went while it was looked at
                         self.sampler.skip(error)
         self._pids_with_events.clear()
+        self._pids_failing.clear()
         haproxy = self.haproxy.sample() if self.haproxy is not None else []
         if self._haproxy_watch is not None:
             haproxy = self._haproxy_watch.look(samples) + haproxy
         sample_round = SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
                                    system, haproxy, offsets)
+        if self.options.sample:
+            sample_round.cost_s, sample_round.unsampled = self.sampler.round_s, self.sampler.unsampled
         update.counters = self.kernel.read_counters()
         update.losses = self.kernel.read_losses()
         if self.options.sample:
@@ -220,6 +233,20 @@ class LiveSource:
         sample_round.fd_sites = sites
         update.stacks.extend(stacks)
         update.rounds.append(sample_round)
+
+    def _named(self) -> list[int]:
+        """With ``samples_of_comms_only``, the live processes of the names asked for (`top --comm`):
+        sampled first. Their names are read from /proc only for the pids with events."""
+        if not (self.options.comms and self.options.samples_of_comms_only):
+            return []
+        named = []
+        for pid in self._pids_with_events:
+            try:
+                if self._procfs.stat(pid).comm in self.options.comms:
+                    named.append(pid)
+            except READ_ERRORS:
+                continue
+        return named
 
     def _census(self, samples: list[ProcessSample]) -> list[ThreadCensus]:
         """The thread census of the processes nearest a thread limit (and of those under --pid)."""

@@ -147,6 +147,27 @@ def process_cells(view: ProcessView) -> dict[str, object]:
     }
 
 
+def fresh_status(status: str, age_s: float | None, interval_s: float) -> str:
+    """A live view's status with its data's age: "live, ..." while the data is newer than the
+    interval, "data 12 s old, ..." once it is older (or "waiting for data" before any)."""
+    live, sep, rest = status.partition("live")
+    if sep == "" or live:
+        return status
+    if age_s is None:
+        return "waiting for data" + rest
+    if age_s <= max(interval_s, 1.0):
+        return status
+    return f"data {age_s:.0f} s old" + rest
+
+
+def round_note(cost_s: float, unsampled: int) -> str:
+    """What the header says of a live source's last /proc round: nothing while it sampled every
+    process it meant to; else what it took and how many it left for later rounds."""
+    if not unsampled:
+        return ""
+    return f"/proc round {cost_s:.1f} s, {unsampled:,} processes left for later"
+
+
 def system_line(system: SystemView, status: str, sort: str, frozen: bool, text_filter: str = "") -> Text:
     """The header line: the filter when one is on (first: the table shows only what it matches),
     the system FD table, OOM kills, event rate, losses and the feed's state."""
@@ -162,7 +183,8 @@ def system_line(system: SystemView, status: str, sort: str, frozen: bool, text_f
     text.append("  │  ")
     text.append(f"OOM kills {system.oom_kills}", style="bold red" if system.oom_kills else "")
     text.append(f"  │  {system.events_per_s:,.0f} events/s  │  ")
-    lost = f"lost {system.losses:,}" + (f" ({system.loss_detail})" if system.loss_detail else "")
+    lost = f"lost {system.losses:,}" + (f" ({system.loss_detail})" if system.loss_detail else "") + \
+        (f"; {system.exact}" if system.exact else "")
     text.append(lost, style="bold red" if system.losses else "green")
     text.append(f"  │  {shown(status)}  │  sort: {sort}")
     if frozen:

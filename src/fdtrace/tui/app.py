@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from textual import on, work
@@ -16,11 +17,13 @@ from fdtrace.pipeline import Controls, Pipeline, SourceInfo, Stop, Update
 from fdtrace.tui.adapters import (
     COLUMNS,
     SORT_LABELS,
+    fresh_status,
     haproxy_line,
     log_line,
     phases_line,
     position_bar,
     process_cells,
+    round_note,
     system_line,
 )
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
@@ -28,6 +31,9 @@ from fdtrace.tui.screens import HelpScreen, ProcessScreen
 from fdtrace.tui.state import SORT_KEYS, IncidentState, LogEntry, ProcessView
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
+#: The screen is redrawn at least this often from what has arrived, whether updates come or not
+#: (a poll stuck on a busy host must show as data getting old, not as a frozen "live").
+REDRAW_EVERY_S = 1.0
 #: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
 #: 5,000 rows took over 100 ms here, too slow for ten redraws a second.
 MAX_ROWS = 300
@@ -130,6 +136,9 @@ class FdtraceApp(App[None]):
         self._log_rebuild = False
         self.show_exits = False
         self._last_roll_ns: int | None = None
+        self._applied_mono: float | None = None  # when the last update was folded in
+        self._applied_lag_s = 0.0  # how old its data already was then (a live source's poll time)
+        self._round_note = ""  # a live source's last /proc round, when it ran out of time
 
     def compose(self) -> ComposeResult:
         yield Static(id="system")
@@ -156,6 +165,20 @@ class FdtraceApp(App[None]):
         self.view_sink = ViewSink(self)
         self.pipeline.attach(self.view_sink)
         self.poll_feed()
+        self.set_interval(REDRAW_EVERY_S, self._tick)
+
+    def _tick(self) -> None:
+        """Once a second: redraw from what has arrived (the header says how old it is)."""
+        if not self.frozen:
+            self.redraw()
+
+    def data_age_s(self) -> float | None:
+        """How old the data shown is: the time since the last update was folded in, plus how old
+        its data was when it came (a live source stamps each update with the wall time of its
+        poll). None before the first update."""
+        if self._applied_mono is None:
+            return None
+        return time.monotonic() - self._applied_mono + self._applied_lag_s
 
     def on_unmount(self) -> None:
         self.pipeline.close()  # the poll below stops at its next turn
@@ -182,6 +205,9 @@ class FdtraceApp(App[None]):
             self.view_sink.applied()
 
     def _apply(self, update: Update) -> None:
+        self._applied_mono = time.monotonic()
+        info = self.pipeline.source.info
+        self._applied_lag_s = max(0.0, (time.time_ns() - update.now_ns) / 1e9) if info.live else 0.0
         if update.reset:
             self.state = IncidentState(keep_exited_ns=self.keep_exited_ns)
             self._last_roll_ns = None
@@ -204,6 +230,8 @@ class FdtraceApp(App[None]):
                 self.state.apply_system(sample_round.system)
             if sample_round.haproxy:
                 self.state.apply_haproxy(sample_round.haproxy, sample_round.time_ns)
+            if sample_round.cost_s is not None:
+                self._round_note = round_note(sample_round.cost_s, sample_round.unsampled)
         if self._last_roll_ns is None or update.now_ns - self._last_roll_ns >= 1_000_000_000 or update.reset:
             self.state.roll(update.now_ns, update.losses)
             self._last_roll_ns = update.now_ns
@@ -220,6 +248,8 @@ class FdtraceApp(App[None]):
     def redraw(self) -> None:
         """Header, table (rows updated by key) and new log lines."""
         status = self.status()
+        if self._round_note:
+            status += f", {self._round_note}"
         if self.state.forgotten:
             status += f", {self.state.forgotten:,} gone processes forgotten"
         rows = self.state.rows(self.sort, self.text_filter, reverse=self.reverse)
@@ -269,8 +299,12 @@ class FdtraceApp(App[None]):
         self.redraw()
 
     def status(self) -> str:
-        """One line saying what the view shows: live (and recording), or where the replay is."""
-        return self.controls.status()
+        """One line saying what the view shows: live (and recording), or where the replay is; a
+        live view whose data is older than the source's interval says how old instead of live."""
+        status = self.controls.status()
+        if self.controls.playback:
+            return status
+        return fresh_status(status, self.data_age_s(), self.pipeline.source.info.interval_s)
 
     def _redraw_table(self, rows: list[ProcessView]) -> None:
         table = self.query_one("#processes", DataTable)

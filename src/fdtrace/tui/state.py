@@ -326,6 +326,25 @@ class SystemView:
     events_per_s: float = 0.0
     losses: int = 0
     loss_detail: str = ""
+    exact: str = ""  # which counts stay exact, given the losses (``exact_counts``)
+
+
+def exact_counts(losses: dict[str, int]) -> str:
+    """Which counts stay exact given what was lost (the in-kernel counters are kept apart from
+    the event stream): "" when nothing was lost."""
+    lost = {name for name, count in losses.items() if count}
+    if not lost:
+        return ""
+    inexact = []
+    if "counters_full" in lost:
+        inexact.append("processes not counted")
+    if "errors_full" in lost:
+        inexact.append("failed calls not counted")
+    if "exited_full" in lost:
+        inexact.append("ended processes' totals")
+    if inexact:
+        return "counts exact but " + ", ".join(inexact)
+    return "counts exact, event list incomplete" if "ringbuf_full" in lost else "counts exact"
 
 
 #: How long an exited process stays in the table, by default; and how many processes it holds.
@@ -709,7 +728,7 @@ class IncidentState:
         self.system = SystemView(
             file_nr=self._system_figures.get("file_nr"), file_max=self._system_figures.get("file_max"),
             oom_kills=self._oom_kills, events_per_s=self._window_events / seconds, losses=lost,
-            loss_detail=", ".join(f"{k} {v}" for k, v in losses.items() if v),
+            loss_detail=", ".join(f"{k} {v}" for k, v in losses.items() if v), exact=exact_counts(losses),
         )
         self._window.clear()
         self._window_errors.clear()
@@ -726,12 +745,15 @@ class IncidentState:
                 if (view.ended_ns is not None and view.ended_ns < old)
                 or (view.ended_ns is None and view.last_seen_ns < old and not view.alerts)]
         excess = len(self.processes) - len(gone) - self.max_processes
-        if excess > 0:
-            kept = sorted((view.last_seen_ns, pid) for pid, view in self.processes.items() if pid not in set(gone))
-            gone += [pid for _, pid in kept[:excess]]
+        if excess > 0:  # the ended that did not fail go first, then the least recently seen; the failed last
+            leaving = set(gone)
+            kept = sorted((view.failed, view.ended_ns is None, view.last_seen_ns, pid)
+                          for pid, view in self.processes.items() if pid not in leaving)
+            gone += [key[-1] for key in kept[:excess]]
         for pid in gone:
             del self.processes[pid]
         self.forgotten += len(gone)
+
     def rows(self, sort: str = "headroom", text_filter: str = "", reverse: bool = False) -> list[ProcessView]:
         """The processes to show, filtered by name or pid and sorted (worst first; ``reverse``:
         best first) in three groups: those that failed (``ProcessView.failed``), ended or not;

@@ -1,0 +1,135 @@
+"""The incident host of issue 34, shared by tests/bpf/test_top_incident.py (short) and
+bench/live_incident (long): `fdtrace top` in a real terminal (tmux) while two fork-and-exit loops
+and a socket flood run, and programs that fail with EMFILE start one after another. Measures when
+each failing program is on screen after its failure, top's RSS over time, and how long `q` takes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORK_LOOP = r"""
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(void) {  /* fork a child that exits at once, reap it, forever */
+    for (;;) {
+        pid_t pid = fork();
+        if (pid == 0) _exit(0);
+        if (pid > 0) waitpid(pid, NULL, 0);
+    }
+}
+"""
+FLOOD = """
+import socket
+open('/proc/self/comm', 'w').write('sock-flood')
+while True:
+    socket.socket().close()
+"""
+FAILING = """
+import os, sys, time
+open('/proc/self/comm', 'w').write(sys.argv[1])
+held = []
+try:
+    while True:
+        held.append(os.open('/dev/null', os.O_RDONLY))
+except OSError:
+    pass
+print(time.monotonic(), flush=True)  # when it failed with EMFILE
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@dataclass
+class Figures:
+    shown_after_s: dict[str, float | None] = field(default_factory=dict)  # failing program -> seconds until on screen
+    rss_mb: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, top's RSS)
+    quit_s: float | None = None
+    processes_started: int = 0
+
+
+def build_fork_loop(folder: Path) -> Path:
+    source = folder / "forkloop.c"
+    source.write_text(FORK_LOOP)
+    binary = folder / "fdt-forkloop"
+    subprocess.run(["cc", "-O2", "-o", str(binary), str(source)], check=True, capture_output=True)
+    return binary
+
+
+def screen(session: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def processes_started() -> int:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("processes "):
+            return int(line.split()[1])
+    return 0
+
+
+def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0, timeout_s: float = 2.0,
+        size: tuple[int, int] = (220, 60)) -> Figures:
+    """Start top in tmux, the load, then ``programs`` failing programs ``gap_s`` apart; each is
+    watched for ``timeout_s`` after its failure (a figure of None: not shown in that time)."""
+    folder = Path(tempfile.mkdtemp(prefix="fdtrace-incident-"))
+    session = f"fdt-incident-{os.getpid()}"
+    figures = Figures()
+    load: list[subprocess.Popen[bytes]] = []
+    try:
+        fork_loop = build_fork_loop(folder)
+        pid_file = folder / "top.pid"
+        command = f"echo $$ > {pid_file}; exec {fdtrace} top"
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]),
+                        "bash", "-c", command], check=True)
+        deadline = time.monotonic() + 180
+        while "events/s" not in screen(session):  # attached and drawn
+            assert time.monotonic() < deadline, f"top did not start: {screen(session)}"
+            time.sleep(0.2)
+        top_pid = int(pid_file.read_text())
+        started, begun = time.monotonic(), processes_started()
+        load += [subprocess.Popen([str(fork_loop)]) for _ in range(2)]
+        load.append(subprocess.Popen([sys.executable, "-S", "-c", FLOOD]))
+        for index in range(programs):
+            name = f"emfile-{index}"
+            failing = subprocess.Popen(["prlimit", "--nofile=40:40", sys.executable, "-S", "-c", FAILING, name,
+                                        str(hold_s)], stdout=subprocess.PIPE, text=True)
+            assert failing.stdout is not None
+            failed_at = float(failing.stdout.readline())
+            shown = None
+            while time.monotonic() - failed_at < timeout_s:
+                if name in screen(session):
+                    shown = time.monotonic() - failed_at
+                    break
+                time.sleep(0.05)
+            figures.shown_after_s[name] = shown
+            figures.rss_mb.append((time.monotonic() - started, rss_mb(top_pid)))
+            failing.wait(timeout=hold_s + 30)
+            while time.monotonic() - failed_at < gap_s:
+                time.sleep(0.2)
+        figures.processes_started = processes_started() - begun
+        figures.rss_mb.append((time.monotonic() - started, rss_mb(top_pid)))
+        asked = time.monotonic()
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        while Path(f"/proc/{top_pid}").exists() and time.monotonic() - asked < 30:
+            time.sleep(0.05)
+        figures.quit_s = time.monotonic() - asked
+    finally:
+        for proc in load:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    return figures
