@@ -42,15 +42,25 @@ print(refused, flush=True)
 """
 
 CHURN = NAME.replace("NAME", f"churn-{TAG}") + """
-import socket, sys, time
-end = time.monotonic() + float(sys.argv[1])
+import os, socket, sys
 calls = 0
-while time.monotonic() < end:
+while not os.path.exists(sys.argv[1]):  # until the test has seen the ring turn over
     for _ in range(200):
         socket.socket().close()
     calls += 200
 print(calls, flush=True)
 """
+
+
+def written_bytes(out: Path, seen: dict[str, int]) -> int:
+    """The bytes of every part file seen so far (a file rotated out before it was seen is not
+    counted: the figure only falls short of what was written)."""
+    for path in out.glob("*/host=*/part-*.parquet"):
+        try:
+            seen.setdefault(str(path), path.stat().st_size)
+        except FileNotFoundError:
+            continue
+    return sum(seen.values())
 
 
 def flushes(out: Path, past: int) -> int:
@@ -77,15 +87,23 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         burst = subprocess.run(["prlimit", "--nofile=32:32", sys.executable, "-c", BURST], capture_output=True,
                                text=True, timeout=60, check=True)
         time.sleep(1.0)  # past the burst's window (--keep-after 0.5): the churn is only the ring's
-        churn = subprocess.run([sys.executable, "-c", CHURN, "8"], capture_output=True, text=True, timeout=60,
-                               check=True)
+        # churn until the ring has turned over more than four times (on a busy machine that takes
+        # longer than on an idle one: the count of bytes decides, not a time)
+        stop = out.parent / "stop-churn"
+        churning = subprocess.Popen([sys.executable, "-c", CHURN, str(stop)], stdout=subprocess.PIPE, text=True)
+        seen: dict[str, int] = {}
+        deadline = time.monotonic() + 180
+        while written_bytes(out, seen) < 5 * (MAX_SIZE + KEEP_INCIDENTS) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.touch()
+        churn_calls, _ = churning.communicate(timeout=60)
         # two more flushes: the newest files (kept whatever their size) hold no churn
         flushes(out, past=flushes(out, past=0) + 1)
     finally:
         recorder.send_signal(signal.SIGINT)
         _, said = recorder.communicate(timeout=60)
     assert recorder.returncode == 0, said
-    return {"out": out, "refused": int(burst.stdout), "churn": int(churn.stdout)}
+    return {"out": out, "refused": int(burst.stdout), "churn": int(churn_calls)}
 
 
 def test_every_failure_of_the_burst_outlives_the_ring_turning_over(ring: dict[str, object]) -> None:
