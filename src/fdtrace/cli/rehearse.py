@@ -180,8 +180,11 @@ def _pipeline(watch: TargetWatch, interval_s: float, output: str | None) -> Pipe
         from fdtrace.sinks.parquet import ParquetSink
 
         sinks.append(ParquetSink(Path(output), sys.argv))
+    # No stats connection of fdtrace's to the target: it would be counted among the descriptors the
+    # rehearsal measures (one more, now and then) and could cost a full target an accept.
     source = LiveSource(LiveOptions(exiting=True, keep_exited=16, interval_s=interval_s, top_processes=0,
-                                    trace=TraceOptions(pids=pids)), sampler=TargetSampler(pids))
+                                    trace=TraceOptions(pids=pids), find_haproxy_sockets=False),
+                        sampler=TargetSampler(pids))
     pipeline = Pipeline(source, sinks)
     with StartupProgress() as progress:
         source.on_stage = progress.stage

@@ -44,6 +44,9 @@ class LiveOptions:
         top_processes: each round samples the processes with events plus this many with the most FDs.
         cmdline: samples carry command lines.
         haproxy_sockets: stats sockets sampled each round.
+        find_haproxy_sockets: whether the stats sockets the configurations of the haproxys sampled
+            name are asked too (``rehearse`` does not: its own connection would be one of the
+            descriptors it measures, and could cost a target at its limit an accept).
         live_phases: read the phase state files of jobs under `fdtrace run` (the live view).
         keep_exited: exited processes whose final counters are kept (for --totals).
         exiting: the process ends when the source stops (a command): the slow detaching of the
@@ -64,6 +67,7 @@ class LiveOptions:
     top_processes: int = 20
     cmdline: bool = False
     haproxy_sockets: tuple[str, ...] = ()
+    find_haproxy_sockets: bool = True
     live_phases: bool = False
     keep_exited: int = 100_000
     exiting: bool = False
@@ -82,8 +86,10 @@ class LiveSource:
         self.sampler = sampler or ProcSampler(cmdline=self.options.cmdline)
         # Stats sockets asked for, and those the configurations of the haproxys sampled name.
         self.haproxy = (HaproxySampler(list(self.options.haproxy_sockets), interval_s=self.options.interval_s)
-                        if self.options.haproxy_sockets or self.options.sample else None)
-        self._haproxy_watch = HaproxyWatch(ProcFS(), self.haproxy) if self.options.sample else None
+                        if self.options.haproxy_sockets or (self.options.sample and self.options.find_haproxy_sockets)
+                        else None)
+        self._haproxy_watch = (HaproxyWatch(ProcFS(), self.haproxy)
+                               if self.options.sample and self.options.find_haproxy_sockets else None)
         self.phases = phases or (LivePhases() if self.options.live_phases else None)
         self._procfs = ProcFS()
         self._blocked_code = BlockedCode()  # the census's code of blocked threads
