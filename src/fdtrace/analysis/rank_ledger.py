@@ -4,8 +4,8 @@ A rank is a process the phases table names (``fdtrace run --record``). Its socke
 through its own events (socket, accept, connect, close: each descriptor's maker, thread, peer and
 port); every other descriptor (files,
 pipes, eventfds, ...) is what its /proc samples counted beside its sockets. The moment is the
-rank's sample with the most descriptors (its sockets are followed to that sample's time), or,
-without samples, when it held the most sockets. Owners:
+rank's last sample with the most descriptors (its sockets are followed to that sample's time),
+or, without samples, when it held the most sockets. Owners:
 
 - ``store_server``: connections the rendezvous store accepted, on the rank that hosts it (its
   accepting thread is TCPStore's, ``pt_tcpstore*``);
@@ -18,7 +18,10 @@ without samples, when it held the most sockets. Owners:
   collective group's listening sockets);
 - ``other_sockets``: every other socket (Unix sockets, connections made outside the groups);
 - ``files_pipes``: descriptors that are no socket (files, pipes, eventfds, epoll): fdtrace traces
-  their failures only, so they are counted, not split.
+  their failures only, so they are counted, not split. A descriptor open between two samples only
+  (a file an import reads) shows by its number in the rank's close calls: the kernel gives the
+  lowest free number, so every one below it was open then; that moment is the peak when it passes
+  the samples'.
 """
 
 from __future__ import annotations
@@ -229,8 +232,23 @@ def _ledger_of(job: pd.DataFrame, events: pd.DataFrame, samples: pd.DataFrame, p
     for row in job.sort_values("rank").itertuples():
         evs = mine[mine["pid"] == row.pid].sort_values("ts_ns", kind="stable")
         own = samples[(samples["pid"] == row.pid) & (samples["host"] == host)]
-        top = own.sort_values(["open_fds", "ts_ns"], ascending=[False, True]).iloc[0] if len(own) else None
-        sockets, connects = _open_at_peak(evs, None if top is None else int(top["ts_ns"]))
+        # The last sample at the most descriptors: a round's time is taken before /proc is read, so the
+        # first such sample may come just before the calls that made them (a rank still in init).
+        top = own.sort_values(["open_fds", "ts_ns"], ascending=[False, False]).iloc[0] if len(own) else None
+        at_ns = None if top is None else int(top["ts_ns"])
+        # A descriptor opened and closed between two samples (a file an import reads, a checkpoint
+        # written) is a peak the samples miss; its number says it: the kernel gives the lowest free
+        # one, so all below it were open then.
+        numbered = evs[evs["kind"].isin(["socket", "accept", "close"]) & (evs["errno"] == "") & evs["fd"].notna()]
+        highest = None
+        if len(numbered):
+            index = numbered["fd"].astype("int64").idxmax()
+            highest = int(numbered.at[index, "fd"]) + 1
+            if top is not None and highest > int(top["open_fds"]):
+                at_ns = int(numbered.at[index, "ts_ns"])
+            else:
+                highest = None
+        sockets, connects = _open_at_peak(evs, at_ns)
         counted: dict[tuple[str, str, str | None, str], int] = {}
         # Without the store's port (a recording without peers): TCPStore's client connects first.
         first_client = None if store_port is not None else min(
@@ -248,8 +266,8 @@ def _ledger_of(job: pd.DataFrame, events: pd.DataFrame, samples: pd.DataFrame, p
             key = (owner, sock["side"], phase, sock["thread"])
             counted[key] = counted.get(key, 0) + 1
         if top is not None:
-            peak_fds = int(top["open_fds"])
-            seen_sockets = int(top["sockets"]) if pd.notna(top["sockets"]) else len(sockets)
+            peak_fds = int(top["open_fds"]) if highest is None else highest
+            seen_sockets = int(top["sockets"]) if pd.notna(top["sockets"]) and highest is None else len(sockets)
             non_sockets = max(peak_fds - seen_sockets, 0)
             threads = int(own["threads"].max())
             soft = own["fd_soft_limit"].dropna()
