@@ -115,7 +115,7 @@ def _jobs(ranks: pd.DataFrame) -> list[pd.DataFrame]:
             end = row["init_end"] if end is None else max(end, row["init_end"])
         if group:
             jobs.append(same.loc[group])
-    return jobs
+    return sorted(jobs, key=lambda job: int(job["init_start"].min()))  # in the order they ran
 
 
 def _innermost(phases: pd.DataFrame, pid: int, ts: int) -> str | None:
