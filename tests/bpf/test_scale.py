@@ -172,6 +172,7 @@ def test_scale_projects_a_real_six_rank_run_and_a_max_world_the_limit_allows(run
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(real) == 6, real
     projected = sorted((r["fds"] for r in projection["ranks"]), reverse=True)
+    print(f"6 ranks: projected {projected}, /proc {real}")  # the figures docs/scale.md gives (pytest -rA)
     for mine, truth in zip(projected, real, strict=True):
         assert abs(mine - truth) <= max(2, 0.1 * truth), (projected, real)
     first, max_world = projection["first_limit"], projection["max_world"]
@@ -179,6 +180,7 @@ def test_scale_projects_a_real_six_rank_run_and_a_max_world_the_limit_allows(run
     assert max_world > 6
     result, real = _real_peaks(runs, max_world)
     assert result.returncode == 0, result.stderr[-3000:]
+    print(f"max_world {max_world}: /proc {real}")
     assert len(real) == max_world and max(real) <= LIMIT, real
 
 

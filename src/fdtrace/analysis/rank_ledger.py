@@ -4,8 +4,9 @@ A rank is a process the phases table names (``fdtrace run --record``). Its socke
 through its own events (socket, accept, connect, close: each descriptor's maker, thread, peer and
 port); every other descriptor (files,
 pipes, eventfds, ...) is what its /proc samples counted beside its sockets. The moment is the
-rank's sample with the most descriptors (its sockets are followed to that sample's time), or,
-without samples, when it held the most sockets. Owners:
+rank's last sample with the most sockets (its sockets are followed to that sample's time), or,
+where no sample saw its sockets, when its calls held the most of them (its other descriptors are
+then the peak less those sockets). Owners:
 
 - ``store_server``: connections the rendezvous store accepted, on the rank that hosts it (its
   accepting thread is TCPStore's, ``pt_tcpstore*``);
@@ -18,7 +19,10 @@ without samples, when it held the most sockets. Owners:
   collective group's listening sockets);
 - ``other_sockets``: every other socket (Unix sockets, connections made outside the groups);
 - ``files_pipes``: descriptors that are no socket (files, pipes, eventfds, epoll): fdtrace traces
-  their failures only, so they are counted, not split.
+  their failures only, so they are counted, not split. The peak above that moment counts here too:
+  the samples' most, or a descriptor open between two samples only (a file an import reads) that
+  shows by its number in the rank's calls: the kernel gives the lowest free number, so every one
+  below it was open then.
 """
 
 from __future__ import annotations
@@ -112,7 +116,7 @@ def _jobs(ranks: pd.DataFrame) -> list[pd.DataFrame]:
             end = row["init_end"] if end is None else max(end, row["init_end"])
         if group:
             jobs.append(same.loc[group])
-    return jobs
+    return sorted(jobs, key=lambda job: int(job["init_start"].min()))  # in the order they ran
 
 
 def _innermost(phases: pd.DataFrame, pid: int, ts: int) -> str | None:
@@ -229,8 +233,19 @@ def _ledger_of(job: pd.DataFrame, events: pd.DataFrame, samples: pd.DataFrame, p
     for row in job.sort_values("rank").itertuples():
         evs = mine[mine["pid"] == row.pid].sort_values("ts_ns", kind="stable")
         own = samples[(samples["pid"] == row.pid) & (samples["host"] == host)]
-        top = own.sort_values(["open_fds", "ts_ns"], ascending=[False, True]).iloc[0] if len(own) else None
-        sockets, connects = _open_at_peak(evs, None if top is None else int(top["ts_ns"]))
+        # The moment: the last sample with the most sockets (a round's time is taken before /proc is
+        # read, so a rank's first such sample may precede the calls that made them: one still in init).
+        # Without a sample that saw its sockets (the recorder's rounds can stall on a busy host), the
+        # moment is when its calls held the most sockets.
+        saw = own[own["sockets"].fillna(0) > 0]
+        top = saw.sort_values(["sockets", "ts_ns"], ascending=False).iloc[0] if len(saw) else None
+        at_ns = None if top is None else int(top["ts_ns"])
+        # The peak: the samples' most, or more where a descriptor was open between two samples only
+        # (a file an import reads): the kernel gives the lowest free number, so all below the
+        # highest number the rank's calls name were open then.
+        numbered = evs[evs["kind"].isin(["socket", "accept", "close"]) & (evs["errno"] == "") & evs["fd"].notna()]
+        highest = int(numbered["fd"].astype("int64").max()) + 1 if len(numbered) else 0
+        sockets, connects = _open_at_peak(evs, at_ns)
         counted: dict[tuple[str, str, str | None, str], int] = {}
         # Without the store's port (a recording without peers): TCPStore's client connects first.
         first_client = None if store_port is not None else min(
@@ -247,16 +262,17 @@ def _ledger_of(job: pd.DataFrame, events: pd.DataFrame, samples: pd.DataFrame, p
                              sock["tid"] in store_tids)
             key = (owner, sock["side"], phase, sock["thread"])
             counted[key] = counted.get(key, 0) + 1
+        peak_fds = max(int(own["open_fds"].max()) if len(own) else 0, highest)
         if top is not None:
-            peak_fds = int(top["open_fds"])
-            seen_sockets = int(top["sockets"]) if pd.notna(top["sockets"]) else len(sockets)
-            non_sockets = max(peak_fds - seen_sockets, 0)
-            threads = int(own["threads"].max())
-            soft = own["fd_soft_limit"].dropna()
-            fd_limit = int(soft.min()) if len(soft) else None
+            seen_sockets = int(top["sockets"])
+            # files and pipes: beside the sockets then, and what the peak holds above that moment
+            non_sockets = max(int(top["open_fds"]) - seen_sockets, 0) + max(peak_fds - int(top["open_fds"]), 0)
             unseen = max(seen_sockets - len(sockets), 0)  # sockets from before tracing, or lost events
         else:
-            non_sockets, threads, fd_limit, unseen, peak_fds = 0, 0, None, 0, 0
+            non_sockets, unseen = max(peak_fds - len(sockets), 0), 0
+        threads = int(own["threads"].max()) if len(own) else 0
+        soft = own["fd_soft_limit"].dropna()
+        fd_limit = int(soft.min()) if len(soft) else None
         if unseen:
             counted[("other_sockets", "unseen", None, "")] = unseen
         counted[("files_pipes", "", None, "")] = non_sockets
