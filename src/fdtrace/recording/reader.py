@@ -109,6 +109,13 @@ COLUMN_BUDGET = {"cmdline": 8 << 10}
 FIXED_BUDGET = 64
 #: What any column chunk may take beyond its rows' budget.
 CHUNK_SLACK = 1 << 20
+#: What one value of a row takes once decoded, at most, counting the copies the upgrade and the
+#: checks make (8 bytes a value, twice); text beyond it is bounded by ROW_BUDGET. A part whose rows
+#: (its footer counts them) times its columns times this would not fit in the memory this process
+#: may still use is not decoded: the command stops in one line (``check_memory``).
+DECODED_BYTES_PER_VALUE = 16
+#: Seconds the memory this process may use (``procfs.memory.memory_allowed``) is read again after.
+MEMORY_FIGURE_S = 2.0
 #: Times (``time``, ``ts_ns``) outside [0, this) ns are impossible: before 1970 or after 2116.
 TIME_LIMIT = 1 << 62
 #: Any other integer of magnitude this or more is impossible (no count, size or id gets there).
@@ -545,15 +552,53 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
     return data
 
 
+_allowed: list[tuple[float, int | None]] = []
+
+
+def _memory_allowed() -> int | None:
+    """``memory_allowed()``, read again at most every MEMORY_FIGURE_S."""
+    from fdtrace.procfs.memory import memory_allowed
+
+    now = time.monotonic()
+    if not _allowed or now - _allowed[0][0] > MEMORY_FIGURE_S:
+        _allowed[:] = [(now, memory_allowed())]
+    return _allowed[0][1]
+
+
+def _size(count: float) -> str:
+    return f"{count / (1 << 30):,.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):,.0f} MiB"
+
+
+def check_memory(part: Part, columns: int) -> None:
+    """Refuse to decode a part whose rows, as its footer counts them, would not fit in the memory
+    this process may still use (the lowest of its memory cgroup's limit and MemAvailable, less
+    what it holds now): a planted part of millions of copies of one row takes a few hundred KB on
+    disk and gigabytes decoded. Raises FdtraceError (one line)."""
+    from fdtrace.procfs.memory import resident_bytes
+
+    need = part.rows * max(columns, 1) * DECODED_BYTES_PER_VALUE
+    allowed = _memory_allowed()
+    if allowed is None or need < CHUNK_SLACK:
+        return
+    held = resident_bytes() or 0
+    if held + need > allowed:
+        raise FdtraceError(f"{part.path}: its footer counts {part.rows:,} rows, about {_size(need)} to decode, more "
+                           f"than the {_size(max(allowed - held, 0))} this process may still use (its memory cgroup's "
+                           f"limit or MemAvailable, {_size(allowed)}): not read (a damaged or planted file, or one "
+                           "to read on a machine with more memory)")
+
+
 def read_part(part: Part, table: str, version: int, columns: list[str] | None, notes: list[str]) -> Any:
     """The rows of one opened part, in the current declaration of ``table`` (the one upgrade
     step), bounded and checked (see the module's doc); what was left out or cut is named in
-    ``notes``. Raises OSError or ValueError (pyarrow's errors among them) when it cannot be read."""
+    ``notes``. Raises OSError or ValueError (pyarrow's errors among them) when it cannot be read,
+    FdtraceError when its rows would not fit in memory (``check_memory``)."""
     import pyarrow as pa
 
     present = set(part.schema.names)
     names = list(columns) if columns is not None else list(TABLES_DECLARED[table].columns)
     wanted = [c for c in stored_names(table, names, version) if c in present]
+    check_memory(part, len(wanted))
     try:
         data = _read_columns(part, table, list(dict.fromkeys(wanted)), notes)
         data = data.replace_schema_metadata(None)  # a planted 'pandas' key is never parsed
