@@ -105,8 +105,9 @@ def test_pandas_asked_for_is_refused_in_one_line(bomb: tuple[Path, Path], cgroup
     seconds, result = timed("info", str(recording), "--engine", "pandas", procs=cgroup)
     line = damage.one_line_error(result)  # type: ignore[arg-type]
     samples = sum(pq.read_metadata(p).num_rows for p in damage.parts(recording, "samples"))
-    assert line.startswith(f"fdtrace: error: the recording's part files count {ROWS + others(part) + samples:,} rows of events and "
-                           "samples, about "), line
+    rows = ROWS + others(part) + samples
+    assert line.startswith(f"fdtrace: error: the recording's part files count {rows:,} rows of events and samples, "
+                           "about "), line
     assert "this process may use (its memory cgroup's limit or MemAvailable): give --engine duckdb" in line
     assert seconds < SECONDS
 
