@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fdtrace.errors import FdtraceError
 from fdtrace.display import shown
+from fdtrace.errors import FdtraceError
 from fdtrace.recording.layout import TABLES, UNBOUNDED, host_dir, lock_path, part_name, part_names, part_range
 from fdtrace.recording.upgrade import stored_names, upgrade
 from fdtrace.safe_files import read_regular
@@ -624,7 +624,7 @@ def check_memory(part: Part, columns: int) -> None:
 
 
 #: The errno names a kernel's errors have (and "" for none): any other value is shown as "errno N".
-KNOWN_ERRNOS = frozenset({"", *__import__("errno").errorcode.values()})
+KNOWN_ERRNOS = frozenset({"", *errno.errorcode.values()})
 _ERRNO_NUMBER = re.compile(r"E?(\d{1,4})")
 
 
@@ -648,12 +648,12 @@ def unknown_enums(part: Part) -> str:
     present = [name for name in ("kind", "errno") if name in part.schema.names]
     if not present:
         return ""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     kinds = _kinds()
     for batch in part.parquet.iter_batches(batch_size=1 << 20, columns=present):
         for name in present:
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
             values = pc.unique(batch.column(name).cast(pa.string())).to_pylist()
             known = kinds if name == "kind" else KNOWN_ERRNOS
             if any(value is not None and value not in known for value in values):
