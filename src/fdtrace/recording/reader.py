@@ -535,6 +535,7 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
         notes.append(f"{path}: {_plural(sum(cut.values()), 'value')} longer than {MAX_TEXT} characters cut to them ("
                      + ", ".join(f"{name} {n:,}" for name, n in sorted(cut.items())) + ")")
     keep = None
+    out_of_range: set[str] = set()
     dropped: dict[str, int] = {}
     impossible: dict[str, int] = {}
     for spec in declared.fields:
@@ -556,6 +557,7 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
             bad = pc.fill_null(bad, False) if bad is not None else None
         missing = pc.is_null(column) if not spec.nullable else None
         if bad is not None and pc.any(bad).as_py():
+            out_of_range.add(spec.name)
             if spec.nullable and (table, spec.name) not in MISSING_MEANS:
                 impossible[spec.name] = int(pc.sum(bad).as_py())
                 data = data.set_column(data.column_names.index(spec.name), spec.name,
@@ -568,11 +570,11 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
     if keep is not None:
         before = data.num_rows
         data = data.filter(keep)
-        checked = set(TIME_COLUMNS) | {name for t, name in PLAUSIBLE if t == table}
+        checked = set(TIME_COLUMNS) | {name for name in out_of_range if (table, name) in PLAUSIBLE}
         reasons = ", ".join(f"{name} {'missing or impossible' if name in checked else 'missing'} ({n:,})"
                             for name, n in sorted(dropped.items()))
         when = "; times must be from 1970 to 2116" if any(name in TIME_COLUMNS for name in dropped) else ""
-        ranges = sorted(name for name in dropped if (table, name) in PLAUSIBLE)
+        ranges = sorted(name for name in dropped if (table, name) in PLAUSIBLE and name in out_of_range)
         if ranges:
             when += "; " + ", ".join(f"{name} from {PLAUSIBLE[table, name][0]:,} to {PLAUSIBLE[table, name][1]:,}"
                                      for name in ranges)
@@ -652,12 +654,15 @@ def unknown_enums(part: Part) -> str:
     import pyarrow.compute as pc
 
     kinds = _kinds()
-    for batch in part.parquet.iter_batches(batch_size=1 << 20, columns=present):
-        for name in present:
-            values = pc.unique(batch.column(name).cast(pa.string())).to_pylist()
-            known = kinds if name == "kind" else KNOWN_ERRNOS
-            if any(value is not None and value not in known for value in values):
-                return f"its {name} holds values fdtrace does not know"
+    try:
+        for batch in part.parquet.iter_batches(batch_size=1 << 20, columns=present):
+            for name in present:
+                values = pc.unique(batch.column(name).cast(pa.string())).to_pylist()
+                known = kinds if name == "kind" else KNOWN_ERRNOS
+                if any(value is not None and value not in known for value in values):
+                    return f"its {name} holds values fdtrace does not know"
+    except (OSError, ValueError, pa.ArrowException):
+        return "its kind or errno cannot be read"  # its reader says why
     return ""
 
 
