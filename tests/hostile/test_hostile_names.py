@@ -166,7 +166,9 @@ def test_the_markdown_report_holds_no_tag_and_no_control(seen: dict[str, Any], t
     html = tmp_path / "report.html"
     assert subprocess.run([FDTRACE, "report", str(seen["recording"]), "-o", str(html)], capture_output=True,
                           timeout=300).returncode == 0
-    assert "<svg onload" not in html.read_text()
+    page = html.read_text()
+    assert "<svg onload" not in page
+    no_control_of_theirs(page)  # escapes made visible and HTML-escaped (issue 37 O)
 
 
 def test_the_live_view_over_the_recording_shows_the_names_as_escapes(seen: dict[str, Any]) -> None:

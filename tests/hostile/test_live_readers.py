@@ -41,6 +41,18 @@ def fixture_events() -> list[pa.Table]:
     return [upgrade("events", pq.read_table(part), 1) for part in damage.parts(damage.EMFILE)]
 
 
+def later(events: pa.Table, flushes: int) -> pa.Table:
+    """Events moved ``flushes`` x 10 s later, as a recorder's next flushes would be (the same rows
+    at the same times twice are one part copied, which readers read once)."""
+    shift = flushes * 10_000_000_000
+    time_index = events.schema.get_field_index("time")
+    events = events.set_column(time_index, events.schema.field(time_index), pa.array(
+        [t + shift for t in events["time"].cast(pa.int64()).to_pylist()], pa.int64()).cast(events["time"].type))
+    ts_index = events.schema.get_field_index("ts_ns")
+    return events.set_column(ts_index, events.schema.field(ts_index),
+                             pa.array([t + shift for t in events["ts_ns"].to_pylist()], events["ts_ns"].type))
+
+
 @pytest.fixture
 def writer(tmp_path: Path) -> Iterator[RecordingWriter]:
     """A recorder's writer that has flushed every events part of the fixture, unmerged."""
@@ -128,7 +140,7 @@ def test_info_while_the_recorder_flushes_and_merges(tmp_path: Path) -> None:
     def record() -> None:
         flushes = 0
         while not stop.is_set() and flushes < MAX_FLUSHES:
-            writer.add("events", events[flushes % len(events)])
+            writer.add("events", later(events[flushes % len(events)], flushes))
             writer.flush()
             flushes += 1
             if flushes % 3 == 0:

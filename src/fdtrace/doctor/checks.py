@@ -469,14 +469,17 @@ class Doctor:
             status = Status.FAIL if limit is not None and need > limit else Status.OK
             fits = shape.maxconn_for(limit) if limit is not None else None
             raise_to = recommended.removeprefix(">= ") or str(with_margin(need))
+            smaller = f"or keep the limit and set maxconn {fits} in {config.path}" if fits is not None and \
+                fits > 0 else f"no maxconn fits in {limit}: its threads and listeners alone need more"
             checks.append(Check(
                 scope, "haproxy maxconn vs FD limit", status,
                 f"maxconn {maxconn} needs {need} FDs as HAProxy counts them (Maxsock: {shape.maxsock_sum(maxconn)}; "
                 f"the listeners: {config.listeners} bound, {len(config.stats_sockets)} stats socket"
                 f"{'s' if len(config.stats_sockets) != 1 else ''}); "
                 f"the process may open {limit if limit is not None else 'unlimited'}",
-                f"FD limit >= {raise_to} (RLIMIT_NOFILE soft, above), or maxconn <= {fits}" if status else "",
-                f"or keep the limit and set maxconn {fits} in {config.path}" if status else ""))
+                f"FD limit >= {raise_to} (RLIMIT_NOFILE soft, above)" + (f", or maxconn <= {fits}" if fits is not None
+                                                                        and fits > 0 else "") if status else "",
+                smaller if status else ""))
         if config.ulimit_n is not None and soft is not None and config.ulimit_n != soft:
             checks.append(Check(scope, "haproxy ulimit-n", Status.WARN,
                                 f"config says {config.ulimit_n}, the process has {soft}",

@@ -78,14 +78,38 @@ def read_bounded(path: Path, limit: int = MAX_CONFIG_BYTES) -> str:
     return read_regular(path.resolve(), limit).decode(errors="replace")
 
 
+#: The largest number of descriptors a process can have (fs.nr_open's ceiling on 64-bit Linux).
+NR_OPEN_MAX = 2_147_483_584
+#: What each setting may be, as [low, high]: a value outside is no setting HAProxy runs with (it
+#: refuses it, or it overflows its int), and advice made from it would be absurd ("sysctl -w
+#: fs.nr_open=2399...", "set maxconn -150130569"). Each connection takes two descriptors, so a
+#: maxconn above half the largest table cannot be served; HAProxy builds 4,096 threads at most.
+SANE_RANGES = {"maxconn": (1, NR_OPEN_MAX // 4), "ulimit-n": (1, NR_OPEN_MAX), "nbthread": (1, 4096),
+               # show info's fields
+               "Maxconn": (1, NR_OPEN_MAX // 4), "Ulimit-n": (1, NR_OPEN_MAX), "Maxsock": (1, NR_OPEN_MAX)}
+
+
+#: More listening sockets than bind lines can name in any configuration (each holds a descriptor).
+MAX_LISTENERS = 1 << 20
+
+
 def _number(words: list[str], config: HaproxyConfig, file: Path) -> int | None:
+    """A global setting's number, range-checked before anything is computed from it: one that is
+    no number, or outside ``SANE_RANGES``, is a problem named (its value is not shown: the file
+    may hold what its reader should not see) and not used."""
     if len(words) < 2:
         return None
     try:
-        return int(words[1])
-    except ValueError:  # its value is not shown: the file may hold what its reader should not see
+        value = int(words[1])
+    except ValueError:
         config.problems.append(f"{file}: {words[0]} is not a number")
         return None
+    low, high = SANE_RANGES.get(words[0], (0, NR_OPEN_MAX))
+    if not low <= value <= high:
+        config.problems.append(f"{file}: {words[0]} is outside {low:,} to {high:,}, no value HAProxy runs with: "
+                               "not used")
+        return None
+    return value
 
 
 def parse_config(path: Path) -> HaproxyConfig:
@@ -134,6 +158,10 @@ def parse_config_texts(path: Path, texts: list[tuple[Path, str]]) -> HaproxyConf
                 config.strict_limits = False
             elif words[:2] == ["stats", "socket"] and len(words) > 2:
                 config.stats_sockets.append(words[2])
+    if config.listeners > MAX_LISTENERS:
+        config.problems.append(f"{path}: its bind lines name more than {MAX_LISTENERS:,} listening sockets, no "
+                               "configuration HAProxy runs with: not counted")
+        config.listeners = 0
     return config
 
 
@@ -429,9 +457,13 @@ def show_info(socket_path: str, timeout: float = 1.0, limit: int = MAX_ANSWER_BY
 
 
 def info_number(info: dict[str, str], name: str) -> int | None:
-    """A numeric field of `show info`, None when it is missing or not a number."""
+    """A numeric field of `show info`, None when it is missing, not a number, or outside what
+    HAProxy can say (``SANE_RANGES``; a socket anyone can answer on)."""
     value = info.get(name, "")
-    return int(value) if value.isdigit() else None
+    if not value.isdigit() or len(value) > 20:
+        return None
+    low, high = SANE_RANGES.get(name, (0, 1 << 62))
+    return int(value) if low <= int(value) <= high else None
 
 
 #: The longest wait between two tries of a stats socket that does not answer.

@@ -102,3 +102,33 @@ def meminfo_kb(text: str | None) -> dict[str, int | None]:
         if column and words and words[0].isdigit():
             found[column] = int(words[0])
     return found
+
+
+def memory_allowed(procfs: ProcFS | None = None, cgroupfs: Path = Path("/sys/fs/cgroup"),
+                   pid: int | None = None) -> int | None:
+    """The memory a process may use, in bytes: the lowest memory cgroup limit over it (its own or
+    an ancestor's, v2 memory.max or v1 memory.limit_in_bytes) and this host's MemAvailable,
+    whichever is lower; None when neither can be read. A process in a cgroup of 512 MiB on a host
+    of 64 GiB may use 512 MiB, not what /proc/meminfo says."""
+    import os
+
+    procfs = procfs or ProcFS()
+    pid = os.getpid() if pid is None else pid
+    found: list[int] = []
+    for folder, v2 in cgroup_ancestry(procfs, cgroupfs, pid, "memory"):
+        limit = _number(_read(folder / ("memory.max" if v2 else "memory.limit_in_bytes")))
+        if limit is not None and limit < UNLIMITED_FROM:
+            found.append(limit)
+    available = meminfo_kb(_read(procfs.root / "meminfo"))["mem_available_kb"]
+    if available is not None:
+        found.append(available * 1024)
+    return min(found) if found else None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (/proc/self/statm), in bytes."""
+    import os
+
+    text = _read(Path("/proc/self/statm"))
+    words = (text or "").split()
+    return int(words[1]) * os.sysconf("SC_PAGE_SIZE") if len(words) > 1 and words[1].isdigit() else None

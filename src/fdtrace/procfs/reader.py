@@ -213,10 +213,10 @@ class ProcFS:
         status = self.status(pid, ("Uid", "Gid", "Groups"))
         try:
             uids = [int(word) for word in status["Uid"].split()[:4]]
-            gid_list = [int(word) for word in status["Gid"].split()[:4]]
-            if len(uids) != 4 or len(gid_list) != 4:
+            gid_list = [int(word) for word in status.get("Gid", "").split()[:4]]
+            if len(uids) != 4 or len(gid_list) not in (0, 4):
                 raise ValueError("not four ids")
-            gids = {gid_list[0]}
+            gids = set(gid_list[:1])
             gids.update(int(gid) for gid in status.get("Groups", "").split())
         except (KeyError, IndexError, ValueError):
             raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, UNBOUNDED, host_dir, lock_path, part_names, part_range
+from fdtrace.recording.layout import TABLES, UNBOUNDED, host_dir, lock_path, part_name, part_names, part_range
 from fdtrace.recording.upgrade import stored_names, upgrade
 from fdtrace.safe_files import read_regular
 from fdtrace.schema import COUNTERS, META_FIELDS, SCHEMA_VERSION, STATS, VERSIONS
@@ -109,6 +110,13 @@ COLUMN_BUDGET = {"cmdline": 8 << 10}
 FIXED_BUDGET = 64
 #: What any column chunk may take beyond its rows' budget.
 CHUNK_SLACK = 1 << 20
+#: What one value of a row takes once decoded, at most, counting the copies the upgrade and the
+#: checks make (8 bytes a value, twice); text beyond it is bounded by ROW_BUDGET. A part whose rows
+#: (its footer counts them) times its columns times this would not fit in the memory this process
+#: may still use is not decoded: the command stops in one line (``check_memory``).
+DECODED_BYTES_PER_VALUE = 16
+#: Seconds the memory this process may use (``procfs.memory.memory_allowed``) is read again after.
+MEMORY_FIGURE_S = 2.0
 #: Times (``time``, ``ts_ns``) outside [0, this) ns are impossible: before 1970 or after 2116.
 TIME_LIMIT = 1 << 62
 #: Any other integer of magnitude this or more is impossible (no count, size or id gets there).
@@ -117,6 +125,29 @@ INT_LIMIT = 1 << 62
 NON_NEGATIVE = {"losses": frozenset(STATS) | {f"{name}_total" for name in STATS},
                 "counters": frozenset(COUNTERS)}
 TIME_COLUMNS = ("time", "ts_ns")
+#: The largest pid or tid a kernel gives (PID_MAX_LIMIT).
+PID_MAX = 1 << 22
+#: The largest RLIMIT_NOFILE a kernel accepts (fs.nr_open's ceiling), and so of open descriptors.
+NR_OPEN_MAX = (1 << 31) - 1
+#: More kB than any address space holds (2^57 bytes with 5-level paging).
+KB_MAX = 1 << 47
+#: What a kernel can give, as [low, high], by (table, column): a value outside is impossible and
+#: never reaches an answer (advice made from a soft limit of -1 or 2^62-1, a pid of -1). Only
+#: columns whose footers keep statistics (see ``layout.checked_statistics``), so that an engine
+#: can tell a part is sound without reading it.
+PLAUSIBLE: dict[tuple[str, str], tuple[int, int]] = {
+    ("events", "pid"): (1, PID_MAX), ("events", "tid"): (1, PID_MAX),
+    **{("events", name): (0, KB_MAX) for name in ("total_vm_kb", "anon_rss_kb", "file_rss_kb", "shmem_rss_kb")},
+    ("samples", "pid"): (1, PID_MAX), ("samples", "open_fds"): (0, NR_OPEN_MAX),
+    # a soft limit of 0 leaves a process no descriptor at all: none that fdtrace samples has it
+    ("samples", "fd_soft_limit"): (1, NR_OPEN_MAX), ("samples", "fd_hard_limit"): (1, NR_OPEN_MAX),
+    ("samples", "threads"): (1, PID_MAX), ("samples", "sockets"): (0, NR_OPEN_MAX),
+    **{("samples", name): (0, KB_MAX) for name in ("rss_anon_kb", "rss_file_kb", "rss_shmem_kb")},
+    ("counters", "pid"): (1, PID_MAX),
+}
+#: Columns where a missing value means something (no limit): an impossible one leaves its row out
+#: rather than be read as missing.
+MISSING_MEANS = frozenset({("samples", "fd_soft_limit"), ("samples", "fd_hard_limit")})
 #: How long a reader waits for a host's lock (a writer merging parts) before it lists without it.
 LOCK_WAIT_S = 5.0
 #: How many times one host's parts are listed again when a merge moved a file meanwhile.
@@ -504,6 +535,7 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
         notes.append(f"{path}: {_plural(sum(cut.values()), 'value')} longer than {MAX_TEXT} characters cut to them ("
                      + ", ".join(f"{name} {n:,}" for name, n in sorted(cut.items())) + ")")
     keep = None
+    out_of_range: set[str] = set()
     dropped: dict[str, int] = {}
     impossible: dict[str, int] = {}
     for spec in declared.fields:
@@ -513,7 +545,10 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
         bad = None
         if spec.arrow_type in ("int64", "int32", "int16", "timestamp_utc"):
             numbers = column.cast(pa.int64()) if spec.arrow_type == "timestamp_utc" else column
-            if spec.name in TIME_COLUMNS:
+            plausible = PLAUSIBLE.get((table, spec.name))
+            if plausible is not None:
+                bad = pc.or_(pc.less(numbers, plausible[0]), pc.greater(numbers, plausible[1]))
+            elif spec.name in TIME_COLUMNS:
                 bad = pc.or_(pc.less(numbers, 0), pc.greater_equal(numbers, TIME_LIMIT))
             elif spec.name in NON_NEGATIVE.get(table, ()):
                 bad = pc.or_(pc.less(numbers, 0), pc.greater_equal(numbers, INT_LIMIT))
@@ -522,7 +557,8 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
             bad = pc.fill_null(bad, False) if bad is not None else None
         missing = pc.is_null(column) if not spec.nullable else None
         if bad is not None and pc.any(bad).as_py():
-            if spec.nullable:
+            out_of_range.add(spec.name)
+            if spec.nullable and (table, spec.name) not in MISSING_MEANS:
                 impossible[spec.name] = int(pc.sum(bad).as_py())
                 data = data.set_column(data.column_names.index(spec.name), spec.name,
                                        pc.if_else(bad, pa.scalar(None, column.type), column))
@@ -534,31 +570,151 @@ def _sane(table: str, data: Any, path: Path, notes: list[str]) -> Any:
     if keep is not None:
         before = data.num_rows
         data = data.filter(keep)
-        reasons = ", ".join(f"{name} {'missing or impossible' if name in TIME_COLUMNS else 'missing'} ({n:,})"
+        checked = set(TIME_COLUMNS) | {name for name in out_of_range if (table, name) in PLAUSIBLE}
+        reasons = ", ".join(f"{name} {'missing or impossible' if name in checked else 'missing'} ({n:,})"
                             for name, n in sorted(dropped.items()))
         when = "; times must be from 1970 to 2116" if any(name in TIME_COLUMNS for name in dropped) else ""
+        ranges = sorted(name for name in dropped if (table, name) in PLAUSIBLE and name in out_of_range)
+        if ranges:
+            when += "; " + ", ".join(f"{name} from {PLAUSIBLE[table, name][0]:,} to {PLAUSIBLE[table, name][1]:,}"
+                                     for name in ranges)
         notes.append(f"{path}: {before - data.num_rows:,} of {_plural(before, 'row')} left out ({reasons}{when})")
     if impossible:
+        ranges = sorted(name for name in impossible if (table, name) in PLAUSIBLE)
+        bounds = "".join(f", {name} from {PLAUSIBLE[table, name][0]:,} to {PLAUSIBLE[table, name][1]:,}"
+                         for name in ranges)
         notes.append(f"{path}: {_plural(sum(impossible.values()), 'impossible value')} read as missing ("
                      + ", ".join(f"{name} {n:,}" for name, n in sorted(impossible.items()))
-                     + "; counts cannot be negative, nor any number 2^62 or more)")
+                     + f"; counts cannot be negative, nor any number 2^62 or more{bounds})")
+    return data
+
+
+_allowed: list[tuple[float, int | None]] = []
+
+
+def _memory_allowed() -> int | None:
+    """``memory_allowed()``, read again at most every MEMORY_FIGURE_S."""
+    from fdtrace.procfs.memory import memory_allowed
+
+    now = time.monotonic()
+    if not _allowed or now - _allowed[0][0] > MEMORY_FIGURE_S:
+        _allowed[:] = [(now, memory_allowed())]
+    return _allowed[0][1]
+
+
+def _size(count: float) -> str:
+    return f"{count / (1 << 30):,.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):,.0f} MiB"
+
+
+def check_memory(part: Part, columns: int) -> None:
+    """Refuse to decode a part whose rows, as its footer counts them, would not fit in the memory
+    this process may still use (the lowest of its memory cgroup's limit and MemAvailable, less
+    what it holds now): a planted part of millions of copies of one row takes a few hundred KB on
+    disk and gigabytes decoded. Raises FdtraceError (one line)."""
+    from fdtrace.procfs.memory import resident_bytes
+
+    need = part.rows * max(columns, 1) * DECODED_BYTES_PER_VALUE
+    allowed = _memory_allowed()
+    if allowed is None or need < CHUNK_SLACK:
+        return
+    held = resident_bytes() or 0
+    if held + need > allowed:
+        raise FdtraceError(f"{part.path}: its footer counts {part.rows:,} rows, about {_size(need)} to decode, more "
+                           f"than the {_size(max(allowed - held, 0))} this process may still use (its memory cgroup's "
+                           f"limit or MemAvailable, {_size(allowed)}): not read (a damaged or planted file, or one "
+                           "to read on a machine with more memory)")
+
+
+#: The errno names a kernel's errors have (and "" for none): any other value is shown as "errno N".
+KNOWN_ERRNOS = frozenset({"", *errno.errorcode.values()})
+_ERRNO_NUMBER = re.compile(r"E?(\d{1,4})")
+
+
+def _kinds() -> frozenset[str]:
+    from fdtrace.schema.events import KIND_LABELS
+
+    return frozenset(KIND_LABELS.values())
+
+
+def _errno_shown(value: str) -> str:
+    """How an errno no kernel names is shown: "errno N" (the decoder writes E<N> for a number
+    Python has no name for), "errno ?" when it is no number either."""
+    number = _ERRNO_NUMBER.fullmatch(value)
+    return f"errno {int(number[1])}" if number else "errno ?"
+
+
+def unknown_enums(part: Part) -> str:
+    """Why an events part holds values no engine may read as they are ("" when it does not): a
+    kind fdtrace does not know, or an errno no kernel names. Read column by column, a million
+    rows at a time."""
+    present = [name for name in ("kind", "errno") if name in part.schema.names]
+    if not present:
+        return ""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kinds = _kinds()
+    try:
+        for batch in part.parquet.iter_batches(batch_size=1 << 20, columns=present):
+            for name in present:
+                values = pc.unique(batch.column(name).cast(pa.string())).to_pylist()
+                known = kinds if name == "kind" else KNOWN_ERRNOS
+                if any(value is not None and value not in known for value in values):
+                    return f"its {name} holds values fdtrace does not know"
+    except (OSError, ValueError, pa.ArrowException):
+        return "its kind or errno cannot be read"  # its reader says why
+    return ""
+
+
+def _enums(table: str, data: Any, path: Path, notes: list[str]) -> Any:
+    """An events part's rows with each errno no kernel names shown as "errno N" (counted, never
+    dropped: they are failed calls), and without the rows of a kind fdtrace does not know; each
+    named in one line with its count."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table != "events":
+        return data
+    if "errno" in data.column_names:
+        column = data["errno"]
+        text = column.cast(pa.string())
+        distinct = pc.unique(text)
+        unknown = [v for v in distinct.to_pylist() if v is not None and v not in KNOWN_ERRNOS]
+        if unknown:
+            mapped = pa.array([_errno_shown(v) if v in unknown else v for v in distinct.to_pylist()], pa.string())
+            changed = mapped.take(pc.index_in(text, value_set=distinct))
+            counts = {str(row["values"]): int(row["counts"]) for row in pc.value_counts(text).to_pylist()}
+            data = data.set_column(data.column_names.index("errno"), "errno", changed.cast(column.type))
+            said = ", ".join(f"{_errno_shown(v)} {counts.get(v, 0):,}" for v in sorted(unknown, key=str)[:5])
+            notes.append(f"{path}: {_plural(sum(counts.get(v, 0) for v in unknown), 'call')} with an errno no kernel "
+                         f"names, counted as failed calls and shown by number ({said})")
+    if "kind" in data.column_names:
+        kinds = data["kind"].cast(pa.string())
+        known = pc.is_in(kinds, value_set=pa.array(sorted(_kinds())))
+        if not pc.all(pc.fill_null(known, False)).as_py():
+            before = data.num_rows
+            data = data.filter(pc.fill_null(known, False))
+            notes.append(f"{path}: {before - data.num_rows:,} of {_plural(before, 'row')} left out (a kind fdtrace "
+                         "does not know)")
     return data
 
 
 def read_part(part: Part, table: str, version: int, columns: list[str] | None, notes: list[str]) -> Any:
     """The rows of one opened part, in the current declaration of ``table`` (the one upgrade
     step), bounded and checked (see the module's doc); what was left out or cut is named in
-    ``notes``. Raises OSError or ValueError (pyarrow's errors among them) when it cannot be read."""
+    ``notes``. Raises OSError or ValueError (pyarrow's errors among them) when it cannot be read,
+    FdtraceError when its rows would not fit in memory (``check_memory``)."""
     import pyarrow as pa
 
     present = set(part.schema.names)
     names = list(columns) if columns is not None else list(TABLES_DECLARED[table].columns)
     wanted = [c for c in stored_names(table, names, version) if c in present]
+    check_memory(part, len(wanted))
     try:
         data = _read_columns(part, table, list(dict.fromkeys(wanted)), notes)
         data = data.replace_schema_metadata(None)  # a planted 'pandas' key is never parsed
         data = upgrade(table, data, version, columns)
-        return _sane(table, data, part.path, notes)
+        return _enums(table, _sane(table, data, part.path, notes), part.path, notes)
     except pa.ArrowException as exc:
         raise ValueError(str(exc)) from None
 
@@ -607,7 +763,9 @@ def doubts(part: Part, table: str, version: int) -> str:
             return f"its {name} is {stored[name]}, not {spec.arrow_type}"
         if spec.arrow_type in ("string_list", "errors_list") or str(stored[name]) == "null":
             continue
-        checked_range = spec.arrow_type in ("int64", "timestamp_utc") and spec.name not in UNBOUNDED
+        plausible = PLAUSIBLE.get((table, spec.name))
+        checked_range = (spec.arrow_type in ("int64", "timestamp_utc") and spec.name not in UNBOUNDED) or \
+            plausible is not None
         if spec.nullable and not checked_range:
             continue
         for rows, low, high, nulls in part.statistics(name):
@@ -621,12 +779,14 @@ def doubts(part: Part, table: str, version: int) -> str:
                 return f"its {name} has no statistics"
             floor = 0 if spec.name in TIME_COLUMNS or spec.name in NON_NEGATIVE.get(table, ()) else 1 - INT_LIMIT
             ceiling = TIME_LIMIT if spec.name in TIME_COLUMNS else INT_LIMIT
+            if plausible is not None:
+                floor, ceiling = plausible[0], plausible[1] + 1
             if not floor <= int(low) <= int(high) < ceiling:
                 return f"its {name} holds impossible values"
     big = oversized(part, table, [n for n in stored if n in declared.columns or _current_name(table, n) != n])
     if big:
         return "a column chunk larger than its rows can need"
-    return ""
+    return unknown_enums(part) if table == "events" else ""
 
 
 # The part list of a host
@@ -651,8 +811,13 @@ def _regular_names(folder: Path, skipped: list[str]) -> list[str]:
         skipped.append(f"{folder}: cannot be listed ({_one_line(exc)})")
         return []
     names = []
+    odd = []
     for entry in entries:
-        if part_range(Path(entry.name)) is None:
+        if entry.name.startswith("."):
+            continue  # a writer's file being written (hidden until renamed)
+        covered = part_range(Path(entry.name))
+        if covered is None or part_name(*covered) != entry.name:
+            odd.append(entry.name)
             continue
         try:
             regular = entry.is_file(follow_symlinks=False)
@@ -662,7 +827,57 @@ def _regular_names(folder: Path, skipped: list[str]) -> list[str]:
             names.append(entry.name)
         else:
             skipped.append(f"{folder / entry.name}: not a regular file")
+    if odd:
+        skipped.append(outside_layout(folder, odd))
     return names
+
+
+def outside_layout(folder: Path, names: list[str]) -> str:
+    """The one line that names the files of a table's folder whose names the writer never makes
+    (a part is part-NNNNNN.parquet or part-NNNNNN-NNNNNN.parquet; ``part-3.parquet`` or a copy
+    ``part-000003 (1).parquet`` would otherwise be read as another flush, or hide one)."""
+    shown_names = ", ".join(shown(name) for name in sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+    return (f"{folder}: {_plural(len(names), 'file')} named outside the layout (part-NNNNNN.parquet, "
+            f"part-NNNNNN-NNNNNN.parquet) not read: {shown_names}")
+
+
+def _signature(path: Path) -> tuple[Any, ...] | None:
+    """What no two parts of one table and host share: their rows and the range of their times
+    (from the footer), None when the footer does not say (no rows, or no statistics)."""
+    try:
+        with open_part(path) as part:
+            if not part.rows:
+                return None
+            for name in TIME_COLUMNS:
+                if name in part.schema.names:
+                    ranges = part.statistics(name)
+                    if all(low is not None and high is not None for _, low, high, _ in ranges):
+                        return (part.rows, name, *((low, high) for _, low, high, _ in ranges))
+    except (OSError, ValueError):
+        return None  # unreadable: its reader names it
+    return None
+
+
+def without_copies(folder: Path, names: list[str], notes: list[str]) -> list[str]:
+    """``names`` (the final list of a table's parts of one host, in order) with each part read
+    once: a part holding the same rows at the same times as an earlier one (a copy planted under
+    another flush's name, or a file copied twice) is left out, and all of them are named in one
+    line of ``notes``."""
+    seen: dict[tuple[Any, ...], str] = {}
+    copies: list[str] = []
+    kept = []
+    for name in names:
+        signature = _signature(folder / name)
+        if signature is not None and signature in seen:
+            copies.append(f"{shown(name)} (of {shown(seen[signature])})")
+            continue
+        if signature is not None:
+            seen[signature] = name
+        kept.append(name)
+    if copies:
+        notes.append(f"{folder}: {_plural(len(copies), 'part')} holding the same rows at the same times as another "
+                     f"part, read once: {', '.join(copies[:3])}{', ...' if len(copies) > 3 else ''}")
+    return kept
 
 
 def _believed(folder: Path, names: list[str], skipped: list[str], notes: list[str]) -> list[str]:
@@ -735,13 +950,14 @@ def list_parts(root: Path, table: str, host: str) -> Listing:
             kept = _believed(folder, names, listing.skipped, listing.notes)
         except FileNotFoundError:  # a merge moved a file after the listing: take it again
             continue
-        listing.paths = [folder / name for name in kept]
+        listing.paths = [folder / name for name in without_copies(folder, kept, listing.notes)]
         return listing
     with host_lock(root, host):  # the writer keeps merging: list and check under its lock
         listing = Listing([])
         names = _regular_names(folder, listing.skipped)
         try:
-            listing.paths = [folder / n for n in _believed(folder, names, listing.skipped, listing.notes)]
+            kept = _believed(folder, names, listing.skipped, listing.notes)
+            listing.paths = [folder / n for n in without_copies(folder, kept, listing.notes)]
         except FileNotFoundError as exc:
             listing.skipped.append(f"{folder}: its parts kept changing while read ({_one_line(exc)})")
     return listing

@@ -20,7 +20,8 @@ from fdtrace.recording.layout import TABLES
 from fdtrace.recording.reader import load_fleet, open_part, part_rows, read_table
 
 #: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly),
-#: and only while they fit in a quarter of the memory available; it uses DuckDB above. Bytes on disk
+#: and only while they fit in a quarter of the memory this process may use (``memory_available``:
+#: its memory cgroup's limit or MemAvailable); it uses DuckDB above. Bytes on disk
 #: would not tell: a merged file of a long ``--rotate`` recording compresses 10 to 50 times.
 AUTO_PANDAS_ROWS = 5_000_000
 #: What pandas holds per row of events and samples loaded (a 16-host fleet of 6.4 M events: 3.3 GB).
@@ -181,15 +182,24 @@ def pandas_fits(rows: int, available: int | None) -> bool:
 
 
 def memory_available() -> int | None:
-    """This host's MemAvailable, in bytes (None where /proc/meminfo does not say)."""
-    from fdtrace.procfs.memory import meminfo_kb
+    """The memory this process may use, in bytes: the lowest of its memory cgroup's limit (v2
+    memory.max, v1 memory.limit_in_bytes, its own or an ancestor's) and MemAvailable (None where
+    neither says)."""
+    from fdtrace.procfs.memory import memory_allowed
 
-    try:
-        with open("/proc/meminfo", encoding="ascii", errors="replace") as file:
-            kib = meminfo_kb(file.read())["mem_available_kb"]
-    except OSError:
+    return memory_allowed()
+
+
+def _pandas_refused(rows: int, available: int | None) -> FdtraceError | None:
+    """Why ``rows`` of events and samples cannot go into pandas in this process (None: they can)."""
+    need = rows * PANDAS_BYTES_PER_ROW
+    if available is None or need <= available:
         return None
-    return None if kib is None else kib * 1024
+    gib = 1 << 30
+    return FdtraceError(f"the recording's part files count {rows:,} rows of events and samples, about "
+                        f"{need / gib:,.1f} GiB in pandas, more than the {available / gib:,.1f} GiB this process may "
+                        "use (its memory cgroup's limit or MemAvailable): give --engine duckdb, which reads them "
+                        "from the files")
 
 
 def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") -> str:
@@ -273,6 +283,10 @@ def open_dataset(paths: str | Path | list[str | Path], engine: str = "auto", *,
                            "recordings)")
     try:
         chosen = "pandas" if phases else _chosen(fleet, engine)
+        if chosen == "pandas" and engine == "pandas":  # asked for: refused when it cannot fit (auto chose by it)
+            refused = _pandas_refused(_rows(fleet), memory_available())
+            if refused is not None:
+                raise refused
         if chosen == "pandas":
             if engine == "auto" and not phases:
                 fleet.refresh()  # a recording without a manifest is listed again when read

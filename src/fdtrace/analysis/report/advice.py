@@ -76,6 +76,11 @@ def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
             continue
         where = f" on {row.host}" if several else ""
         failed = f", failed {row.emfile:,} times with EMFILE" if row.emfile else ""
+        if not row.need:  # no sample of it (none, or none possible: see the reader's notes): no figure to give
+            advice.append(f"RLIMIT_NOFILE of {row.comm} [{row.pid}]{where}{failed}; no sample of it holds a limit or "
+                          "a peak fdtrace can believe, so no figure is advised (fdtrace doctor --pid while it runs "
+                          "gives one).")
+            continue
         limit = soft if soft is not None else "unlimited"
         hard = None if pd.isna(row.fd_hard_limit) else int(row.fd_hard_limit)
         config = getattr(row, "limit_config", None)
