@@ -1,8 +1,11 @@
-"""A recording read while its recorder writes it (issue 27, item 8): the recorder's own writer
-flushes the events of tests/data/emfile part by part and merges them (as --rotate does) while
-`info` reads. Before, `info --engine duckdb` failed on 6 of 8 tries with "No files found that
-match ... part-000013.parquet" (a merge had moved it), and the pandas reader skipped what a
-merge moved; now the part list is a snapshot, taken again when a merge moved a file."""
+"""A recording read while its recorder writes it (issue 27, item 8; issue 39): the recorder's own
+writer flushes the events of tests/data/emfile part by part and merges them (as --rotate does)
+while `info` reads. Before, `info --engine duckdb` failed on 6 of 8 tries with "No files found
+that match ... part-000013.parquet" (a merge had moved it), and later, under load, with "its part
+files kept changing while it was read" (readers listed again and gave up after some tries). Now
+a reader reads the manifest the writer publishes, under the readers' lock, and the parts a merge
+replaces stay on disk until no reader holds that lock; the same for planted manifests and locks,
+and recordings written before manifests."""
 
 from __future__ import annotations
 

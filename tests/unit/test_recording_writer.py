@@ -225,3 +225,26 @@ def test_an_events_part_reads_back_as_written_and_engines_read_it_as_it_is(tmp_p
         assert doubts(part, "events", SCHEMA_VERSION) == ""
     finally:
         part.file.close()
+
+
+def test_a_part_appended_to_a_finished_recording_is_published_in_its_manifest(tmp_path: Path) -> None:
+    """`fdtrace run` adds the phases after its recorder stopped (``append_part``): the manifest
+    names the new part, numbered after every part the recording ever had (merged ones too)."""
+    from fdtrace.recording.manifest import Manifest
+    from fdtrace.recording.writer import append_part
+
+    writer = RecordingWriter(tmp_path, "h1", META)
+    write_intervals(writer, 3)
+    writer.compact()
+    writer.write_meta(complete=True)
+    writer.close()
+    manifest_path = tmp_path / "meta" / ".host=h1.parts.json"
+    before = Manifest.decode(json.loads(manifest_path.read_text()))
+    ts = list(range(150, 160))
+    rows = pa.table({"ts_ns": ts, "file_nr": [9] * 10, "file_max": [1 << 20] * 10,
+                     "time": pa.array(ts, pa.timestamp("ns", tz="UTC"))})
+    written = append_part(tmp_path, "system", "h1", rows)
+    after = Manifest.decode(json.loads(manifest_path.read_text()))
+    assert written.name == "part-000004.parquet" and after.generation == before.generation + 1
+    assert after.parts["system"] == ["part-000001-000003.parquet", "part-000004.parquet"]
+    assert load(tmp_path).system["ts_ns"].tolist() == list(range(160))

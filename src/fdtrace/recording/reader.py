@@ -9,9 +9,11 @@ the table declares one) are left out; a merged part is believed only when it hol
 rows of the parts it claims to cover. Everything left out or changed is named, in ``skipped``
 (files or hosts not read) or ``notes`` (files read in part).
 
-A recording may be written while it is read: the part list of a host is taken under the host's
-lock (``layout.lock_name``, taken shared and briefly, as the writer takes it to merge or delete
-parts), and read again when a merge moved a file meanwhile.
+A recording may be written while it is read: each host is read as one state its writer
+published (``HostSnapshot``: the readers' lock held shared, then the manifest read; see
+``fdtrace.recording.manifest``), whose parts stay on disk until the reader lets go. A recording
+written before manifests is listed under the writers' lock (taken shared and briefly), and
+listed again when a merge moved a file meanwhile.
 """
 
 from __future__ import annotations
@@ -148,9 +150,11 @@ PLAUSIBLE: dict[tuple[str, str], tuple[int, int]] = {
 #: Columns where a missing value means something (no limit): an impossible one leaves its row out
 #: rather than be read as missing.
 MISSING_MEANS = frozenset({("samples", "fd_soft_limit"), ("samples", "fd_hard_limit")})
-#: How long a reader waits for a host's lock (a writer merging parts) before it lists without it.
+#: How long a reader waits for a host's lock (a writer deleting parts, or an older one merging)
+#: before it reads without it.
 LOCK_WAIT_S = 5.0
-#: How many times one host's parts are listed again when a merge moved a file meanwhile.
+#: How many times one host's parts are listed again when a merge moved a file meanwhile (only
+#: where the host is not read as one steady state: no manifest, or no readers' lock).
 RELISTS = 3
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

@@ -838,9 +838,11 @@ def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             manifest = None
-            if meta.exists(manifest_name(host)):
+            try:
                 with meta.open_file(manifest_name(host)) as file:
                     manifest = Manifest.decode(loads_bounded(file.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES]))
+            except (OSError, ValueError):  # none (written before manifests), or unusable: readers list the folder
+                manifest = None
             names = part_names(folder.names())
             if manifest is not None:  # numbers it used, for parts since deleted too
                 names += manifest.parts.get(table, []) + manifest.retired.get(table, [])
