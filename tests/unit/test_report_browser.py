@@ -39,8 +39,11 @@ def test_the_report_draws_its_panels_in_chromium(name: str, tmp_path: Path) -> N
     assert len(titles) >= 3
     dom = chromium(page, "--dump-dom")
     assert not re.findall(r"CONSOLE[^\n]*", dom.stderr)  # no error, warning or log line from the page
-    # Plotly drew the figure: one x axis per panel (all one zoom), each panel's title, the legend.
-    assert dom.stdout.count('class="xaxislayer-above"') == len(titles)
+    # Plotly drew the figures: one x axis per panel of the timeline (all one zoom) and one per kind
+    # of rank of the scale chart (a DDP job's), each panel's title, the legend.
+    scale_panels = report.scale_curve["role"].nunique() if len(report.scale_laws) else 0
+    assert scale_panels == (0 if name == "emfile" else 2)
+    assert dom.stdout.count('class="xaxislayer-above"') == len(titles) + scale_panels
     drawn = set(re.findall(r'data-unformatted="([^"]*)"', dom.stdout))
     assert {html.escape(title) for title in titles} <= drawn
     legend = set(re.findall(r'class="legendtext"[^>]*data-unformatted="([^"]*)"', dom.stdout))

@@ -189,6 +189,7 @@ def scale_figure_html(curve: pd.DataFrame) -> str:
             fig.add_trace(go.Scatter(x=line["world"], y=line["descriptors"], mode="lines+markers", name=str(owner),
                                      legendgroup=str(owner), showlegend=column == 1), row=1, col=column)
         fig.update_xaxes(type="log", title_text="world size (ranks)", row=1, col=column)
-    fig.update_yaxes(type="log", title_text="descriptors", row=1, col=1)
+    fig.update_yaxes(type="log")  # every panel's: shared axes of two types are not matched (plotly.js warns)
+    fig.update_yaxes(title_text="descriptors", row=1, col=1)
     fig.update_layout(height=380, margin={"t": 40, "b": 40}, title_text="Descriptors by owner against the world size")
     return str(fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False}))
