@@ -122,6 +122,19 @@ def test_the_first_window_after_a_seek_gives_no_rates_but_logs_its_failures() ->
     assert state.processes[9].rates["fd_exhaustion"] == 10.0  # 20 in 2 s
 
 
+def test_a_failure_is_logged_under_the_name_its_process_had_when_it_failed() -> None:
+    """A /proc sample read before the process renamed itself (prctl) names it otherwise: the log
+    line names the program that failed, as its failing calls do."""
+    failures = [record(Kind.SOCKET, pid=9, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24, comm=b"charlie")
+                for _ in range(3)]
+    state = IncidentState()
+    state.apply_events(decode_table(np.concatenate(failures)))
+    state.apply_samples([sample(9)], 1)  # "p9": what /proc said before the rename
+    state.roll(10_000_000_000, {})
+    [line] = [entry for entry in state.log if "socket failed with EMFILE" in entry.text]
+    assert (line.pid, line.comm, line.text) == (9, "charlie", "socket failed with EMFILE x3")
+
+
 def test_memory_near_its_cgroup_limit_alerts_and_an_oom_kill_says_what_was_last_seen() -> None:
     state = IncidentState()
     limit, per_socket, base = 150 << 20, 100 * 1024, 10 << 20

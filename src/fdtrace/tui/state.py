@@ -375,6 +375,9 @@ class IncidentState:
         self._window_start_ns: int | None = None
         self._window_errors: Counter[tuple[int, str, str]] = Counter()
         self._window_error_first: dict[tuple[int, str, str], int] = {}  # when each first failed
+        # and the name its process had then (a /proc sample read before it renamed itself may say
+        # another, and the log line names the program that failed)
+        self._window_error_comm: dict[tuple[int, str, str], str] = {}
         self._oom_kills = 0
         self._system_figures: dict[str, Any] = {}
         self.logged = 0  # log lines ever written; the view shows those past what it has shown
@@ -436,12 +439,14 @@ class IncidentState:
         failed = pc.invert(pc.is_in(pc.fill_null(events["errno"].cast(pa.string()), ""),
                                     value_set=pa.array(list(NOT_FAILURES))))
         if pc.any(failed).as_py():
-            errors = events.filter(failed).select(["pid", "syscall", "errno", "time"])
+            errors = events.filter(failed).select(["pid", "syscall", "errno", "time", "comm"])
             keys = list(zip(errors["pid"].to_pylist(), _strings(errors["syscall"]), _strings(errors["errno"]),
                             strict=True))
             times = errors["time"].cast(pa.int64()).to_pylist()
-            for key, when in zip(keys, times, strict=True):
-                self._window_error_first.setdefault(key, when)
+            for key, when, comm in zip(keys, times, _strings(errors["comm"]), strict=True):
+                if key not in self._window_error_first:
+                    self._window_error_first[key] = when
+                    self._window_error_comm[key] = comm
                 if key[2] in FD_EXHAUSTION_ERRNOS:
                     self.processes[key[0]]._failed_at(when)
                 if key[2] == "EMFILE":  # per UTC second, as the needs model counts them
@@ -716,7 +721,7 @@ class IncidentState:
             view.rates["fd_exhaustion"] = exhaustion.get(view.pid, 0) / seconds
         for key, count in sorted(self._window_errors.items(), key=lambda item: self._window_error_first[item[0]]):
             pid, syscall, errno = key
-            comm = self.processes[pid].comm if pid in self.processes else ""
+            comm = self._window_error_comm.get(key) or (self.processes[pid].comm if pid in self.processes else "")
             times = f" x{count}" if count > 1 else ""
             self._log(LogEntry(self._window_error_first[key], pid, comm, f"{syscall} failed with {errno}{times}",
                                "error"))
@@ -733,6 +738,7 @@ class IncidentState:
         self._window.clear()
         self._window_errors.clear()
         self._window_error_first.clear()
+        self._window_error_comm.clear()
         self._window_events = 0
         self._window_start_ns = now_ns
         self._forget(now_ns)
