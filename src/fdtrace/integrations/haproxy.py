@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.advice.haproxy import CLI_MAXCONN, MAX_COUNT, HaproxyShape, ModelError
+from fdtrace.policy import FIRST_USER_UID
 from fdtrace.procfs.reader import READ_ERRORS, Credentials, ProcFS, skip_reason
 from fdtrace.procfs.room import refusal
 from fdtrace.procfs.sockets import socket_holders, unix_listener_inodes
@@ -534,20 +535,20 @@ class HaproxySampler:
         from now on (one that answers no more drops out: a found socket is not watched forever).
 
         The MAX_SOCKETS slots go by priority: the sockets asked for first, then those of root's
-        and the system services' haproxys (uid below SYSTEM_UID_END), which take the slot of
+        and the system services' haproxys (uid below FIRST_USER_UID), which take the slot of
         another user's found socket when none is free, then the other users', FOUND_PER_USER
         each at most. Returns whether it is sampled; a socket left out is counted in ``refused``
         (by uid, once per socket)."""
         with self._lock:
             if path in self.sockets:
                 return True
-            owner = uid if uid is not None else SYSTEM_UID_END  # unknown: not the system's
-            if owner >= SYSTEM_UID_END and sum(self._owners.get(p) == owner for p in self.found) >= FOUND_PER_USER:
+            owner = uid if uid is not None else FIRST_USER_UID  # unknown: not the system's
+            if owner >= FIRST_USER_UID and sum(self._owners.get(p) == owner for p in self.found) >= FOUND_PER_USER:
                 return self._refuse(path, owner)
             if len(self.sockets) >= MAX_SOCKETS:
-                if owner >= SYSTEM_UID_END:
+                if owner >= FIRST_USER_UID:
                     return self._refuse(path, owner)
-                users = Counter(self._owners[p] for p in self.found if self._owners.get(p, 0) >= SYSTEM_UID_END)
+                users = Counter(self._owners[p] for p in self.found if self._owners.get(p, 0) >= FIRST_USER_UID)
                 if not users:
                     return self._refuse(path, owner)
                 most = users.most_common(1)[0][0]
@@ -721,8 +722,6 @@ def config_fds(config: HaproxyConfig, procfs: ProcFS, pid: int) -> int | None:
 #: most that the haproxys of one user other than root and the system services have sampled.
 MAX_SOCKETS = 16
 FOUND_PER_USER = 4
-#: Users below this uid are root and the system's services (Debian's SYS_UID_MAX is 999).
-SYSTEM_UID_END = 1000
 #: HAProxy processes whose configurations are read at most while the watch runs.
 MAX_WATCHED = 256
 

@@ -25,6 +25,7 @@ from fdtrace.kernel.bpf_cache import load_or_compile
 from fdtrace.kernel.features import KernelFeatures
 from fdtrace.kernel.programs import BpfMap, LoadedPrograms, ProbeError
 from fdtrace.kernel.ringbuf import RingReader, bulk_read_supported
+from fdtrace.policy import FIRST_USER_UID
 from fdtrace.procfs.elf import ElfError, ElfFile
 from fdtrace.procfs.golang import go_register_abi, go_version, is_go_binary
 from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
@@ -32,12 +33,10 @@ from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SY
 #: Go binaries watched for their thread-limit message at most (each one is a uprobe).
 MAX_GO_BINARIES = 256
 #: Of those slots, the ones kept for the programs of root and system services (uid below
-#: SYSTEM_UID_END), which also take any other free slot; and the most that the programs of one
+#: FIRST_USER_UID), which also take any other free slot; and the most that the programs of one
 #: other user take: 300 crafted binaries of one user cannot leave root's Go program unwatched.
 GO_SYSTEM_SLOTS = MAX_GO_BINARIES // 2
 GO_USER_SLOTS = MAX_GO_BINARIES // 8
-#: Users below this uid are root and the system's services (Debian's SYS_UID_MAX is 999).
-SYSTEM_UID_END = 1000
 #: Other binaries remembered as not Go (looked at once each while remembered).
 MAX_OTHER_BINARIES = 4096
 
@@ -304,13 +303,13 @@ class BpfTracer:
 
     def _slot_left(self, uid: int) -> bool:
         """Whether a Go binary first run by ``uid`` gets a uprobe: root's and the system services'
-        (uid below SYSTEM_UID_END) while any slot is free; another user's only outside the
+        (uid below FIRST_USER_UID) while any slot is free; another user's only outside the
         GO_SYSTEM_SLOTS kept for those, and up to GO_USER_SLOTS of them per user."""
         if sum(self._go_slots.values()) >= MAX_GO_BINARIES:
             return False
-        if uid < SYSTEM_UID_END:
+        if uid < FIRST_USER_UID:
             return True
-        users = sum(n for owner, n in self._go_slots.items() if owner >= SYSTEM_UID_END)
+        users = sum(n for owner, n in self._go_slots.items() if owner >= FIRST_USER_UID)
         return users < MAX_GO_BINARIES - GO_SYSTEM_SLOTS and self._go_slots[uid] < GO_USER_SLOTS
 
     def go_shortfalls(self) -> list[str]:
