@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ from fdtrace.children import SAFE_PATH, child_environment, program, python_modul
 from fdtrace.rehearsal.rank import ProcessRank
 from fdtrace.rehearsal.runner import Rehearsal, start_ranks, stop_ranks
 from fdtrace.rehearsal.shape import Shape
-from fdtrace.rehearsal.target import Target
+from tests.unit.test_rehearsal import loopback_target, server
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 
@@ -42,46 +39,8 @@ def plant(directory: Path, package: str, marker: str) -> Path:
     return made
 
 
-@pytest.fixture
-def echo_port() -> Iterator[int]:
-    """A loopback server that echoes what each connection sends, until the test ends."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(256)
-    kept: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                client = listener.accept()[0]
-            except TimeoutError:
-                continue
-            kept.append(client)
-            threading.Thread(target=echo, args=(client,), daemon=True).start()
-
-    def echo(client: socket.socket) -> None:
-        try:
-            while data := client.recv(4096):
-                client.sendall(data)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(5)
-        for connection in kept:
-            connection.close()
-        listener.close()
-
-
 def test_rank_processes_import_nothing_from_the_working_directory_or_python_variables(
-        tmp_path: Path, echo_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     here = plant(tmp_path / "shared", "fdtrace", "ran-from-cwd")
     elsewhere = plant(tmp_path / "theirs", "fdtrace", "ran-from-pythonpath")
     (tmp_path / "theirs" / "sitecustomize.py").write_text(PAYLOAD.format(name="ran-sitecustomize"))
@@ -92,15 +51,15 @@ def test_rank_processes_import_nothing_from_the_working_directory_or_python_vari
     monkeypatch.setenv("PYTHONINSPECT", "1")  # would leave the rank at a prompt instead of ending
     monkeypatch.setenv("PATH", f"{tmp_path / 'theirs'}:{os.environ['PATH']}")
 
-    target = Target(f"127.0.0.1:{echo_port}", "127.0.0.1", "127.0.0.1", echo_port, socket.AF_INET, "net:[1]")
     shape = Shape(2, 5, hold_s=0.0, processes=True)
-    ranks = start_ranks(shape, target)
-    try:
-        assert {type(rank) for rank in ranks} == {ProcessRank}
-        rehearsal = Rehearsal(shape, ranks, None, None, max_rate=10_000, duration_s=60)
-        rehearsal.run()
-    finally:
-        stop_ranks(ranks)
+    with server(answer=None) as (port, _):  # the rehearsal tests' echoing loopback server
+        ranks = start_ranks(shape, loopback_target(port))
+        try:
+            assert {type(rank) for rank in ranks} == {ProcessRank}
+            rehearsal = Rehearsal(shape, ranks, None, None, max_rate=10_000, duration_s=60)
+            rehearsal.run()
+        finally:
+            stop_ranks(ranks)
     # the ranks did their work, with the installed fdtrace
     assert rehearsal.error is None and [(b.level, b.answered) for b in rehearsal.bursts] == [(10, 10)]
     planted = sorted(path.name for path in tmp_path.rglob("ran-*"))
