@@ -111,3 +111,32 @@ def test_a_table_in_a_sparse_tail_is_refused_and_a_budget_is_shared(binary: Path
         read_module(str(binary), budget)
     budget.renew()
     assert read_module(str(binary), budget).symbols is not None
+
+
+def test_code_mapped_from_a_file_that_is_not_elf_is_no_shortfall(binary: Path, tmp_path: Path) -> None:
+    """JIT code and libffi's trampolines run from files that are not ELF: nothing to read, nothing
+    counted; a truncated ELF mapped the same way is counted as a binary left unread."""
+    import mmap
+
+    from fdtrace.kernel.stacks import Symbolizer
+
+    trampoline = tmp_path / "ffi-trampoline"
+    trampoline.write_bytes(b"\xc3" * mmap.PAGESIZE)  # ret, ret, ...: code, but no ELF header
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes(binary.read_bytes()[:mmap.PAGESIZE])  # its section headers cut away
+    symbolizer = Symbolizer()
+    mapped = []
+    for path in (trampoline, truncated):
+        with open(path, "rb") as file:
+            mapped.append(mmap.mmap(file.fileno(), mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC))
+    try:
+        symbolizer.begin()
+        starts = {path: start for start, _end, _offset, _dev, _ino, path in symbolizer.executable_maps(os.getpid())}
+        assert str(trampoline) in starts and str(truncated) in starts
+        symbolizer.frame(os.getpid(), starts[str(trampoline)] + 4)
+        assert symbolizer.unread["unreadable"] == 0
+        symbolizer.frame(os.getpid(), starts[str(truncated)] + 4)
+        assert symbolizer.unread["unreadable"] == 1
+    finally:
+        for area in mapped:
+            area.close()

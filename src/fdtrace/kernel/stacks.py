@@ -15,7 +15,15 @@ from collections import Counter, OrderedDict
 
 from fdtrace.policy import THREAD_ENTRY_FUNCTIONS
 from fdtrace.procfs import ProcFS
-from fdtrace.procfs.elf import BudgetSpentError, ElfError, ModuleSymbols, ReadBudget, demangled, read_module
+from fdtrace.procfs.elf import (
+    BudgetSpentError,
+    ElfError,
+    ModuleSymbols,
+    NotElfError,
+    ReadBudget,
+    demangled,
+    read_module,
+)
 from fdtrace.procfs.python_frames import MAX_WALK_SECONDS, PythonStackReader, PythonStacks, WalkLimit, waiting_in
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
@@ -54,7 +62,9 @@ class Symbolizer:
         self.budget = ReadBudget(round_read_bytes)
         self._renewed = time.monotonic()
         #: Binaries whose symbols were left unread, by why: "over the round's budget" (read in a
-        #: later round), "unreadable" (not ELF, or tables the file cannot hold: a sparse file).
+        #: later round), "unreadable" (tables the file cannot hold: a sparse file; or a read that
+        #: failed). A mapped file that is not ELF (JIT code, libffi's trampolines) has no symbols to
+        #: read and is not counted.
         self.unread: Counter[str] = Counter()
         self._calls: dict[tuple[int, int, int], bool] = {}
         self._targets: dict[tuple[int, int], int | None] = {}  # (pid, return address) -> callee, this poll
@@ -109,6 +119,9 @@ class Symbolizer:
             except BudgetSpentError:
                 self.unread[OVER_BUDGET] += 1
                 return None  # not remembered: read in a later round
+            except NotElfError:
+                failed = False
+                break
             except (OSError, ElfError):
                 failed = True
                 continue
@@ -417,7 +430,7 @@ class BlockedCode:
         unread = self.symbolizer.unread
         if unread["unreadable"]:
             said.append(f"symbols of {unread['unreadable']} binaries not read (tables larger than the file holds "
-                        "on disk, not ELF, or unreadable)")
+                        "on disk, or unreadable)")
         if unread[OVER_BUDGET]:
             said.append(f"{unread[OVER_BUDGET]} binaries' symbols left for a later round (over the "
                         f"{self.symbolizer.budget.limit >> 20} MiB a second read)")

@@ -41,6 +41,11 @@ class ElfError(ValueError):
     """Not an ELF file this reader takes, or one whose tables do not fit in it."""
 
 
+class NotElfError(ElfError):
+    """The file is not ELF at all: code a JIT or libffi maps from a memfd or a temporary file has no
+    symbols to read, which is no shortfall of the reader's."""
+
+
 class BudgetSpentError(ElfError):
     """The bytes a caller allowed for reading ELF tables (``ReadBudget``) are spent: the file was
     not judged, only left for later."""
@@ -152,7 +157,7 @@ class ElfFile:
         self.budget = budget
         ident = self._read(0, 64)
         if len(ident) < 52 or not ident.startswith(_ELF_MAGIC) or ident[4] not in (1, 2) or ident[5] not in (1, 2):
-            raise ElfError("not an ELF file")
+            raise NotElfError("not an ELF file")
         self.wide = ident[4] == 2
         self.order = "<" if ident[5] == 1 else ">"
         o = self.order
