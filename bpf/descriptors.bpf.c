@@ -72,20 +72,119 @@ BPF_HASH(fd_changes, u32, struct fdt_fd_change, FDT_MAX_PROCESSES);
 /* pipe()'s and socketpair()'s int[2], or fcntl()'s command, kept by tid from entry to exit */
 BPF_HASH(fd_call_arg, u32, u64, FDT_MAX_PEERS);
 
-/* The hash of the process and its innermost frames, walked along the frame pointers from the
- * user registers while each frame lies above the last and within FDT_STACK_SPAN of the stack
- * pointer, and the word at the stack pointer; 0 when fewer than FDT_PREFIX_MIN frames are valid
- * (a wrapper that uses the frame pointer as a register). A few reads of user memory: about a
- * third of what bpf_get_stack costs. */
-static __always_inline u64 fdt_prefix_key(u32 tgid, u64 ip, u64 sp, u64 bp)
+#define FDT_CALLER_WORDS 32          /* words from the stack pointer searched for the wrapper's caller */
+#define FDT_WRAPPER_SPAN 4096        /* a syscall wrapper's syscall lies this close after its start */
+
+static __always_inline s64 fdt_s32_at(const u8 *b)
+{
+    return (s32)((u32)b[0] | (u32)b[1] << 8 | (u32)b[2] << 16 | (u32)b[3] << 24);
+}
+
+/* Where the call that returns to `ret` went: a near call's target, followed once through a PLT
+ * stub ([endbr64] [bnd] jmp *disp(%rip)) to the function its GOT slot holds; or the function a
+ * call *disp(%rip) (code built with -fno-plt) read from its slot. 0: not a call this can follow
+ * (a call through a register, or a word that is no return address at all). */
+static __always_inline u64 fdt_call_target(u64 ret)
+{
+    u8 b[6];
+    if (ret < 4096 || bpf_probe_read_user(b, sizeof(b), (void *)(ret - 6)) != 0)
+        return 0;
+    u64 target = 0;
+    if (b[0] == 0xFF && b[1] == 0x15) {
+        if (bpf_probe_read_user(&target, sizeof(target), (void *)(ret + fdt_s32_at(&b[2]))) != 0)
+            return 0;
+        return target;
+    }
+    if (b[1] != 0xE8)
+        return 0;
+    target = ret + fdt_s32_at(&b[2]);
+    u8 stub[11];
+    if (bpf_probe_read_user(stub, sizeof(stub), (void *)target) != 0)
+        return 0;
+    u32 at = 0;
+    if (stub[0] == 0xF3 && stub[1] == 0x0F && stub[2] == 0x1E && stub[3] == 0xFA) {
+        at = stub[4] == 0xF2 ? 5 : 4;
+    } else if (stub[0] == 0xF2) {
+        at = 1;
+    }
+    s64 disp;
+    if (at == 0 && stub[0] == 0xFF && stub[1] == 0x25)
+        disp = fdt_s32_at(&stub[2]);
+    else if (at == 1 && stub[1] == 0xFF && stub[2] == 0x25)
+        disp = fdt_s32_at(&stub[3]);
+    else if (at == 4 && stub[4] == 0xFF && stub[5] == 0x25)
+        disp = fdt_s32_at(&stub[6]);
+    else if (at == 5 && stub[5] == 0xFF && stub[6] == 0x25)
+        disp = fdt_s32_at(&stub[7]);
+    else
+        return target; /* a call straight to the function */
+    u64 bound = 0;
+    if (bpf_probe_read_user(&bound, sizeof(bound), (void *)(target + at + 6 + disp)) != 0)
+        return 0;
+    return bound;
+}
+
+struct fdt_caller_key {
+    u32 tgid;
+    u32 pad;
+    u64 ip;
+};
+
+/* Where the wrapper's return address lies above the stack pointer (in words), by process and
+ * syscall instruction: fixed for an instruction (a wrapper allocates no stack dynamically), so it
+ * is found once and then read straight away, checked only to follow a call. Least recently used
+ * entries go first (those of processes gone); one that no longer holds a return address (an exec,
+ * a reused pid) is searched again. */
+BPF_TABLE("lru_hash", struct fdt_caller_key, u32, caller_slots, FDT_MAX_STACKS);
+
+/* The return address of the call into the syscall wrapper that `ip` lies in: the first of the
+ * words from the stack pointer up that returns from a call whose target starts at most
+ * FDT_WRAPPER_SPAN bytes before `ip`. A wrapper that pushes registers or keeps locals (libc's
+ * cancellable calls: open, accept, connect) puts it a few words up, and what lies between (saved
+ * registers, stale return addresses of earlier calls) is no part of a call site's identity.
+ * `words`: scratch for FDT_CALLER_WORDS words. 0: none found (a call through a register, or a PLT
+ * slot not bound yet: searched again next time). */
+static __always_inline u64 fdt_wrapper_caller(u64 *words, u32 tgid, u64 ip, u64 sp)
+{
+    struct fdt_caller_key key = {.tgid = tgid, .ip = ip};
+    u32 *slot = caller_slots.lookup(&key);
+    u64 word = 0;
+    if (slot) {
+        u8 b[6] = {};
+        if (*slot < FDT_CALLER_WORDS && bpf_probe_read_user(&word, sizeof(word), (void *)(sp + *slot * 8)) == 0
+            && word >= 4096 && bpf_probe_read_user(b, sizeof(b), (void *)(word - 6)) == 0
+            && (b[1] == 0xE8 || (b[0] == 0xFF && b[1] == 0x15)))
+            return word;
+        /* no return address there: the process exec'd, or its pid is another's now */
+        caller_slots.delete(&key);
+    }
+    if (bpf_probe_read_user(words, FDT_CALLER_WORDS * sizeof(u64), (void *)sp) != 0)
+        return 0;
+    for (u32 i = 0; i < FDT_CALLER_WORDS; i++) {
+        word = words[i];
+        if (word < 4096)
+            continue;
+        u64 target = fdt_call_target(word);
+        if (target && target <= ip && ip - target < FDT_WRAPPER_SPAN) {
+            caller_slots.update(&key, &i);
+            return word;
+        }
+    }
+    return 0;
+}
+
+/* The hash of the process, the wrapper's caller and its innermost frames, walked along the frame
+ * pointers from the user registers while each frame lies above the last and within
+ * FDT_STACK_SPAN of the stack pointer; 0 when fewer than FDT_PREFIX_MIN frames are valid (a
+ * wrapper that uses the frame pointer as a register). A few reads of user memory: about a third
+ * of what bpf_get_stack costs. */
+static __always_inline u64 fdt_prefix_key(u32 tgid, u64 ip, u64 caller, u64 sp, u64 bp)
 {
     u64 h = 14695981039346656037ULL ^ tgid;
     h = (h ^ ip) * 1099511628211ULL;
-    /* The word at the stack pointer: a frameless wrapper's return address, which tells its
-     * callers apart where the frame pointers do not (code built without them). */
-    u64 top = 0;
-    bpf_probe_read_user(&top, sizeof(top), (void *)sp);
-    h = (h ^ top) * 1099511628211ULL;
+    /* The wrapper's caller, which tells two callers apart where the frame pointers do not: a
+     * wrapper makes no frame, so the walk goes from it straight to its caller's caller. */
+    h = (h ^ caller) * 1099511628211ULL;
     u32 frames = 1;
     for (int i = 0; i < FDT_PREFIX_FRAMES - 1; i++) {
         if (bp < sp || bp >= sp + FDT_STACK_SPAN || (bp & 7))
@@ -102,17 +201,24 @@ static __always_inline u64 fdt_prefix_key(u32 tgid, u64 ip, u64 sp, u64 bp)
     return frames >= FDT_PREFIX_MIN ? (h | 1) : 0;
 }
 
-/* The calling thread's user stack, kept once per (process, stack); returns its id or 0.
+/* The calling thread's user stack, kept once per (process, wrapper's caller, stack); returns its
+ * id or 0.
  *
- * With FDT_STACK_TOP (bpf_task_pt_regs), a call whose innermost FDT_PREFIX_FRAMES frames were
- * seen before gets the id of the stack taken then, without a new walk (stacks that differ only
- * deeper share it); and the first words from the user stack pointer are kept with a new stack:
- * a libc syscall wrapper makes no frame of its own, so a frame-pointer walk goes from the wrapper
- * straight to its caller's caller, and user space finds the wrapper's return address among them
- * (kernel/stacks.py). pt_regs is the architecture's syscall-entry layout, stable for years. */
+ * With FDT_STACK_TOP (bpf_task_pt_regs), a call whose innermost FDT_PREFIX_FRAMES frames and
+ * wrapper's caller were seen before gets the id of the stack taken then, without a new walk
+ * (stacks that differ only deeper share it); and the first words from the user stack pointer are
+ * kept with a new stack: a libc syscall wrapper makes no frame of its own, so a frame-pointer walk
+ * goes from the wrapper straight to its caller's caller, and user space finds the wrapper's return
+ * address among them (kernel/stacks.py). The id holds that caller too (fdt_wrapper_caller): two
+ * functions reached through one indirect call differ in nothing else. pt_regs is the
+ * architecture's syscall-entry layout, stable for years. */
 static __always_inline u64 fdt_user_stack(void *ctx, u32 tgid)
 {
-    u64 prefix = 0, sp = 0;
+    u64 prefix = 0, sp = 0, caller = 0;
+    u32 zero = 0;
+    struct fdt_stack *s = stack_scratch.lookup(&zero);
+    if (!s)
+        return 0;
 #ifdef FDT_STACK_TOP
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
@@ -120,24 +226,22 @@ static __always_inline u64 fdt_user_stack(void *ctx, u32 tgid)
     bpf_probe_read_kernel(&sp, sizeof(sp), &PT_REGS_SP(regs));
     bpf_probe_read_kernel(&ip, sizeof(ip), &PT_REGS_IP(regs));
     bpf_probe_read_kernel(&bp, sizeof(bp), &PT_REGS_FP(regs));
-    prefix = fdt_prefix_key(tgid, ip, sp, bp);
+    caller = fdt_wrapper_caller(s->scan, tgid, ip, sp);
+    prefix = fdt_prefix_key(tgid, ip, caller, sp, bp);
     if (prefix) {
         struct fdt_prefix_site *known = prefix_sites.lookup(&prefix);
         if (known)
             return known->stack_id;
     }
 #endif
-    u32 zero = 0;
-    struct fdt_stack *s = stack_scratch.lookup(&zero);
-    if (!s)
-        return 0;
     long n = bpf_get_stack(ctx, s->ips, sizeof(s->ips), BPF_F_USER_STACK);
     if (n <= 0) {
         fdt_stat(FDT_STAT_STACKS_FULL);
         return 0;
     }
     u32 depth = (u32)n / 8;
-    u64 h = 14695981039346656037ULL ^ tgid; /* FNV-1a over the process and the frames */
+    u64 h = 14695981039346656037ULL ^ tgid; /* FNV-1a over the process, the caller and the frames */
+    h = (h ^ caller) * 1099511628211ULL;
     for (int i = 0; i < FDT_STACK_DEPTH; i++) {
         if (i >= depth)
             break;

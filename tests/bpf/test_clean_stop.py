@@ -9,6 +9,7 @@ symbolizes with its own ELF reader and owns every descriptor of its programs."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -69,7 +70,9 @@ def test_twenty_stops_in_a_row_are_clean(tmp_path: Path) -> None:
             assert "Traceback" not in text and "Error" not in text, (how, text)
             meta = json.loads(next((out / "meta").glob("host=*.json")).read_text())
             assert meta["complete"] is True, (how, text)
-            assert "1 Go binary watched for its thread-limit message" in said[-1], (how, text)
+            # its Go program's uprobe was attached when it stopped (other Go programs of a busy host too)
+            watched = re.search(r"(\d+) Go binar(?:y|ies) watched for its thread-limit message", said[-1])
+            assert watched is not None and int(watched.group(1)) >= 1, (how, text)
             go.kill()
             go.wait()
     finally:

@@ -8,6 +8,7 @@ come first, every other user has a cap, and what was refused is counted and said
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -150,7 +151,8 @@ def test_another_users_fake_go_programs_leave_roots_go_program_watched(planted: 
     shortfalls = said.split("left unread: ", 1)[1].split("; ")
     assert (f"{refused} Go binaries not watched for its thread-limit message: no uprobe slot left for "
             f"its user (uid {NOBODY_UID} {refused}") in shortfalls, said
-    assert f"{GO_USER_SLOTS + 1} of 256 slots taken" in said, said
+    taken = re.search(r"(\d+) of 256 slots taken", said)  # nobody's 32, root's one, any of the host's own
+    assert taken is not None and int(taken.group(1)) >= GO_USER_SLOTS + 1, said
 
 
 #: The trial's fake haproxys: each (a script, so its name is haproxy) names a stats socket of its

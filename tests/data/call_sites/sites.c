@@ -3,6 +3,7 @@
  * line when done, and waits for end of file on stdin before it exits. Built with frame pointers. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <pthread.h>
@@ -126,6 +127,40 @@ __attribute__((noinline)) static void spawn_workers(int n)
         pthread_create(&t, NULL, blocked_worker, NULL);
 }
 
+/* Two functions that make descriptors the same way, reached from one indirect call: their sites
+ * differ only in the wrapper's caller, which no frame pointer names. */
+__attribute__((noinline)) static void first_maker(int n, int use_open)
+{
+    for (int i = 0; i < n; i++) {
+        if (use_open)
+            open("/dev/null", O_RDONLY);
+        else
+            socket(AF_INET, SOCK_STREAM, 0);
+    }
+}
+
+__attribute__((noinline)) static void second_maker(int n, int use_open)
+{
+    for (int i = 0; i < n; i++) {
+        if (use_open)
+            open("/dev/null", O_RDONLY);
+        else
+            socket(AF_INET, SOCK_STREAM, 0);
+    }
+}
+
+__attribute__((noinline)) static void dispatch(void (*maker)(int, int), int n, int use_open)
+{
+    maker(n, use_open);
+}
+
+static void *idle_thread(void *arg)
+{
+    (void)arg;
+    pause();
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -139,6 +174,28 @@ int main(int argc, char **argv)
     if (strcmp(mode, "leak") == 0) {
         leak_sockets(atoi(argv[2]));
         balanced_sockets(atoi(argv[3]));
+        printf("done\n");
+    } else if (strcmp(mode, "indirect") == 0) {
+        /* indirect N socket|open single|threaded */
+        int use_open = strcmp(argv[3], "open") == 0;
+        if (strcmp(argv[4], "threaded") == 0) {
+            pthread_t idle; /* a second thread: libc's cancellable wrappers take their slow path */
+            pthread_create(&idle, NULL, idle_thread, NULL);
+        }
+        void (*makers[2])(int, int) = {first_maker, second_maker};
+        for (int k = 0; k < 2; k++)
+            dispatch(makers[k], atoi(argv[2]), use_open);
+        printf("done\n");
+    } else if (strcmp(mode, "libraries") == 0) {
+        /* libraries N LIB...: each library's make_sockets(N), through one indirect call */
+        int n = atoi(argv[2]);
+        for (int k = 3; k < argc; k++) {
+            void *library = dlopen(argv[k], RTLD_NOW | RTLD_LOCAL);
+            void (*make)(int) = library ? (void (*)(int))dlsym(library, "make_sockets") : NULL;
+            if (!make)
+                return 6;
+            make(n);
+        }
         printf("done\n");
     } else if (strcmp(mode, "emfile") == 0) {
         int made = 0, failed = 0;
