@@ -22,12 +22,17 @@ pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("gcc") is None, r
 SOURCE = Path(__file__).parents[1] / "data" / "call_sites" / "sites.c"
 
 
-@pytest.fixture(scope="module")
-def sites_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    binary = tmp_path_factory.mktemp("sites") / "sites"
+def build_sites(folder: Path) -> Path:
+    """The test program, built with frame pointers in ``folder``."""
+    binary = folder / "sites"
     subprocess.run(["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(binary), str(SOURCE)],
                    check=True, capture_output=True, timeout=120)
     return binary
+
+
+@pytest.fixture(scope="module")
+def sites_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sites(tmp_path_factory.mktemp("sites"))
 
 
 class Program:

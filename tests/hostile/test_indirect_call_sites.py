@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bpf.test_call_sites import SOURCE, Program, leaks_json
+from tests.bpf.test_call_sites import Program, build_sites, leaks_json
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")]
 
@@ -33,10 +33,7 @@ void make_sockets(int n)
 
 @pytest.fixture(scope="module")
 def sites_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    binary = tmp_path_factory.mktemp("indirect") / "sites"
-    subprocess.run(["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(binary), str(SOURCE)],
-                   check=True, capture_output=True, timeout=120)
-    return binary
+    return build_sites(tmp_path_factory.mktemp("indirect"))
 
 
 def made_sites(data: dict) -> dict[str, int]:
