@@ -122,6 +122,7 @@ def _leftover_children(request: pytest.FixtureRequest) -> Iterator[None]:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     threads_before = {t.name for t in threading.enumerate()}
+    started = time.time()
     yield
     lines = []
     for child in me.children(recursive=True):
@@ -130,6 +131,15 @@ def _leftover_children(request: pytest.FixtureRequest) -> Iterator[None]:
                 lines.append(f"  process {child.pid}: {' '.join(child.cmdline())[:200]}")
             except psutil.Error:
                 continue
+    # and what outlived its parent (a daemon, an orphaned grandchild): started during the module,
+    # alive still, no child of the suite's
+    mine = {p.pid for p in me.children(recursive=True)}
+    for process in psutil.process_iter(["pid", "create_time", "cmdline", "ppid"]):
+        info = process.info
+        if (info["create_time"] or 0) >= started and info["pid"] not in mine and info["pid"] != me.pid:
+            if info["ppid"] == 2:
+                continue  # kernel threads
+            lines.append(f"  orphan {info['pid']} (parent {info['ppid']}): {' '.join(info['cmdline'] or [])[:200]}")
     lines += [f"  thread {t.name}" for t in threading.enumerate() if t.name not in threads_before]
     if lines:
         with open(LEFTOVERS, "a") as out:
