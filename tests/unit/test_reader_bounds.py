@@ -134,3 +134,15 @@ def test_the_span_is_the_longest_run_of_rounds() -> None:
                                                   "last": start + 10**17 + 1}]
     assert factor_for(Span(0, 250_000 * SECOND), SECOND, 100_000) == 5
     assert factor_for(Span(0, 90 * SECOND), SECOND, 100_000) == 1
+
+
+def test_a_thousand_files_with_one_finding_are_a_few_lines_with_their_count() -> None:
+    from fdtrace.analysis.summary import alike_grouped
+
+    notes = [f"/r/events/host=a/part-{i}.parquet: {i + 1} impossible values read as missing (pid {i + 1})"
+             for i in range(1000)]
+    notes.insert(500, "/r/samples/host=a/part-9.parquet: 2 of 4 rows left out (time missing (2))")
+    said = alike_grouped(notes)
+    assert said == [*notes[:3],
+                    "and 997 more files alike: impossible values read as missing (each with its own numbers)",
+                    notes[500]]

@@ -3,6 +3,7 @@ counts and the few rows shown come back from the tables."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -285,18 +286,45 @@ def summary_on(recording: Dataset, engine: Engine) -> str:
     lines += _capped(oom_lines, "OOM kills")
     if recording.skipped:
         lines.append("skipped unreadable files:")
-        lines += [f"  {s}" for s in recording.skipped]
-    notes = recording.notes
+        lines += [f"  {s}" for s in alike_grouped(list(recording.skipped))]
+    notes = alike_grouped(recording.notes)
     if notes:
         lines.append("read in part or once:")
         lines += [f"  {n}" for n in notes]
     return "\n".join(shown(line) for line in lines)  # a name holding a newline cannot split a line
 
 
+#: Findings of one kind shown file by file at most; the rest are one line with their count.
+ALIKE_SHOWN = 3
+_NUMBER = re.compile(r"\b\d[\d,]*\b")  # a number on its own, not the 1 of PAR1
+
+
+def alike_grouped(notes: list[str], shown_each: int = ALIKE_SHOWN) -> list[str]:
+    """The readers' notes ("FILE: what"), at most ``shown_each`` of each kind (the same words,
+    whatever the file and the numbers), then one line with how many more files had it: a
+    recording of a thousand mutated parts is a few lines, each with its count."""
+    kinds: dict[str, list[str]] = {}
+    for note in notes:
+        what = note.split(": ", 1)[1] if ": " in note else note
+        kinds.setdefault(_NUMBER.sub("N", what), []).append(note)
+    said = []
+    for alike in kinds.values():
+        said += alike[:shown_each]
+        if len(alike) > shown_each:
+            first = alike[0].split(": ", 1)[1] if ": " in alike[0] else alike[0]
+            if _NUMBER.search(first):
+                kind = re.sub(r"^[\d,]+ (of [\d,]+ )?", "", first.split(" (", 1)[0])
+                first = f"{kind} (each with its own numbers)"
+            said.append(f"and {len(alike) - shown_each:,} more files alike: {first}")
+    return said
+
+
 def named_problems(recording: Dataset) -> list[str]:
     """What the readers left out or changed, one line each, for a command to say on stderr:
-    ``skipped FILE: why`` for what was not read, ``FILE: what`` for files read in part."""
-    return [f"skipped {text}" for text in recording.skipped] + list(recording.notes)
+    ``skipped FILE: why`` for what was not read, ``FILE: what`` for files read in part (at most
+    ALIKE_SHOWN of a kind, then their count)."""
+    return ([f"skipped {text}" for text in alike_grouped(list(recording.skipped))]
+            + alike_grouped(list(recording.notes)))
 
 
 def summary(recording: Analyzable) -> str:
