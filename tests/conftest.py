@@ -107,6 +107,11 @@ def python_child(code: str) -> list[str]:
 
 #: Where the suite writes what a test module left running (set FDTRACE_LEFTOVERS to a path).
 LEFTOVERS = os.environ.get("FDTRACE_LEFTOVERS")
+#: Set in the suite's environment, so every process it starts (and theirs) carries it: an orphan
+#: of the suite's is told apart from the host's other processes by it.
+SUITE_MARK = "FDTRACE_TEST_SUITE"
+if LEFTOVERS:
+    os.environ[SUITE_MARK] = str(os.getpid())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -122,7 +127,7 @@ def _leftover_children(request: pytest.FixtureRequest) -> Iterator[None]:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     threads_before = {t.name for t in threading.enumerate()}
-    started = time.time()
+    alive_before = set(psutil.pids())  # not create_time: the boot time it adds is whole seconds
     yield
     lines = []
     for child in me.children(recursive=True):
@@ -134,11 +139,14 @@ def _leftover_children(request: pytest.FixtureRequest) -> Iterator[None]:
     # and what outlived its parent (a daemon, an orphaned grandchild): started during the module,
     # alive still, no child of the suite's
     mine = {p.pid for p in me.children(recursive=True)}
-    for process in psutil.process_iter(["pid", "create_time", "cmdline", "ppid"]):
+    for process in psutil.process_iter(["pid", "cmdline", "ppid"]):
         info = process.info
-        if (info["create_time"] or 0) >= started and info["pid"] not in mine and info["pid"] != me.pid:
-            if info["ppid"] == 2:
-                continue  # kernel threads
+        if info["pid"] not in alive_before and info["pid"] not in mine:
+            try:
+                if process.environ().get(SUITE_MARK) != str(me.pid):
+                    continue  # the host's, or another suite's
+            except psutil.Error:
+                continue  # gone, or a zombie: nothing left running
             lines.append(f"  orphan {info['pid']} (parent {info['ppid']}): {' '.join(info['cmdline'] or [])[:200]}")
     lines += [f"  thread {t.name}" for t in threading.enumerate() if t.name not in threads_before]
     if lines:
