@@ -673,12 +673,12 @@ class IncidentState:
                     view.error_since_ns = time_ns
                 view.error = str(row["error"])
                 if not view.unreachable_logged:
-                    pid = int(view.row.get("haproxy_pid") or 0)
+                    pid, comm = self._haproxy_named(row.get("haproxy_pid") or view.row.get("haproxy_pid"), row)
                     last = (f"; last answer: {view.row.get('curr_conns')}/{view.row.get('maxconn')} connections"
                             if view.row else "")
                     said = "" if str(row["error"]).startswith(NOT_ASKED) else "does not answer: "
-                    self._log(LogEntry(time_ns, pid, "haproxy", f"stats socket {row['socket']} {said}"
-                                                                f"{row['error']}{last}", "warning"))
+                    self._log(LogEntry(time_ns, pid, comm, f"stats socket {row['socket']} {said}"
+                                                           f"{row['error']}{last}", "warning"))
                     view.unreachable_logged = True
                 continue
             view.row, view.error, view.error_since_ns, view.answered_ns = row, None, None, time_ns
@@ -691,9 +691,17 @@ class IncidentState:
                 view.busy_since_ns = time_ns
             if not view.alerted and time_ns - view.busy_since_ns >= HAPROXY_BUSY_FOR_NS:
                 view.alerted = True
-                pid = int(row.get("haproxy_pid") or 0)
-                self._log(LogEntry(time_ns, pid, "haproxy", f"{row['curr_conns']} connections of maxconn "
-                                                            f"{row['maxconn']} ({usage:.0%}) for 30 s", "error"))
+                pid, comm = self._haproxy_named(row.get("haproxy_pid"), row)
+                self._log(LogEntry(time_ns, pid, comm, f"{row['curr_conns']} connections of maxconn "
+                                                       f"{row['maxconn']} ({usage:.0%}) for 30 s", "error"))
+
+    def _haproxy_named(self, pid: Any, row: dict[str, Any]) -> tuple[int, str]:
+        """The pid and name a stats socket's log line gives its haproxy: the row's (a live sample
+        names it), else the process view's, else "haproxy"; pid 0 when no haproxy is known (the
+        line then names no pid)."""
+        known = int(pid) if pid else 0
+        view = self.processes.get(known) if known else None
+        return known, str(row.get("comm") or (view.comm if view is not None and view.comm else "haproxy"))
 
     def apply_phases(self, phases: dict[int, PhaseNow]) -> None:
         """Where each process of a training job is now (replaces what was known)."""
