@@ -151,7 +151,7 @@ def _view_counts(state: object) -> dict[int, tuple[object, ...]]:
     """What the view counts per process since the start of a recording."""
     return {pid: (v.comm, dict(v.totals), dict(v.errors), v.fd_exhaustion_errors, v.emfile, v.emfile_worst_second,
                   sorted(v.failures), v.first_failure_ns, {k: list(t) for k, t in v.destinations.items()},
-                  v.oom_killed, v.ended, v.go_thread_limit)
+                  v.oom_killed, v.ended, v.go_thread_limit, list(v.history))
             for pid, v in state.processes.items()}  # type: ignore[attr-defined]
 
 
@@ -166,7 +166,8 @@ def test_a_jump_counts_exactly_what_stepping_there_counts() -> None:
     before it from the player's cumulative index, not by replaying every event since the start.
     On the newcomer recording (40 s of fdtrace record: an EMFILE burst in its first seconds, a
     Go thread limit, 500 short processes, connects), jumping to its last seconds counts, for
-    every process, what playing there 0.1 s at a time counts."""
+    every process, what playing there 0.1 s at a time counts, and charts the same history (the
+    rounds of the ten minutes before the window come with it)."""
     from fdtrace.sources.replay import JUMP_WINDOW_NS
     from fdtrace.tui.state import IncidentState
 
@@ -194,3 +195,4 @@ def test_a_jump_counts_exactly_what_stepping_there_counts() -> None:
     burst = [c for c in counted.values() if c[0] == "burst-64"]
     assert len(burst) == 1 and burst[0][3] > 0 and burst[0][7] < update.baseline.until_ns  # its EMFILE: from the index
     assert any(c[11] for c in counted.values())  # the Go thread limit, before the window too
+    assert sum(len(c[12]) for c in counted.values()) > 100  # the charts' points compared

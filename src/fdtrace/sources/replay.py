@@ -67,6 +67,9 @@ def _incident_label(row: dict[str, Any], count: int) -> str:
 
 #: A jump rebuilds the view from this long before its target (the totals before it from the index).
 JUMP_WINDOW_NS = 30 * 10**9
+#: A jump hands out the sampling rounds of this long before its window too (few rows: the view's
+#: charts keep 600 points, ten minutes of 1 s rounds, as they had playing there).
+ROUNDS_BEFORE_NS = 600 * 10**9
 #: The cumulative index's step: its checkpoints lie on whole multiples of this (whole seconds,
 #: so an EMFILE second is never split between the index and the window).
 CHECKPOINT_NS = 5 * 10**9
@@ -620,18 +623,19 @@ class ReplaySource:
         self.player.set_speed(max(self.player.speed / 2, 0.125))
 
     def seek_by(self, seconds: float) -> None:
-        """Jump forward or back; a jump back replays from the start up to there."""
+        """Jump forward or back (``seek``: the view rebuilt from a window before the target)."""
         self.seek(self.player.now_ns + int(seconds * 1e9))
 
     def seek(self, wall_ns: int) -> None:
-        """Jump to a wall time. The next update, with ``reset`` set, carries the events and rounds
-        of the window before it (``JUMP_WINDOW_NS`` or a little more) and, as its ``baseline``,
+        """Jump to a wall time. The next update, with ``reset`` set, carries the events of the
+        window before it (``JUMP_WINDOW_NS`` or a little more), the sampling rounds from
+        ``ROUNDS_BEFORE_NS`` before that (the charts' history) and, as its ``baseline``,
         what every event before the window added up to (the player's cumulative index): the view
         rebuilds its totals exactly, and the moments before the target, without replaying every
         event since the start."""
         self.incident_note = ""
         self._baseline = self.player.replay_window(wall_ns)
-        self._shown_until = self._baseline.until_ns - 1
+        self._shown_until = max(self.player.start_ns, self._baseline.until_ns - ROUNDS_BEFORE_NS) - 1
         self._reset = True
 
     def next_problem(self, backwards: bool = False) -> bool:
