@@ -571,6 +571,8 @@ class IncidentState:
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]
         found = failure_class(row)
+        if view.oom_killed and row["kind"] == "process_exit" and row.get("signal") == "SIGKILL":
+            found = None  # the OOM kill's end, not a crash of its own (schema.failures.oom_ends)
         time_ns = _ns(row["time"])
         if found is not None:
             view.failures.add(found)
