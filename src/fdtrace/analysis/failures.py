@@ -52,9 +52,11 @@ def failures_on(engine: Engine) -> pd.DataFrame:
     found = engine.query(f"SELECT time_ns, host, pid, start_ns, comm, kind, {FAILURE_SQL} AS failure FROM events "
                          f"{where(IS_FAILURE)} ORDER BY time_ns, host, pid")
     # an OOM kill's victim ends by SIGKILL: that end is the kill's, counted once (schema.failures)
-    after_oom = oom_ends(found["pid"], found["time_ns"], found["kind"].astype(str),
-                         found["failure"].where(found["failure"] != "killed by SIGKILL", "SIGKILL"), found["host"])
-    found = found[~after_oom]
+    if (found["failure"] == "OOM kill").any():  # rare: the join only then
+        after_oom = oom_ends(found["pid"], found["time_ns"], found["kind"].astype(str),
+                             found["failure"].where(found["failure"] != "killed by SIGKILL", "SIGKILL"),
+                             found["host"])
+        found = found[~after_oom]
     found.insert(0, "time", as_time(found.pop("time_ns")))
     found["pid"] = found["pid"].astype("int64")
     found["start_ns"] = found["start_ns"].astype("Int64")
