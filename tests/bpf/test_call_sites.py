@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -225,6 +226,55 @@ def test_threads_census_and_creation_sites(sites_binary: Path) -> None:
     assert sites[0]["site"].startswith("spawn_workers+"), sites
     assert sites[0]["threads"] == workers
     assert sum(site["threads"] for site in sites) == workers
+
+
+WINDOW = r"the (\d+\.\d) s traced \((\d\d:\d\d:\d\d) to (\d\d:\d\d:\d\d) UTC"
+
+
+def test_threads_stacks_says_no_thread_started_in_its_window(sites_binary: Path) -> None:
+    """Issue 35: a process that starts no thread while watched: one line says so, with the window
+    (its length and wall times), not an empty answer after a silent wait."""
+    program = Program([str(sites_binary), "threads", "4"])  # waits for a byte it never gets: no thread
+    try:
+        tracer = traced(program, ["threads", "--pid", str(program.pid), "--stacks", "--duration", "1"])
+        out, err = tracer.communicate(timeout=60)
+    finally:
+        program.finish()
+    assert tracer.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"pid {program.pid} (sites): 1 threads; "), out
+    said = re.fullmatch(rf"no thread started during {WINDOW}, --duration 1\)", lines[-1])
+    assert said is not None, out
+    assert 1.0 <= float(said[1]) < 3.0  # the window asked for, as long as it was
+
+
+def test_threads_stacks_stops_when_the_process_ends_and_says_so(sites_binary: Path) -> None:
+    """The watched process ends early in a 60 s window: the tracing stops then, and says that no
+    thread started before its end (and, in JSON, the window and what ended it)."""
+    for as_json in (False, True):
+        program = Program([str(sites_binary), "threads", "4"])
+        tracer = traced(program, ["threads", "--pid", str(program.pid), "--stacks", "--duration", "60",
+                                  *(["--json"] if as_json else [])])
+        try:
+            began = time.monotonic()
+            program.finish()  # stdin closed before its byte: it exits 3
+            out, err = tracer.communicate(timeout=60)
+            stopped_in = time.monotonic() - began
+        finally:
+            if tracer.poll() is None:
+                tracer.kill()
+                tracer.wait()
+        assert tracer.returncode == 0, err
+        assert stopped_in < 20, stopped_in  # not the 60 s asked for
+        assert f"process {program.pid} ended " in err and "(exit 3)" in err, err
+        if as_json:
+            data = json.loads(out)
+            assert data["creation_sites"] == [] and data["window"]["stopped_by"] == "process ended"
+            assert data["window"]["duration_asked"] == 60 and data["window"]["seconds"] < 20
+        else:
+            last = out.splitlines()[-1]
+            assert re.fullmatch(f"no thread started during {WINDOW}; process {program.pid} ended before the "
+                                "--duration 60 s\\)", last), out
 
 
 def test_leaks_refuses_a_missing_process() -> None:

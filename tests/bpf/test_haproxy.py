@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,6 +141,51 @@ def test_show_info_samples_land_in_a_recording(haproxy: tuple[subprocess.Popen[s
     assert (demand["listeners"], demand["nbthread"], demand["maxsock"]) == (2, threads, 2000 + 3 * threads + 2 + 20)
 
 
+def fill(pid: int, port: int) -> tuple[list[socket.socket], Any]:
+    """Connections through haproxy ``pid`` until fewer than 16 of its 64 descriptors are free
+    (each proxied connection takes 2, held for the timeouts' 120 s: a slow, busy machine fills it
+    late, not never); the connections and haproxy's last sample."""
+    from fdtrace.procfs.sampler import ProcSampler
+
+    samples, clients = ProcSampler(), []
+    deadline = time.monotonic() + 90
+    while True:
+        sample = samples.sample(pid)
+        assert sample is not None and sample.open_fds is not None and sample.fd_soft_limit == 64
+        if sample.open_fds > 64 - 16:
+            return clients, sample
+        assert time.monotonic() < deadline, f"haproxy did not fill up: {sample.open_fds} of 64"
+        clients.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        time.sleep(0.05)
+
+
+def test_a_stats_socket_never_answered_names_its_haproxy_not_pid_0(
+        haproxy: tuple[subprocess.Popen[str], int, Path]) -> None:
+    """Issue 35: a haproxy at its FD limit before fdtrace's first question gave rows with no pid,
+    and the live view's line about its socket read "haproxy[0]". The row names the haproxy that
+    holds the socket (pid and name, read from /proc), and so does the log line."""
+    from fdtrace.integrations.haproxy import HaproxySampler
+    from fdtrace.tui.adapters import log_line
+    from fdtrace.tui.state import IncidentState
+
+    proc, port, config = haproxy
+    stats = str(config.parent / "stats.sock")
+    clients, sample = fill(proc.pid, port)
+    try:
+        sampler = HaproxySampler([stats], interval_s=0.5, timeout=0.5)  # never answered: no Pid of show info
+        [row] = sampler.sample_now()
+        assert str(row["error"]).startswith(f"not asked while haproxy [{proc.pid}] has")
+        assert (row["haproxy_pid"], row["comm"], row["maxconn"]) == (proc.pid, "haproxy", None)
+        state = IncidentState()
+        state.apply_haproxy([row], 1_000_000_000)
+        [said] = [log_line(entry).plain for entry in state.log]
+        assert said.startswith(f"00:00:01 haproxy[{proc.pid}] stats socket {stats} not asked while "), said
+        assert "[0]" not in said
+    finally:
+        for client in clients:
+            client.close()
+
+
 def test_the_stats_socket_of_a_haproxy_at_its_fd_limit_is_not_connected_to(
         haproxy: tuple[subprocess.Popen[str], int, Path]) -> None:
     """Issues 25, 34: each stats connection of fdtrace's to a haproxy at its FD limit failed one of
@@ -155,18 +201,7 @@ def test_the_stats_socket_of_a_haproxy_at_its_fd_limit_is_not_connected_to(
     sampler = HaproxySampler([stats], interval_s=0.5, timeout=0.5)
     [first] = sampler.sample_now()  # answered while it had room: the sampler knows its pid
     assert first["haproxy_pid"] == proc.pid
-    clients = []
-    # each proxied connection takes 2 of its descriptors, held for the timeouts' 120 s: a slow,
-    # busy machine fills it late, not never
-    deadline = time.monotonic() + 90
-    while True:
-        sample = samples.sample(proc.pid)
-        assert sample is not None and sample.open_fds is not None and sample.fd_soft_limit == 64
-        if sample.open_fds > 64 - 16:
-            break
-        assert time.monotonic() < deadline, f"haproxy did not fill up: {sample.open_fds} of 64"
-        clients.append(socket.create_connection(("127.0.0.1", port), timeout=2))
-        time.sleep(0.05)
+    clients, sample = fill(proc.pid, port)
     rows = sampler.sample_now() + sampler.sample_now()
     assert [str(r["error"]).split(",")[0] for r in rows] == [
         f"not asked while haproxy [{proc.pid}] has {sample.open_fds} of its 64 descriptors open"] * 2

@@ -209,3 +209,13 @@ def test_connections_waiting_in_its_accept_queue_count_against_the_room(tmp_path
             client.close()
         proc.kill()
         proc.wait()
+
+
+def test_a_socket_haproxy_bound_under_a_temporary_name_is_the_one_at_its_path() -> None:
+    from fdtrace.procfs.sockets import bound_at
+
+    assert bound_at("/run/haproxy.sock", "/run/haproxy.sock")
+    assert bound_at("/run/haproxy.sock.6049.tmp", "/run/haproxy.sock")  # bound, then renamed into place
+    assert not bound_at("/run/haproxy.sock.x.tmp", "/run/haproxy.sock")
+    assert not bound_at("/run/haproxy.sock..tmp", "/run/haproxy.sock")
+    assert not bound_at("/run/haproxy.sock2", "/run/haproxy.sock")

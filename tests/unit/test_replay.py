@@ -142,3 +142,57 @@ def test_the_replay_controls_move_the_player_and_say_where_it_is() -> None:
     assert not controls.previous_problem()  # nothing before the first
     controls.seek_by(-60)
     assert player.now_ns == player.start_ns and source.poll().reset
+
+
+NEWCOMER = Path(__file__).parents[1] / "data" / "newcomer"
+
+
+def _view_counts(state: object) -> dict[int, tuple[object, ...]]:
+    """What the view counts per process since the start of a recording."""
+    return {pid: (v.comm, dict(v.totals), dict(v.errors), v.fd_exhaustion_errors, v.emfile, v.emfile_worst_second,
+                  sorted(v.failures), v.first_failure_ns, {k: list(t) for k, t in v.destinations.items()},
+                  v.oom_killed, v.ended, v.go_thread_limit, list(v.history))
+            for pid, v in state.processes.items()}  # type: ignore[attr-defined]
+
+
+def _fold(state: object, update: object) -> None:
+    state.apply_events(update.events)  # type: ignore[attr-defined]
+    for sample_round in update.rounds:  # type: ignore[attr-defined]
+        state.apply_samples(sample_round.samples, sample_round.time_ns)  # type: ignore[attr-defined]
+
+
+def test_a_jump_counts_exactly_what_stepping_there_counts() -> None:
+    """Issue 35: a jump rebuilds the view from a window 30 s before its target, with the totals
+    before it from the player's cumulative index, not by replaying every event since the start.
+    On the newcomer recording (40 s of fdtrace record: an EMFILE burst in its first seconds, a
+    Go thread limit, 500 short processes, connects), jumping to its last seconds counts, for
+    every process, what playing there 0.1 s at a time counts, and charts the same history (the
+    rounds of the ten minutes before the window come with it)."""
+    from fdtrace.sources.replay import JUMP_WINDOW_NS
+    from fdtrace.tui.state import IncidentState
+
+    clock = FakeClock()
+    stepped_source = ReplaySource(NEWCOMER, clock=clock)
+    player = stepped_source.player
+    target = player.end_ns - 2_000_000_000
+    stepping = IncidentState()
+    while player.now_ns < target:
+        clock.ns = min(clock.ns + 100_000_000, target - player.start_ns)
+        _fold(stepping, stepped_source.poll())
+    jumped_source = ReplaySource(NEWCOMER, clock=FakeClock())
+    jumped_source.seek(target)
+    update = jumped_source.poll()
+    assert update.reset and update.baseline is not None
+    assert target - update.baseline.until_ns >= JUMP_WINDOW_NS  # a window, not the whole recording:
+    assert update.baseline.until_ns > player.start_ns  # the first events came from the index
+    before = pc.less(update.events["time"].cast(pa.int64()), update.baseline.until_ns)
+    assert not pc.any(before).as_py() and update.events.num_rows < player.events.num_rows
+    jumped = IncidentState()
+    jumped.apply_baseline(update.baseline)
+    _fold(jumped, update)
+    counted = _view_counts(stepping)
+    assert _view_counts(jumped) == counted
+    burst = [c for c in counted.values() if c[0] == "burst-64"]
+    assert len(burst) == 1 and burst[0][3] > 0 and burst[0][7] < update.baseline.until_ns  # its EMFILE: from the index
+    assert any(c[11] for c in counted.values())  # the Go thread limit, before the window too
+    assert sum(len(c[12]) for c in counted.values()) > 100  # the charts' points compared

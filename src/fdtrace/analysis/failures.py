@@ -19,6 +19,7 @@ from fdtrace.schema.failures import (
     REQUESTED_SIGNALS,
     REQUESTED_SQL,
     failed_call_sql,
+    oom_ends,
 )
 from fdtrace.schema.failures import FAILURE_SQL as IS_FAILURE
 
@@ -50,6 +51,12 @@ def failures_on(engine: Engine) -> pd.DataFrame:
     """``failures()`` computed by ``engine``."""
     found = engine.query(f"SELECT time_ns, host, pid, start_ns, comm, kind, {FAILURE_SQL} AS failure FROM events "
                          f"{where(IS_FAILURE)} ORDER BY time_ns, host, pid")
+    # an OOM kill's victim ends by SIGKILL: that end is the kill's, counted once (schema.failures)
+    if (found["failure"] == "OOM kill").any():  # rare: the join only then
+        after_oom = oom_ends(found["pid"], found["time_ns"], found["kind"].astype(str),
+                             found["failure"].where(found["failure"] != "killed by SIGKILL", "SIGKILL"),
+                             found["host"])
+        found = found[~after_oom]
     found.insert(0, "time", as_time(found.pop("time_ns")))
     found["pid"] = found["pid"].astype("int64")
     found["start_ns"] = found["start_ns"].astype("Int64")
@@ -58,7 +65,8 @@ def failures_on(engine: Engine) -> pd.DataFrame:
 
 def failures(recording_or_events: Any) -> pd.DataFrame:
     """Every failure that ends or cripples a process: EMFILE/ENFILE from any syscall, OOM kills,
-    kills by a signal and non-zero exits, with what it was."""
+    kills by a signal and non-zero exits, with what it was (an OOM kill's victim once: its
+    SIGKILL exit is the kill's end, not listed)."""
     with engine_for(recording_or_events) as engine:
         return failures_on(engine)
 

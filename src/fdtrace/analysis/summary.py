@@ -17,7 +17,15 @@ from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
 from fdtrace.policy import kib
 from fdtrace.schema import STATS
-from fdtrace.schema.failures import FD_SQL, HARM, INCIDENT_SQL, REQUESTED_SIGNALS, REQUESTED_SQL, harm_order
+from fdtrace.schema.failures import (
+    FD_SQL,
+    HARM,
+    INCIDENT_SQL,
+    REQUESTED_SIGNALS,
+    REQUESTED_SQL,
+    harm_order,
+    oom_ends,
+)
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable, Dataset
@@ -63,6 +71,10 @@ def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
         return f"{comm} [{pid}]" + (f" on {host}" if several_hosts else "")
 
     failed = _failed(engine) if failed is None else failed
+    ends = failed["at"].notna()
+    if ends.any():  # an OOM kill's victim's SIGKILL exit is that kill's end: one harm, said once
+        at = failed["at"].fillna(-1)  # the calls' rows (no time) never match
+        failed = failed[~oom_ends(failed["pid"], at, failed["kind"].astype(str), failed["signal"], failed["host"])]
     requested = failed["at"].notna() & (failed["kind"] == "process_exit") & failed["signal"].isin(REQUESTED_SIGNALS)
     asked, failed = failed[requested], failed[~requested]
     calls = failed[failed["at"].isna()]

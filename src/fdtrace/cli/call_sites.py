@@ -7,6 +7,8 @@ import json
 import math
 import os
 import sys
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -28,10 +30,43 @@ def _check_pid(pid: int) -> str:
         fail(FdtraceError(f"no process {pid}"))
 
 
+@dataclass
+class Window:
+    """The span a process was traced for: wall times (s), and what ended it ("duration",
+    "process ended" or "signal")."""
+
+    asked_s: float
+    start: float
+    end: float
+    stopped_by: str
+
+    @property
+    def seconds(self) -> float:
+        """How long it lasted."""
+        return max(0.0, self.end - self.start)
+
+    def words(self, pid: int) -> str:
+        """The window for people: its length, its wall times, and why it ended when not by --duration."""
+        def clock(at: float) -> str:
+            return time.strftime("%H:%M:%S", time.gmtime(at))
+        said = f"the {self.seconds:.1f} s traced ({clock(self.start)} to {clock(self.end)} UTC"
+        if self.stopped_by == "process ended":
+            return said + f"; process {pid} ended before the --duration {self.asked_s:g} s)"
+        if self.stopped_by == "signal":
+            return said + f"; stopped before the --duration {self.asked_s:g} s)"
+        return said + f", --duration {self.asked_s:g})"
+
+    def as_json(self) -> dict[str, Any]:
+        """The window as JSON fields."""
+        return {"seconds": round(self.seconds, 3), "start": self.start, "end": self.end,
+                "duration_asked": self.asked_s, "stopped_by": self.stopped_by}
+
+
 def _trace(pid: int, duration: float, interval: float, max_stacks: int, max_fds: int, sample: bool,
-           thread_starts: bool = False) -> Any:
-    """Trace one process with --stacks for ``duration`` seconds; returns the call-sites sink.
-    Only failures are streamed from the kernel, and thread starts with ``thread_starts``."""
+           thread_starts: bool = False) -> tuple[Any, Window]:
+    """Trace one process with --stacks for ``duration`` seconds (less when it ends or a signal
+    stops the tracing); returns the call-sites sink and the window traced. Only failures are
+    streamed from the kernel, and thread starts with ``thread_starts``."""
     from fdtrace.kernel.loader import TraceOptions
     from fdtrace.pipeline import Pipeline, Stop
     from fdtrace.sinks.call_sites import CallSitesSink
@@ -47,13 +82,17 @@ def _trace(pid: int, duration: float, interval: float, max_stacks: int, max_fds:
     pipeline = Pipeline(source, [sites])
     start(pipeline)
     note(f"tracing pid {pid} for {duration:g} s; Ctrl-C to stop sooner")
+    began = time.time()
     run(pipeline, gone)
+    window = Window(duration, began, time.time(), "signal" if gone.signalled is not None else "duration")
     if not os.path.exists(f"/proc/{pid}"):  # its end is the moment that matters: what it held then
         how = sites.endings.get(pid, "exited")
         when = "" if sites.start_ns is None or pid not in sites.exits else \
             f" {max(0.0, (sites.exits[pid] - sites.start_ns) / 1e9):.1f} s into the tracing"
         note(f"process {pid} ended{when} ({how}): what follows is what was traced up to its end")
-    return sites
+        if window.stopped_by == "duration" and window.seconds < duration:
+            window.stopped_by = "process ended"
+    return sites, window
 
 
 def _name_problems(loaded: Any) -> None:
@@ -163,7 +202,7 @@ def leaks(pid: int | None, recording: str | None, duration: float, interval: flo
     if duration <= 0 or interval <= 0:
         fail(FdtraceError("--duration and --interval must be positive"))
     comm = _check_pid(pid)
-    sites = _trace(pid, duration, interval, max_stacks, max_fds, sample=False)
+    sites, _ = _trace(pid, duration, interval, max_stacks, max_fds, sample=False)
     table = sites.leaks(pid)
     traced = table[table["site"] != "(from before tracing)"]["open"].sum() if len(table) else 0
     header = (f"fdtrace leaks: pid {pid} ({shown(comm)}), traced {sites.traced_s:.1f} s: {traced} descriptors "
@@ -198,10 +237,11 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     comm = _check_pid(pid)
     sites = None
     traced = None
+    window = None
     if stacks:
         if duration <= 0:
             fail(FdtraceError("--duration must be positive"))
-        traced = _trace(pid, duration, 1.0, 16384, 1, sample=True, thread_starts=True)
+        traced, window = _trace(pid, duration, 1.0, 16384, 1, sample=True, thread_starts=True)
         sites = traced.thread_sites(pid)
     from fdtrace.kernel.stacks import BlockedCode
     from fdtrace.kernel.syscalls import syscall_name
@@ -216,9 +256,10 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     try:
         census = thread_census(ProcFS(), pid, syscall_name, site_of=blocked_code)
     except ProcessGoneError:
-        if traced is None or pid not in traced.census:
+        if traced is None:
             fail(FdtraceError(f"process {pid} is gone"))
-        census = traced.census[pid].states  # it ended while traced: its last census before the end
+        # it ended while traced: its last census before the end (none when it ended before the first)
+        census = traced.census[pid].states if pid in traced.census else []
     except ProcessAccessDeniedError:
         fail(FdtraceError(f"no access to the threads of process {pid}: run as root"))
     sample = ProcSampler().sample(pid)
@@ -234,14 +275,18 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
         if python is not None:
             out["python"] = {"version": ".".join(map(str, python.version or ())), "frames_unread": python.unread}
         out["unread"] = blocked_code.shortfalls()
-        if sites is not None:
+        if sites is not None and window is not None:
             out["creation_sites"] = _records(sites)
+            out["window"] = window.as_json()
         json.dump(out, sys.stdout)
         sys.stdout.write("\n")
         return
     limit_text = "no thread limit applies" if limit is None else \
         f"{limit[0]} limit {limit[2]}: {limit[1]} counted ({100 * limit[1] / max(limit[2], 1):.0f} %)"
-    say(f"pid {pid} ({shown(comm)}): {total} threads; {limit_text}")
+    if not census and traced is not None:
+        say(f"pid {pid} ({shown(comm)}): ended before its threads were read")
+    else:
+        say(f"pid {pid} ({shown(comm)}): {total} threads; {limit_text}")
     for state in census:
         say(f"  {shown(describe_state(state))}")
     if python is not None and python.unread:
@@ -252,15 +297,15 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
     advice = dns_advice(go) if dns_waiters(census) else None
     if advice:
         say(f"{dns_waiters(census)} threads wait on DNS: {advice}")
-    if sites is not None:
-        _print_thread_sites(sites, duration)
+    if sites is not None and window is not None:
+        _print_thread_sites(sites, window, pid)
 
 
-def _print_thread_sites(sites: Any, duration: float) -> None:
+def _print_thread_sites(sites: Any, window: Window, pid: int) -> None:
     if not len(sites):
-        say(f"no thread started in {duration:g} s")
+        say(f"no thread started during {window.words(pid)}")
         return
-    say(f"threads started in {duration:g} s, by creating site:")
+    say(f"threads started in {window.words(pid).removeprefix('the ')}, by creating site:")
     for row in sites.to_dict("records"):
         say(f"{row['threads']:>7}  {shown(row['site'])}")
         if row.get("reason"):

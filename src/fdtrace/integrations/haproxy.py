@@ -604,13 +604,23 @@ class HaproxySampler:
         self._pids[path] = socket_holders(self._procfs, inodes, haproxys)
         return self._pids[path]
 
-    def _room(self, pids: list[int]) -> str | None:
-        """Why a connection must not be made now (one of ``pids`` is short of descriptors), or None."""
+    def _room(self, pids: list[int], short: list[int] | None = None) -> str | None:
+        """Why a connection must not be made now (one of ``pids`` is short of descriptors, appended
+        to ``short``), or None."""
         for pid in pids:
             why = refusal(self._procfs, pid, f"haproxy [{pid}]")
             if why is not None:
+                if short is not None:
+                    short.append(pid)
                 return f"{NOT_ASKED} while {why}"
         return None
+
+    def _comm(self, pid: int) -> str:
+        """The name of process ``pid`` (haproxy's, as the kernel has it), "haproxy" when unread."""
+        try:
+            return self._procfs.stat(pid).comm or "haproxy"
+        except READ_ERRORS:
+            return "haproxy"
 
     def _due(self, path: str, now: float) -> bool:
         return now >= self._failures.get(path, (0, 0.0))[1]
@@ -624,7 +634,9 @@ class HaproxySampler:
 
     def sample_now(self) -> list[dict[str, int | str | None]]:
         """One row per socket due now: read, or why it was not asked (its haproxy at its FD limit);
-        none for a socket waiting out its backoff."""
+        none for a socket waiting out its backoff. Each row names the haproxy behind its socket
+        (``haproxy_pid`` and ``comm``) whether it answered or not: show info's Pid, else the one
+        short of descriptors, else the first process behind it (none when no haproxy holds it)."""
         rows: list[dict[str, int | str | None]] = []
         with self._lock:
             sockets = list(self.sockets)
@@ -637,9 +649,10 @@ class HaproxySampler:
             info: dict[str, str] = {}
             held = False
             pids = self._behind(path)
+            short: list[int] = []
 
-            def room(pids: list[int] = pids) -> str | None:
-                return self._room(pids)
+            def room(pids: list[int] = pids, short: list[int] = short) -> str | None:
+                return self._room(pids, short)
 
             try:
                 info = show_info(path, timeout=self.timeout, room=room)
@@ -652,6 +665,10 @@ class HaproxySampler:
                 row[column] = info_number(info, name)
             if row["haproxy_pid"] is not None:
                 self._pids[path] = [int(row["haproxy_pid"])]
+            elif short or pids:  # no answer: the haproxy it was asked of (a log line names it, never pid 0)
+                row["haproxy_pid"] = (short or pids)[0]
+            if row["haproxy_pid"] is not None:
+                row["comm"] = self._comm(int(row["haproxy_pid"]))
             rows.append(row)
             if not held and row["error"] is not None and path in self.found:
                 with self._lock:  # a socket of a configuration that no longer answers: forgotten

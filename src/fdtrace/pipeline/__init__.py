@@ -5,7 +5,7 @@ and the controls a view is given over it (the replay's clock, the live view's re
 from fdtrace.pipeline.controls import Controls, NoPlayback, Notice, Position
 from fdtrace.pipeline.protocols import Sink, Source
 from fdtrace.pipeline.runner import Pipeline, SinkFailure, Stop
-from fdtrace.pipeline.update import ArrowTable, HaproxyRow, SampleRound, SourceInfo, SystemFigures, Update
+from fdtrace.pipeline.update import ArrowTable, Baseline, HaproxyRow, SampleRound, SourceInfo, SystemFigures, Update
 
-__all__ = ["ArrowTable", "Controls", "HaproxyRow", "NoPlayback", "Notice", "Pipeline", "Position", "SampleRound",
-           "Sink", "SinkFailure", "Source", "SourceInfo", "Stop", "SystemFigures", "Update"]
+__all__ = ["ArrowTable", "Baseline", "Controls", "HaproxyRow", "NoPlayback", "Notice", "Pipeline", "Position",
+           "SampleRound", "Sink", "SinkFailure", "Source", "SourceInfo", "Stop", "SystemFigures", "Update"]

@@ -56,6 +56,32 @@ class SampleRound:
 
 
 @dataclass
+class Baseline:
+    """What the events before a replay's window added up to (a jump rebuilds the view from a
+    window before its target, these totals first): per process its identity, its events by
+    kind, its failed calls, its busiest EMFILE second and its connect() destinations; and the
+    rare events (ends, OOM kills, Go's thread limit) to apply one by one.
+
+    Attributes:
+        until_ns: the window's start (wall ns): everything before it is summed here.
+        processes: (pid, comm, start_ns, last seen wall ns) of each process seen before it.
+        totals: (pid, kind) -> events.
+        errors: (pid, syscall, errno) -> (failed calls, wall ns of the first).
+        emfile_worst_second: pid -> EMFILE in its busiest UTC second.
+        destinations: (pid, "addr:port") -> [connect() calls, failed].
+        lifecycle: the rare events, an events table in time order.
+    """
+
+    until_ns: int
+    processes: list[tuple[int, str, int | None, int]] = field(default_factory=list)
+    totals: dict[tuple[int, str], int] = field(default_factory=dict)
+    errors: dict[tuple[int, str, str], tuple[int, int]] = field(default_factory=dict)
+    emfile_worst_second: dict[int, int] = field(default_factory=dict)
+    destinations: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    lifecycle: Any = None
+
+
+@dataclass
 class Update:
     """Everything a source produced since its previous update.
 
@@ -74,6 +100,8 @@ class Update:
         connections: rows of the ``connections`` table (recordings), or None.
         unread: what the source's bounded readers of other users' data left unread, in words
             (live: in the final update; a recording keeps it in its metadata).
+        baseline: with ``reset``, what the events before this update's added up to (a replay's
+            jump hands out a window of events, not all since the start), or None.
     """
 
     now_ns: int
@@ -88,6 +116,7 @@ class Update:
     stacks: list[Stack] = field(default_factory=list)
     connections: ArrowTable | None = None
     unread: list[str] = field(default_factory=list)
+    baseline: Baseline | None = None
 
     def then(self, later: Update) -> Update:
         """This update and a later one as one (for a consumer that fell behind): events one
@@ -106,7 +135,7 @@ class Update:
                       phases=later.phases if later.phases is not None else self.phases,
                       reset=self.reset, boot_wall_ns=later.boot_wall_ns or self.boot_wall_ns,
                       final=later.final, stacks=[*self.stacks, *later.stacks], connections=connections,
-                      unread=later.unread or self.unread)
+                      unread=later.unread or self.unread, baseline=self.baseline)
 
 
 @dataclass(frozen=True)

@@ -130,9 +130,20 @@ class PeerLookup:
 MAX_UNIX_LINES = 200_000
 
 
+def bound_at(name: str, path: str) -> bool:
+    """Whether a Unix socket /proc/net/unix names ``name`` is the one at ``path``: that name, or
+    the one HAProxy bound before renaming it into place (``PATH.PID.tmp``: the kernel keeps the
+    name it was bound with)."""
+    if name == path:
+        return True
+    middle = name[len(path) + 1:-len(".tmp")] if name.startswith(path + ".") and name.endswith(".tmp") else ""
+    return middle.isdigit()
+
+
 def unix_listener_inodes(procfs: ProcFS, path: str) -> set[int]:
     """The inodes of the listening Unix sockets bound at ``path`` (/proc/net/unix, read a line at a
-    time up to ``MAX_UNIX_LINES``); none when it cannot be read."""
+    time up to ``MAX_UNIX_LINES``; HAProxy's bound under a temporary name and renamed too); none
+    when it cannot be read."""
     found: set[int] = set()
     try:
         with open(procfs.root / "net" / "unix", encoding="utf-8", errors="replace") as table:
@@ -141,7 +152,7 @@ def unix_listener_inodes(procfs: ProcFS, path: str) -> set[int]:
                     break
                 fields = line.split(maxsplit=7)
                 # Num RefCount Protocol Flags Type St Inode Path; Flags 00010000: listening
-                if len(fields) == 8 and fields[7].rstrip("\n") == path and fields[3] == "00010000" \
+                if len(fields) == 8 and bound_at(fields[7].rstrip("\n"), path) and fields[3] == "00010000" \
                         and fields[6].isdigit():
                     found.add(int(fields[6]))
     except OSError:

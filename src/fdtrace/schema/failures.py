@@ -8,7 +8,10 @@ An event is, the first that applies:
 - *EMFILE/ENFILE*: a call of any syscall failing with EMFILE or ENFILE;
 - *OOM kill*, *Go thread limit*: an event of that kind;
 - *killed by a signal*: a crash, a process_exit with a signal other than the ones below
-  (SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE, a SIGKILL not sent by the OOM killer, ...);
+  (SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE, a SIGKILL not sent by the OOM killer, ...). The
+  SIGKILL exit of a process the OOM killer chose (an oom_kill of the same host and pid at most
+  ``OOM_END_NS`` before it, ``oom_ends``) is the end of that OOM kill, not a failure of its own:
+  the process is counted once, as an OOM kill;
 - *ended on request*: a process_exit with SIGHUP, SIGINT, SIGTERM or SIGPIPE (``REQUESTED_SIGNALS``:
   a terminal closed, Ctrl-C, a service stopped, a pipeline's reader gone);
 - *non-zero exit*: a process_exit with an exit code other than 0 (and no signal).
@@ -50,6 +53,34 @@ def harm_order(failure_class: str | None, count: int, first_ns: int) -> tuple[in
     """The sort key of a program's (or process's) failures by harm: its class's rank, the most
     failures first, then who failed first. Unknown classes come last."""
     return HARM.get(failure_class or "", len(FAILURE_CLASSES)), -count, first_ns
+#: How long after an OOM kill the victim's SIGKILL exit is that kill's end (the kernel kills at
+#: once; a victim stuck in uninterruptible sleep takes longer, never minutes).
+OOM_END_NS = 60_000_000_000
+
+
+def oom_ends(pids: Any, times: Any, kinds: Any, signals: Any, hosts: Any = None) -> Any:
+    """Which rows (numpy bool array) are the SIGKILL exit of a process the OOM killer chose: a
+    process_exit by SIGKILL with an oom_kill of the same pid (and host, when given) at most
+    ``OOM_END_NS`` before it, among the same rows. Arguments are sequences of equal length."""
+    import numpy as np
+
+    pids = np.asarray(pids, dtype=np.int64)
+    times = np.asarray(times, dtype=np.int64)
+    kinds = np.asarray(kinds, dtype=object)
+    hosts = np.asarray(hosts if hosts is not None else [""] * len(pids), dtype=object)
+    found = np.zeros(len(pids), dtype=bool)
+    kills: dict[tuple[Any, int], list[int]] = {}
+    for i in np.flatnonzero(kinds == "oom_kill"):
+        kills.setdefault((hosts[i], int(pids[i])), []).append(int(times[i]))
+    if not kills:
+        return found
+    ends = np.flatnonzero((kinds == "process_exit") & (np.asarray(signals, dtype=object) == "SIGKILL"))
+    for i in ends:
+        at = int(times[i])
+        found[i] = any(0 <= at - kill <= OOM_END_NS for kill in kills.get((hosts[i], int(pids[i])), ()))
+    return found
+
+
 #: Event kinds that are a failure by themselves, and their class.
 FAILURE_KINDS: dict[str, str] = {"oom_kill": "OOM kill", "go_thread_limit": "Go thread limit"}
 
@@ -105,7 +136,8 @@ def failed_call_sql(alias: str = "") -> str:
 
 def incident_mask(events: Any, exits: bool = False) -> Any:
     """Which rows of an events table (pyarrow) are incidents; with ``exits``, failures (ends on
-    request and non-zero exits too)."""
+    request and non-zero exits too). The SIGKILL exit of an OOM kill's victim is neither when its
+    oom_kill is in the same table (``oom_ends``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -125,4 +157,10 @@ def incident_mask(events: Any, exits: bool = False) -> Any:
         if "exit_code" in events.column_names:
             code = pc.fill_null(events["exit_code"].cast(pa.int64()), 0)
             found = pc.or_(found, pc.and_(ended, pc.not_equal(code, 0)))
+    time_column = next((c for c in ("ts_ns", "time_ns") if c in events.column_names), None)
+    if time_column is not None and "pid" in events.column_names and pc.any(pc.equal(kind, "oom_kill")).as_py():
+        after_oom = oom_ends(events["pid"].to_numpy(zero_copy_only=False),  # rare: only then looked at twice
+                             events[time_column].cast(pa.int64()).to_numpy(zero_copy_only=False),
+                             kind.to_numpy(zero_copy_only=False), signal.to_numpy(zero_copy_only=False))
+        found = pc.and_(found, pc.invert(pa.array(after_oom)))
     return found

@@ -182,7 +182,9 @@ HAPROXY = Table("haproxy", (
     _TS,
     Field("socket", "string", False, "the stats socket's path (source configuration: the configuration's)"),
     Field("error", "string", True, "why the socket did not answer, or the configuration was not read (no figures)"),
-    *(Field(column, "int64", True, f"show info: {name}") for name, column in HAPROXY_INFO_FIELDS),
+    *(Field(column, "int64", True, f"show info: {name}" + (
+        " (no answer: the haproxy the socket was asked of)" if column == "haproxy_pid" else ""))
+      for name, column in HAPROXY_INFO_FIELDS),
     Field("source", "dict_string", True, "asked (--haproxy-socket), found (a stats socket its configuration names), "
           "or configuration (its maxconn, ulimit-n, nbthread and listeners, and the Maxsock they make)"),
     Field("nbthread", "int64", True, "source configuration: nbthread"),

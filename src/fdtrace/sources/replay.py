@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.live import phases_at
 from fdtrace.pipeline import Notice, Pipeline, Position
-from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.pipeline.update import Baseline, SampleRound, SourceInfo, Update
 from fdtrace.recording import read_parts
 from fdtrace.recording.fleet import Fleet
 from fdtrace.recording.reader import HostSnapshot
@@ -63,6 +63,119 @@ def _incident_label(row: dict[str, Any], count: int) -> str:
     else:
         what = f"killed by {row.get('signal') or '?'}"
     return f"{row.get('comm') or '?'} {what}" + (f" ×{count:,}" if count > 1 else "")
+
+
+#: A jump rebuilds the view from this long before its target (the totals before it from the index).
+JUMP_WINDOW_NS = 30 * 10**9
+#: A jump hands out the sampling rounds of this long before its window too (few rows: the view's
+#: charts keep 600 points, ten minutes of 1 s rounds, as they had playing there).
+ROUNDS_BEFORE_NS = 600 * 10**9
+#: The cumulative index's step: its checkpoints lie on whole multiples of this (whole seconds,
+#: so an EMFILE second is never split between the index and the window).
+CHECKPOINT_NS = 5 * 10**9
+#: Events applied one by one from before a window: ends, OOM kills, Go's thread limit.
+LIFECYCLE_KINDS = ("oom_kill", "process_exit", "go_thread_limit")
+
+
+def _grouped(columns: dict[str, Any], keys: list[str], aggregates: list[tuple[Any, str]]) -> pa.Table:
+    table = pa.table(columns)
+    return table.group_by(keys, use_threads=False).aggregate(aggregates) if table.num_rows else table
+
+
+class TotalsIndex:
+    """A recording's events summed per ``CHECKPOINT_NS`` step (chunk), once: events per
+    (process, kind), failed calls per (process, syscall, errno) with the first's time, EMFILE per
+    process in its busiest second, connect() destinations, each process's last event; and where
+    the rare events lie. ``baseline(until_ns)`` adds up the chunks before a checkpoint: a jump's
+    totals since the start without replaying every event."""
+
+    def __init__(self, events: pa.Table, times: np.ndarray) -> None:
+        from fdtrace.schema.events import NOT_FAILURES
+
+        self.events = events
+        self.times = times
+        first = int(times[0]) // CHECKPOINT_NS * CHECKPOINT_NS
+        self.checkpoints = np.arange(first, int(times[-1]) + CHECKPOINT_NS, CHECKPOINT_NS, dtype=np.int64)
+        chunk = (np.searchsorted(self.checkpoints, times, side="right") - 1).astype(np.int32)
+        pids = events["pid"].cast(pa.int64())
+        kinds = events["kind"].cast(pa.string())
+        self.kinds = _grouped({"chunk": chunk, "pid": pids, "kind": kinds}, ["chunk", "pid", "kind"],
+                              [([], "count_all")])
+        self.last_rows = _grouped({"chunk": chunk, "pid": pids, "row": np.arange(len(times), dtype=np.int64)},
+                                  ["chunk", "pid"], [("row", "max")])
+        errno = pc.fill_null(events["errno"].cast(pa.string()), "")
+        failed = pc.invert(pc.is_in(errno, value_set=pa.array(list(NOT_FAILURES)))).to_numpy(zero_copy_only=False)
+        rows = np.flatnonzero(failed)
+        self.errors = _grouped({"chunk": chunk[rows], "pid": pids.take(rows),
+                                "syscall": pc.fill_null(events["syscall"].cast(pa.string()).take(rows), ""),
+                                "errno": errno.take(rows), "time": times[rows]},
+                               ["chunk", "pid", "syscall", "errno"], [([], "count_all"), ("time", "min")])
+        emfile = rows[np.asarray(errno.take(rows).to_numpy(zero_copy_only=False)) == "EMFILE"]
+        seconds = _grouped({"chunk": chunk[emfile], "pid": pids.take(emfile), "second": times[emfile] // 10**9},
+                           ["chunk", "pid", "second"], [([], "count_all")])
+        self.emfile_seconds = seconds if not seconds.num_rows else _grouped(
+            {"chunk": seconds["chunk"], "pid": seconds["pid"], "n": seconds["count_all"]}, ["chunk", "pid"],
+            [("n", "max")])
+        connects = np.flatnonzero(pc.and_(pc.equal(kinds, "connect"),
+                                          pc.is_valid(events["peer_port"])).to_numpy(zero_copy_only=False))
+        self.connects = _grouped({"chunk": chunk[connects], "pid": pids.take(connects),
+                                  "address": events["peer_addr"].cast(pa.string()).take(connects),
+                                  "port": events["peer_port"].cast(pa.int64()).take(connects),
+                                  "failed": failed[connects]},
+                                 ["chunk", "pid", "address", "port", "failed"], [([], "count_all")])
+        self.lifecycle = np.flatnonzero(pc.is_in(kinds, value_set=pa.array(LIFECYCLE_KINDS))
+                                        .to_numpy(zero_copy_only=False))
+
+    def window_start(self, target_ns: int) -> int:
+        """The checkpoint a jump to ``target_ns`` replays from: at least ``JUMP_WINDOW_NS`` before it."""
+        at = int(np.searchsorted(self.checkpoints, target_ns - JUMP_WINDOW_NS, side="right")) - 1
+        return int(self.checkpoints[max(at, 0)])
+
+    def baseline(self, until_ns: int) -> Baseline:
+        """What the events before the checkpoint ``until_ns`` add up to."""
+        k = int(np.searchsorted(self.checkpoints, until_ns, side="left"))  # chunks before it: 0 .. k-1
+        found = Baseline(until_ns=until_ns)
+        if k <= 0:
+            return found
+
+        def before(table: pa.Table) -> pa.Table:
+            return table.filter(pc.less(table["chunk"], k)) if table.num_rows else table
+
+        kinds = before(self.kinds)
+        if kinds.num_rows:
+            summed = kinds.group_by(["pid", "kind"]).aggregate([("count_all", "sum")])
+            found.totals = {(p, kd): n for p, kd, n in zip(*(summed[c].to_pylist() for c in
+                                                              ("pid", "kind", "count_all_sum")), strict=True)}
+        last = before(self.last_rows)
+        if last.num_rows:
+            rows = last.group_by("pid").aggregate([("row_max", "max")])["row_max_max"]
+            who = self.events.take(rows).select(["pid", "comm", "start_ns"])
+            found.processes = [(pid, comm or "", start, int(self.times[row])) for pid, comm, start, row in zip(
+                who["pid"].to_pylist(), who["comm"].cast(pa.string()).to_pylist(), who["start_ns"].to_pylist(),
+                rows.to_pylist(), strict=True)]
+        errors = before(self.errors)
+        if errors.num_rows:
+            summed = errors.group_by(["pid", "syscall", "errno"]).aggregate([("count_all", "sum"), ("time_min", "min")])
+            found.errors = {(p, sc, er): (n, t) for p, sc, er, n, t in zip(
+                *(summed[c].to_pylist() for c in ("pid", "syscall", "errno", "count_all_sum", "time_min_min")),
+                strict=True)}
+        seconds = before(self.emfile_seconds)
+        if seconds.num_rows:
+            worst = seconds.group_by("pid").aggregate([("n_max", "max")])
+            found.emfile_worst_second = dict(zip(worst["pid"].to_pylist(), worst["n_max_max"].to_pylist(),
+                                                 strict=True))
+        connects = before(self.connects)
+        if connects.num_rows:
+            summed = connects.group_by(["pid", "address", "port", "failed"]).aggregate([("count_all", "sum")])
+            for pid, address, port, failed, n in zip(*(summed[c].to_pylist() for c in (
+                    "pid", "address", "port", "failed", "count_all_sum")), strict=True):
+                where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+                tally = found.destinations.setdefault((pid, where), [0, 0])
+                tally[0] += n
+                tally[1] += n if failed else 0
+        rare = self.lifecycle[self.times[self.lifecycle] < until_ns]
+        found.lifecycle = self.events.take(pa.array(rare)) if len(rare) else None
+        return found
 
 
 @dataclass
@@ -135,6 +248,7 @@ class EventPlayer:
         self._anchor_real = clock()
         self._problem_hits: np.ndarray | None = None
         self._incidents: Incidents | None = None
+        self._totals: TotalsIndex | None = None
 
     @staticmethod
     def _loss_index(losses: list[pa.Table]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -199,6 +313,23 @@ class EventPlayer:
         wall_ns = max(self.start_ns, min(wall_ns, self.end_ns))
         self._position = int(np.searchsorted(self._times, wall_ns, side="left"))
         self._rebase(wall_ns)
+
+    def totals_index(self) -> TotalsIndex:
+        """The recording's cumulative index (``TotalsIndex``), built once."""
+        if self._totals is None:
+            self._totals = TotalsIndex(self.events, self._times)
+        return self._totals
+
+    def replay_window(self, wall_ns: int) -> Baseline:
+        """Jump to a wall time, and hand out the events of the window before it (from a checkpoint
+        at least ``JUMP_WINDOW_NS`` before) at the next poll; returns what the events before the
+        window add up to."""
+        wall_ns = max(self.start_ns, min(wall_ns, self.end_ns))
+        index = self.totals_index()
+        since = index.window_start(wall_ns)
+        self._position = int(np.searchsorted(self._times, since, side="left"))
+        self._rebase(wall_ns)
+        return index.baseline(since)
 
     def replay_until(self, wall_ns: int) -> None:
         """Jump to a wall time, and hand out every event from the start up to it at the next
@@ -391,6 +522,7 @@ class ReplaySource:
                         bucket.append(part)
         finally:
             fleet.close()
+        self.player.totals_index()  # once, with the recording: no jump waits for it
         self._host = ",".join(dict.fromkeys(host for _, host, _ in hosts))
         self._samples = _by_time(tables["samples"])
         self._system = _by_time(tables["system"])
@@ -410,6 +542,7 @@ class ReplaySource:
         self._boot_wall_ns = None if first is None else first.realtime_offset_ns - first.boottime_offset_ns
         self._shown_until = self.player.start_ns - 1
         self._reset = False
+        self._baseline: Baseline | None = None
 
     @property
     def info(self) -> SourceInfo:
@@ -425,7 +558,7 @@ class ReplaySource:
         batch = self.player.poll()
         now = batch.mono_ns
         update = Update(now_ns=now, events=batch.events, losses=batch.losses, reset=self._reset,
-                        boot_wall_ns=self._boot_wall_ns)
+                        boot_wall_ns=self._boot_wall_ns, baseline=self._baseline if self._reset else None)
         if self._reset or not self._stacks_given:  # a reset view forgets them: all again (a few thousand at most)
             update.stacks = list(self._stacks)
             self._stacks_given = True
@@ -490,15 +623,19 @@ class ReplaySource:
         self.player.set_speed(max(self.player.speed / 2, 0.125))
 
     def seek_by(self, seconds: float) -> None:
-        """Jump forward or back; a jump back replays from the start up to there."""
+        """Jump forward or back (``seek``: the view rebuilt from a window before the target)."""
         self.seek(self.player.now_ns + int(seconds * 1e9))
 
     def seek(self, wall_ns: int) -> None:
-        """Jump to a wall time. The next update carries everything from the start up to it,
-        with ``reset`` set, so the view rebuilds exactly what it showed at that moment."""
+        """Jump to a wall time. The next update, with ``reset`` set, carries the events of the
+        window before it (``JUMP_WINDOW_NS`` or a little more), the sampling rounds from
+        ``ROUNDS_BEFORE_NS`` before that (the charts' history) and, as its ``baseline``,
+        what every event before the window added up to (the player's cumulative index): the view
+        rebuilds its totals exactly, and the moments before the target, without replaying every
+        event since the start."""
         self.incident_note = ""
-        self.player.replay_until(wall_ns)
-        self._shown_until = self.player.start_ns - 1
+        self._baseline = self.player.replay_window(wall_ns)
+        self._shown_until = max(self.player.start_ns, self._baseline.until_ns - ROUNDS_BEFORE_NS) - 1
         self._reset = True
 
     def next_problem(self, backwards: bool = False) -> bool:

@@ -274,7 +274,8 @@ def log_line(entry: LogEntry) -> Text:
     """One event log line."""
     stamp = time.strftime("%H:%M:%S", time.gmtime(entry.time_ns / 1e9))
     text = Text(f"{stamp} ", style="dim")
-    text.append(f"{shown(entry.comm)}[{entry.pid}] ", style="bold")
+    # a process is named by its pid; a line of no known process (pid 0) is never "[0]"
+    text.append(f"{shown(entry.comm)}[{entry.pid}] " if entry.pid > 0 else f"{shown(entry.comm)} ", style="bold")
     text.append(shown(entry.text), style="red" if entry.severity == "error" else "dark_orange")
     return text
 

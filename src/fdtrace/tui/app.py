@@ -213,6 +213,8 @@ class FdtraceApp(App[None]):
             self._last_roll_ns = None
             self._log_shown = 0
             self.query_one("#log", RichLog).clear()
+            if update.baseline is not None:  # a replay's jump: the totals before its window
+                self.state.apply_baseline(update.baseline)
         if update.boot_wall_ns is not None:
             self.state.boot_wall_ns = update.boot_wall_ns
         if update.phases is not None:

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from fdtrace.advice.memory import MemoryFit, memory_fit
 from fdtrace.integrations.haproxy import NOT_ASKED
+from fdtrace.pipeline.update import Baseline
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, kib, site_name
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
@@ -210,6 +211,15 @@ class ProcessView:
         worst = next((c for c in FAILURE_CLASSES if c in self.failures and c in INCIDENT_CLASSES), None)
         count = self.fd_exhaustion_errors if worst == "EMFILE/ENFILE" else 1
         return harm_order(worst, count, self.first_failure_ns if self.first_failure_ns is not None else 1 << 62)
+
+    def _count_failed(self, syscall: str, errno: str, count: int) -> None:
+        """Count ``count`` calls of ``syscall`` failed with ``errno``, and their failure class."""
+        self.errors[(syscall, errno)] += count
+        found = failure_class({"errno": errno})
+        if found is not None:
+            self.failures.add(found)
+        if errno in FD_EXHAUSTION_ERRNOS:
+            self.fd_exhaustion_errors += count
 
     def _failed_at(self, when_ns: int) -> None:
         if self.first_failure_ns is None or when_ns < self.first_failure_ns:
@@ -452,13 +462,8 @@ class IncidentState:
                 if key[2] == "EMFILE":  # per UTC second, as the needs model counts them
                     self._count_emfile_second(self.processes[key[0]], when)
             for (pid, syscall, errno), count in Counter(keys).items():
-                view = self.processes[pid]
-                view.errors[(syscall, errno)] += count
-                found = failure_class({"errno": errno})
-                if found is not None:
-                    view.failures.add(found)
+                self.processes[pid]._count_failed(syscall, errno, count)
                 if errno in FD_EXHAUSTION_ERRNOS:
-                    view.fd_exhaustion_errors += count
                     self._window_errors[(pid, syscall, errno)] += count
         self._destinations(events)
         self._rank_sockets(events)
@@ -466,6 +471,36 @@ class IncidentState:
                         value_set=pa.array(["oom_kill", "process_exit", "go_thread_limit"]))
         if pc.any(rare).as_py():
             for row in plain_rows(events.filter(rare)):
+                self._lifecycle(row)
+
+    def apply_baseline(self, baseline: Baseline) -> None:
+        """Fold in what the events before a replay's window added up to (``Baseline``), as
+        ``apply_events`` would have counted them one by one: the view then takes the window's
+        events. Nothing of it is logged (the log starts with the window), but its ends."""
+        for pid, comm, start_ns, seen_ns in baseline.processes:
+            view = self._process(pid, comm, start_ns)
+            view.last_seen_ns = max(view.last_seen_ns, seen_ns)
+        for (pid, kind), count in baseline.totals.items():
+            self.processes[pid].totals[kind] += count
+        for (pid, syscall, errno), (count, first_ns) in baseline.errors.items():
+            view = self.processes[pid]
+            view._count_failed(syscall, errno, count)
+            if errno in FD_EXHAUSTION_ERRNOS:
+                view._failed_at(first_ns)
+            if errno == "EMFILE":
+                view.emfile += count
+        for pid, worst in baseline.emfile_worst_second.items():
+            view = self.processes[pid]
+            view.emfile_worst_second = max(view.emfile_worst_second, worst)
+        for (pid, where), (calls, failed) in baseline.destinations.items():
+            known = self.processes[pid].destinations
+            if where in known or len(known) < MAX_DESTINATIONS:
+                tally = known.setdefault(where, [0, 0])
+                tally[0] += calls
+                tally[1] += failed
+        if baseline.lifecycle is not None:
+            for row in plain_rows(baseline.lifecycle):
+                self._process(row["pid"], row["comm"], row["start_ns"])
                 self._lifecycle(row)
 
     @staticmethod
@@ -536,6 +571,8 @@ class IncidentState:
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]
         found = failure_class(row)
+        if view.oom_killed and row["kind"] == "process_exit" and row.get("signal") == "SIGKILL":
+            found = None  # the OOM kill's end, not a crash of its own (schema.failures.oom_ends)
         time_ns = _ns(row["time"])
         if found is not None:
             view.failures.add(found)
@@ -673,12 +710,12 @@ class IncidentState:
                     view.error_since_ns = time_ns
                 view.error = str(row["error"])
                 if not view.unreachable_logged:
-                    pid = int(view.row.get("haproxy_pid") or 0)
+                    pid, comm = self._haproxy_named(row.get("haproxy_pid") or view.row.get("haproxy_pid"), row)
                     last = (f"; last answer: {view.row.get('curr_conns')}/{view.row.get('maxconn')} connections"
                             if view.row else "")
                     said = "" if str(row["error"]).startswith(NOT_ASKED) else "does not answer: "
-                    self._log(LogEntry(time_ns, pid, "haproxy", f"stats socket {row['socket']} {said}"
-                                                                f"{row['error']}{last}", "warning"))
+                    self._log(LogEntry(time_ns, pid, comm, f"stats socket {row['socket']} {said}"
+                                                           f"{row['error']}{last}", "warning"))
                     view.unreachable_logged = True
                 continue
             view.row, view.error, view.error_since_ns, view.answered_ns = row, None, None, time_ns
@@ -691,9 +728,17 @@ class IncidentState:
                 view.busy_since_ns = time_ns
             if not view.alerted and time_ns - view.busy_since_ns >= HAPROXY_BUSY_FOR_NS:
                 view.alerted = True
-                pid = int(row.get("haproxy_pid") or 0)
-                self._log(LogEntry(time_ns, pid, "haproxy", f"{row['curr_conns']} connections of maxconn "
-                                                            f"{row['maxconn']} ({usage:.0%}) for 30 s", "error"))
+                pid, comm = self._haproxy_named(row.get("haproxy_pid"), row)
+                self._log(LogEntry(time_ns, pid, comm, f"{row['curr_conns']} connections of maxconn "
+                                                       f"{row['maxconn']} ({usage:.0%}) for 30 s", "error"))
+
+    def _haproxy_named(self, pid: Any, row: dict[str, Any]) -> tuple[int, str]:
+        """The pid and name a stats socket's log line gives its haproxy: the row's (a live sample
+        names it), else the process view's, else "haproxy"; pid 0 when no haproxy is known (the
+        line then names no pid)."""
+        known = int(pid) if pid else 0
+        view = self.processes.get(known) if known else None
+        return known, str(row.get("comm") or (view.comm if view is not None and view.comm else "haproxy"))
 
     def apply_phases(self, phases: dict[int, PhaseNow]) -> None:
         """Where each process of a training job is now (replaces what was known)."""
