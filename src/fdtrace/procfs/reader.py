@@ -10,13 +10,16 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import stat as stat_mode
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from fdtrace.procfs.containers import Placement, placement
 
+#: The live procfs tree: the default root of every reader (a test passes another).
+PROC_ROOT = "/proc"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TICK_NS = 1_000_000_000 // CLOCK_TICKS
 
@@ -124,12 +127,49 @@ def _rlimits(pid: int) -> dict[str, tuple[int | None, int | None]]:
             "Max processes": (_unlimited(nproc[0]), _unlimited(nproc[1]))}
 
 
+#: The most bytes one read of a process's memory returns, whatever the caller asks (a blocked
+#: thread's stack is 4 KiB, a Python frame or string a few hundred bytes).
+MAX_MEMORY_READ = 1 << 20
+#: Bytes of /proc/PID/status read at most for a process's real uid (its Uid line is in the first 1 KiB).
+MAX_STATUS_BYTES = 4096
+#: Bytes of fdtrace's own status read at most for its capabilities (CapEff is in the first 2 KiB).
+MAX_OWN_STATUS_BYTES = 16384
+
+
+class ProcessMemory:
+    """A process's memory (/proc/PID/mem) opened once for many reads; each read is bounded by
+    MAX_MEMORY_READ and gives fewer bytes (or none) where the memory is unmapped, the process
+    gone or the address out of range. Close it (or use it as a context manager)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def read(self, address: int, size: int) -> bytes:
+        """At most ``size`` bytes at ``address``."""
+        if address < 0 or size <= 0 or address + size > 1 << 64:
+            return b""
+        try:
+            return os.pread(self._fd, min(size, MAX_MEMORY_READ), address)
+        except (OSError, OverflowError):
+            return b""
+
+    def close(self) -> None:
+        """Close the memory file."""
+        os.close(self._fd)
+
+    def __enter__(self) -> ProcessMemory:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 class ProcFS:
     """One procfs tree (``/proc`` unless a test passes another root)."""
 
-    def __init__(self, root: str | Path = "/proc") -> None:
+    def __init__(self, root: str | Path = PROC_ROOT) -> None:
         self.root = Path(root)
-        self.live = self.root == Path("/proc")
+        self.live = self.root == Path(PROC_ROOT)
         self._prefix = f"{self.root}/"
 
     # Per process: raise ProcessGoneError or ProcessAccessDeniedError.
@@ -327,12 +367,77 @@ class ProcFS:
         maps.sort()
         return maps
 
+    def exists(self, pid: int) -> bool:
+        """Whether the process's folder is in the tree (it lives, or is a zombie not yet reaped)."""
+        return os.path.exists(f"{self._prefix}{pid}")
+
+    def real_uid(self, pid: int) -> int | None:
+        """The real uid of a process (who ran it, not a setuid binary's owner), from the first
+        MAX_STATUS_BYTES of its status; None once it is gone or where the file says none."""
+        try:
+            data = self.read_bytes(pid, "status", MAX_STATUS_BYTES)
+        except READ_ERRORS:
+            return None
+        for line in data.splitlines():
+            if line.startswith(b"Uid:"):
+                try:
+                    return int(line.split()[1])
+                except (IndexError, ValueError):
+                    return None
+        return None
+
+    def memory(self, pid: int) -> ProcessMemory:
+        """The process's memory opened for reads (``ProcessMemory``); OSError where it cannot be
+        opened (gone, or not ours to read)."""
+        return ProcessMemory(os.open(f"{self._prefix}{pid}/mem", os.O_RDONLY | os.O_CLOEXEC))
+
+    def read_memory(self, pid: int, address: int, size: int) -> bytes:
+        """At most ``size`` bytes of the process's memory at ``address`` (one open, one read);
+        fewer or none where unmapped, gone or denied."""
+        try:
+            memory = self.memory(pid)
+        except OSError:
+            return b""
+        with memory:
+            return memory.read(address, size)
+
+    def mapped_files(self, pid: int, start: int, end: int, device: int, inode: int, path: str) -> Iterator[str]:
+        """Paths through which the file of one mapping (``executable_maps``'s start, end, device,
+        inode and path) can be opened as the very file the process maps: its map_files entry,
+        then its path under the process's root; a candidate that is not a regular file, or is on
+        the mapping's device with another inode, is passed over (an overlay shows other numbers:
+        then the path is trusted). The caller opens each in turn until one reads."""
+        for candidate in (f"{self._prefix}{pid}/map_files/{start:x}-{end:x}", f"{self._prefix}{pid}/root{path}"):
+            try:
+                info = os.stat(candidate)
+            except OSError:
+                continue
+            if not stat_mode.S_ISREG(info.st_mode) or (info.st_dev == device and info.st_ino != inode):
+                continue
+            yield candidate
+
     def start_ns(self, pid: int) -> int | None:
         """Process start in CLOCK_BOOTTIME ns, None if it is gone or unreadable."""
         try:
             return self.stat(pid).start_ns
         except READ_ERRORS:
             return None
+
+    # fdtrace's own process (/proc/self, whatever pid namespace it is seen from).
+
+    def own_open_fds(self) -> int:
+        """fdtrace's own open descriptors (its fd folder listed, less the listing's own)."""
+        return len(os.listdir(f"{self._prefix}self/fd")) - 1
+
+    def own_capabilities(self) -> int:
+        """The CapEff bit mask of fdtrace's own process, from the first MAX_OWN_STATUS_BYTES of its
+        status (0 where it says none); OSError where the file cannot be read."""
+        with open(f"{self._prefix}self/status", "rb", buffering=0) as status:
+            data = status.read(MAX_OWN_STATUS_BYTES)
+        for line in data.splitlines():
+            if line.startswith(b"CapEff:"):
+                return int(line.split()[1], 16)
+        return 0
 
     # The whole system: None where a file is missing.
 
