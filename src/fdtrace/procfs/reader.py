@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from fdtrace.procfs.containers import Placement, placement
 
@@ -130,10 +131,35 @@ def _rlimits(pid: int) -> dict[str, tuple[int | None, int | None]]:
 #: The most bytes one read of a process's memory returns, whatever the caller asks (a blocked
 #: thread's stack is 4 KiB, a Python frame or string a few hundred bytes).
 MAX_MEMORY_READ = 1 << 20
+#: Bytes read at most of one file of a process (stat, status, limits, cgroup: a few KiB; cgroup
+#: paths are the longest, 4 KiB each) or of a system-wide file (file-nr, meminfo, netstat: a few
+#: KiB), whatever the file says: a read never takes more memory than this.
+PROCESS_FILE_BYTES = 1 << 20
+SYSTEM_FILE_BYTES = 1 << 20
+#: A process's maps are read up to this size: 65,530 mappings (vm.max_map_count's default) of 256
+#: bytes a line; past it, mappings are not seen.
+MAX_MAPS_BYTES = 16 << 20
+#: A network namespace's table (net/tcp, net/fib_trie) is read up to this size: about 60,000
+#: sockets at 150 bytes a line; past it, what it holds is not seen.
+MAX_NET_TABLE_BYTES = 8 << 20
 #: Bytes of /proc/PID/status read at most for a process's real uid (its Uid line is in the first 1 KiB).
 MAX_STATUS_BYTES = 4096
 #: Bytes of fdtrace's own status read at most for its capabilities (CapEff is in the first 2 KiB).
 MAX_OWN_STATUS_BYTES = 16384
+
+
+def _read_at_most(file: BinaryIO, limit: int) -> bytes:
+    """Up to ``limit`` bytes of an open file, read in chunks until its end (a /proc file may
+    answer a read with less than it holds). The first read asks 8 KiB, as a whole read does
+    (most /proc files are smaller: a larger buffer costs its allocation every read), and each next
+    one twice its last, up to 1 MiB."""
+    chunks: list[bytes] = []
+    left, size = limit, 8192
+    while left > 0 and (chunk := file.read(min(left, size))):
+        chunks.append(chunk)
+        left -= len(chunk)
+        size = min(size * 2, 1 << 20)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class ProcessMemory:
@@ -174,9 +200,9 @@ class ProcFS:
 
     # Per process: raise ProcessGoneError or ProcessAccessDeniedError.
 
-    def read(self, pid: int, name: str) -> str:
-        """The text of /proc/PID/NAME."""
-        return self.read_bytes(pid, name).decode(errors="replace")
+    def read(self, pid: int, name: str, limit: int = PROCESS_FILE_BYTES) -> str:
+        """The text of /proc/PID/NAME, of its first ``limit`` bytes."""
+        return self.read_bytes(pid, name, limit).decode(errors="replace")
 
     def stat(self, pid: int) -> ProcStat:
         """/proc/PID/stat, parsed (comm may hold spaces and parentheses)."""
@@ -188,20 +214,13 @@ class ProcFS:
         except (IndexError, ValueError):
             raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
 
-    def read_bytes(self, pid: int, name: str, limit: int | None = None) -> bytes:
+    def read_bytes(self, pid: int, name: str, limit: int = PROCESS_FILE_BYTES) -> bytes:
         """The bytes of /proc/PID/NAME (one open and read, no Path objects: this runs for every
-        sampled process every round); ``limit``: at most that many (files whose size others
-        decide, such as a network namespace's socket tables)."""
+        sampled process every round), at most ``limit`` of them (PROCESS_FILE_BYTES; more for
+        files whose size others decide, such as a network namespace's socket tables)."""
         try:
             with open(f"{self._prefix}{pid}/{name}", "rb", buffering=0) as file:
-                if limit is None:
-                    return file.read()
-                chunks: list[bytes] = []
-                left = limit
-                while left > 0 and (chunk := file.read(min(left, 1 << 16))):
-                    chunks.append(chunk)
-                    left -= len(chunk)
-                return b"".join(chunks)
+                return _read_at_most(file, limit)
         except OSError as exc:
             raise _translate(exc, pid) from None
 
@@ -353,7 +372,7 @@ class ProcFS:
         """The process's executable mappings: (start, end, file offset, device, inode, path),
         sorted by start; anonymous ones have inode 0."""
         maps = []
-        for line in self.read_bytes(pid, "maps").decode(errors="replace").splitlines():
+        for line in self.read_bytes(pid, "maps", MAX_MAPS_BYTES).decode(errors="replace").splitlines():
             parts = line.split(None, 5)
             if len(parts) < 5 or "x" not in parts[1]:
                 continue
@@ -445,10 +464,12 @@ class ProcFS:
         """Every process id in the tree."""
         return [int(name) for name in os.listdir(self.root) if name.isdigit()]
 
-    def system_text(self, relative: str) -> str | None:
-        """A system-wide file (``sys/fs/file-nr``, ``loadavg``, ...), None when it cannot be read."""
+    def system_text(self, relative: str, limit: int = SYSTEM_FILE_BYTES) -> str | None:
+        """A system-wide file (``sys/fs/file-nr``, ``loadavg``, ...), of its first ``limit``
+        bytes; None when it cannot be read."""
         try:
-            return (self.root / relative).read_text()
+            with open(f"{self._prefix}{relative}", "rb", buffering=0) as file:
+                return _read_at_most(file, limit).decode(errors="replace")
         except OSError:
             return None
 
