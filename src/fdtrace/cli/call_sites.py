@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -23,10 +22,12 @@ SHOWN_FRAMES = 6
 
 def _check_pid(pid: int) -> str:
     """The process's name, or a one-line error when it does not exist."""
+    from fdtrace.procfs import ProcFS
+    from fdtrace.procfs.reader import READ_ERRORS
+
     try:
-        with open(f"/proc/{pid}/comm", "rb") as file:
-            return file.read(64).decode(errors="replace").removesuffix("\n")
-    except OSError:
+        return ProcFS().read_bytes(pid, "comm", 64).decode(errors="replace").removesuffix("\n")
+    except READ_ERRORS:
         fail(FdtraceError(f"no process {pid}"))
 
 
@@ -78,14 +79,17 @@ def _trace(pid: int, duration: float, interval: float, max_stacks: int, max_fds:
         exiting=True, keep_exited=0, interval_s=interval, sample=sample, top_processes=0,
         trace=TraceOptions(pids=(pid,), errors_only=not thread_starts, ring_pages=1024, stacks=True,
                            max_stacks=max_stacks, max_fds=max_fds)))
-    gone = Stop(duration, condition=lambda: not os.path.exists(f"/proc/{pid}"))
+    from fdtrace.procfs import ProcFS
+
+    procfs = ProcFS()
+    gone = Stop(duration, condition=lambda: not procfs.exists(pid))
     pipeline = Pipeline(source, [sites])
     start(pipeline)
     note(f"tracing pid {pid} for {duration:g} s; Ctrl-C to stop sooner")
     began = time.time()
     run(pipeline, gone)
     window = Window(duration, began, time.time(), "signal" if gone.signalled is not None else "duration")
-    if not os.path.exists(f"/proc/{pid}"):  # its end is the moment that matters: what it held then
+    if not procfs.exists(pid):  # its end is the moment that matters: what it held then
         how = sites.endings.get(pid, "exited")
         when = "" if sites.start_ns is None or pid not in sites.exits else \
             f" {max(0.0, (sites.exits[pid] - sites.start_ns) / 1e9):.1f} s into the tracing"

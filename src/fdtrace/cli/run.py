@@ -105,12 +105,11 @@ def run(record_dir: str | None, phases_out: str | None, skip: tuple[str, ...], c
 
 def _write_phases(path: Path, phases: Any) -> None:
     """--phases-out: Parquet, else JSON lines, written whole through its held folder."""
-    import pyarrow.parquet as pq
-
+    from fdtrace.recording.writer import write_parquet
     from fdtrace.safe_files import PRIVATE_FILE, write_atomically
 
     def parquet(out: BinaryIO) -> None:
-        pq.write_table(phases, out)
+        write_parquet(phases, out)
 
     def lines(out: BinaryIO) -> None:
         for row in phases.drop_columns(["time"]).to_pylist():

@@ -29,7 +29,7 @@ from fdtrace.integrations.haproxy import (
 from fdtrace.integrations.nginx import NginxConfig, read_nginx_config
 from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
-from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.reader import PROC_ROOT, ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.room import refusal
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import threads_by_uid
@@ -120,7 +120,7 @@ class Doctor:
         systemctl: the systemctl binary, None where systemd is not there to ask.
     """
 
-    def __init__(self, procfs: str | Path = "/proc", peaks: dict[int, int] | None = None,
+    def __init__(self, procfs: str | Path = PROC_ROOT, peaks: dict[int, int] | None = None,
                  systemctl: str | None = SYSTEMCTL, cgroupfs: str | Path = "/sys/fs/cgroup") -> None:
         self.procfs = ProcFS(procfs)
         self.cgroupfs = Path(cgroupfs)

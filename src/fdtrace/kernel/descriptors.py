@@ -13,7 +13,6 @@ symbolizer) maps each hash to the id of its symbolized stack, so such calls add 
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -93,7 +92,7 @@ class DescriptorTracker:
         # unless a call site known by its innermost frames names them (those of gone processes go).
         prefixes = tracer.prefix_sites()
         named = {stack_id for _key, stack_id, _pid in prefixes}
-        tracer.forget_prefixes([key for key, _stack_id, pid in prefixes if not os.path.exists(f"/proc/{pid}")])
+        tracer.forget_prefixes([key for key, _stack_id, pid in prefixes if not self._procfs.exists(pid)])
         tracer.forget_stacks([i for i in counts if i not in live and i not in self._sites and i not in named])
         self._fold(counts)
 
@@ -128,7 +127,7 @@ class DescriptorTracker:
             if gone_ts:  # made before the exit: gone; after it: a new process with that pid
                 gone += [(pid, fd, s) for fd, s, ts in entries if ts < gone_ts]
                 entries = [e for e in entries if e[2] >= gone_ts]
-            if not os.path.exists(f"/proc/{pid}"):  # gone, its exit unstamped: all of it
+            if not self._procfs.exists(pid):  # gone, its exit unstamped: all of it
                 gone += [(pid, fd, s) for fd, s, _ts in entries]
                 entries = []
             elif changed_ts > self._handled.get(pid, 0):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.errors import FdtraceError
+from fdtrace.procfs import ProcFS
 from fdtrace.schema import FD_ALLOC_SYSCALLS, SOCKET_SYSCALLS
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -38,13 +39,9 @@ CONNECTION_FIELDS = frozenset({"oldstate", "newstate", "sport", "dport", "family
 _FIELD_RE = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*size:(?P<size>\d+);")
 
 
-def effective_capabilities(status_path: str = "/proc/self/status") -> int:
+def effective_capabilities(procfs: ProcFS | None = None) -> int:
     """The CapEff bit mask of this process."""
-    with open(status_path) as status:
-        for line in status:
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    return 0
+    return (procfs or ProcFS()).own_capabilities()
 
 
 def check_privileges() -> None:
@@ -179,9 +176,10 @@ LIMIT_ENTER_ARGS: dict[str, tuple[tuple[str, int], ...]] = {
 }
 
 
-def has_task_pt_regs(kallsyms: Path = Path("/proc/kallsyms")) -> bool:
+def has_task_pt_regs(kallsyms: Path | None = None) -> bool:
     """Whether this kernel has the bpf_task_pt_regs helper (Linux 5.15), which lets --stacks read
     the user stack pointer and so name the caller of a frameless libc syscall wrapper."""
+    kallsyms = kallsyms or ProcFS().root / "kallsyms"
     try:
         with kallsyms.open("rb") as symbols:
             return any(line.rstrip().endswith(b" bpf_task_pt_regs") for line in symbols)

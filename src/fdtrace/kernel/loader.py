@@ -26,9 +26,13 @@ from fdtrace.kernel.features import KernelFeatures
 from fdtrace.kernel.programs import BpfMap, LoadedPrograms, ProbeError
 from fdtrace.kernel.ringbuf import RingReader, bulk_read_supported
 from fdtrace.policy import FIRST_USER_UID
+from fdtrace.procfs import ProcFS
 from fdtrace.procfs.elf import ElfError, ElfFile
 from fdtrace.procfs.golang import go_register_abi, go_version, is_go_binary
 from fdtrace.schema import COUNTERS, RAW_EVENT_DTYPE, SOCKET_SYSCALLS, STATS, SYSCALL_NAMES, bpf_cflags
+
+#: The live /proc, where the loader looks at the processes it attaches uprobes to.
+_PROCFS = ProcFS()
 
 #: Go binaries watched for their thread-limit message at most (each one is a uprobe).
 MAX_GO_BINARIES = 256
@@ -84,10 +88,7 @@ def program_text() -> str:
 
 def tid_slots() -> int:
     """A power of two at least pid_max, so every live tid has its own slot."""
-    try:
-        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        pid_max = 4194304
+    pid_max = _PROCFS.system_number("sys/kernel/pid_max") or 4194304
     slots = 1
     while slots < pid_max:
         slots <<= 1
@@ -247,7 +248,7 @@ class BpfTracer:
         """Attach the Go thread-limit uprobe (bpf/go_runtime.bpf.c) to the binary a process runs
         when it is a Go binary, once per binary (others are remembered as such, bounded).
         Returns a note when a Go binary cannot be watched (once per binary), else None."""
-        exe = f"/proc/{pid}/exe"
+        exe = str(_PROCFS.exe(pid))
         try:
             info = os.stat(exe)
             target = os.readlink(exe)
@@ -259,7 +260,7 @@ class BpfTracer:
         if binary in self._not_go:
             self._not_go.move_to_end(binary)
             return None
-        uid = _real_uid(pid)
+        uid = _PROCFS.real_uid(pid)
         if uid is None:  # it exited meanwhile
             return None
         if (binary, uid) in self._go_refused:  # refused for this user: another (root) may still get a slot
@@ -451,18 +452,6 @@ def _items(table: BpfMap) -> list[tuple[Any, Any]]:
         return table.items_lookup_batch()
     except OSError:  # kernels before 5.6 have no batch lookups
         return table.items()
-
-
-def _real_uid(pid: int) -> int | None:
-    """The real uid of a process (who ran it, not a setuid binary's owner), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status.read(1 << 16).splitlines():
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _symbol_offset(path: str, name: str) -> int | None:

@@ -30,7 +30,7 @@ from fdtrace.kernel.features import (
 )
 from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carries_accept_peer, carries_close_fd
 from fdtrace.kernel.stacks import Symbolizer, symbolize
-from fdtrace.procfs import StartTimeResolver
+from fdtrace.procfs import ProcFS, StartTimeResolver
 from fdtrace.schema import RAW_EVENT_DTYPE, Kind, arrow_schema
 from fdtrace.schema.records import SiteRow, Stack
 
@@ -136,7 +136,7 @@ def descriptor_budget(features: KernelFeatures, options: TraceOptions, open_now:
     the uprobes of the Go binaries it may watch, and what sinks and sources reserved
     (``reserve_descriptors``)."""
     if open_now is None:
-        open_now = len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor is gone again
+        open_now = ProcFS().own_open_fds()
     probes = len(planned_probes(features, options))
     parts = [("open already", open_now), (f"{probes} probes", 2 * probes), ("its own", OWN_DESCRIPTORS)]
     if options.stacks:

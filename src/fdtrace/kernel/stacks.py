@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import stat
 import time
 from collections import Counter, OrderedDict
 
@@ -107,13 +106,7 @@ class Symbolizer:
             return self._modules[key]
         found = None
         failed = False
-        for candidate in (f"/proc/{pid}/map_files/{start:x}-{end:x}", f"/proc/{pid}/root{path}"):
-            try:
-                info = os.stat(candidate)
-            except OSError:
-                continue
-            if not stat.S_ISREG(info.st_mode) or (info.st_dev == device and info.st_ino != inode):
-                continue  # not the file mapped (an overlay shows other numbers: then the path is trusted)
+        for candidate in self._procfs.mapped_files(pid, start, end, device, inode, path):
             try:
                 found = read_module(candidate, self.budget)
             except BudgetSpentError:
@@ -174,6 +167,11 @@ class Symbolizer:
         """Whether ``address`` lies in an executable mapping of the process (code, JIT code too)."""
         return self._mapping(pid, address) is not None
 
+    def read_memory(self, pid: int, address: int, size: int) -> bytes:
+        """``size`` bytes of the process's memory at ``address`` (through its ProcFS, bounded);
+        fewer (or none) where unmapped or gone."""
+        return self._procfs.read_memory(pid, address, size)
+
     def after_call(self, pid: int, address: int) -> bool:
         """Whether ``address`` in the process follows a call instruction (so it can be a return
         address): a near call ``e8 rel32``, or an indirect ``ff /2`` of 2 to 7 bytes."""
@@ -184,7 +182,7 @@ class Symbolizer:
         known = self._calls.get(key)
         if known is not None:
             return known
-        before = _read_memory(pid, address - 7, 7)
+        before = self.read_memory(pid, address - 7, 7)
         follows = len(before) == 7 and (before[2] == 0xE8 or any(
             before[7 - k] == 0xFF and (before[8 - k] >> 3) & 7 == 2 for k in (2, 3, 4, 6, 7)))
         self._calls[key] = follows
@@ -209,24 +207,25 @@ class Symbolizer:
         return target
 
     def _call_target(self, pid: int, address: int) -> int | None:
-        before = _read_memory(pid, address - 6, 6)
+        before = self.read_memory(pid, address - 6, 6)
         if len(before) != 6:
             return None
         if before[1] == 0xE8:
             target = (address + int.from_bytes(before[2:], "little", signed=True)) & (1 << 64) - 1
         elif before[0] == 0xFF and before[1] == 0x15:
-            slot = _read_memory(pid, address + int.from_bytes(before[2:], "little", signed=True), 8)
+            slot = self.read_memory(pid, address + int.from_bytes(before[2:], "little", signed=True), 8)
             return int.from_bytes(slot, "little") if len(slot) == 8 else None
         else:
             return None
         if self._mapping(pid, target) is None:
             return target  # not code: no stub to follow (and no memory of the process read there)
-        stub = _read_memory(pid, target, 11)
+        stub = self.read_memory(pid, target, 11)
         at = 4 if stub.startswith(b"\xf3\x0f\x1e\xfa") else 0  # endbr64
         at += 1 if stub[at:at + 1] == b"\xf2" else 0  # bnd
         if stub[at:at + 2] == b"\xff\x25" and len(stub) >= at + 6:
             next_instruction = target + at + 6
-            slot = _read_memory(pid, next_instruction + int.from_bytes(stub[at + 2:at + 6], "little", signed=True), 8)
+            displacement = int.from_bytes(stub[at + 2:at + 6], "little", signed=True)
+            slot = self.read_memory(pid, next_instruction + displacement, 8)
             if len(slot) == 8:
                 return int.from_bytes(slot, "little")
         return target
@@ -320,22 +319,6 @@ def _function_start(text: str, address: int) -> int | None:
     return address - int(head.rsplit("+0x", 1)[1], 16)
 
 
-def _read_memory(pid: int, address: int, size: int) -> bytes:
-    """``size`` bytes of the process's memory at ``address``; fewer (or none) where unmapped or gone."""
-    if address < 0 or address + size > 1 << 64:
-        return b""
-    try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.pread(fd, size, address)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
 def _module(text: str) -> str:
     return text.rsplit(" [", 1)[1] if " [" in text else ""
 
@@ -361,7 +344,7 @@ def blocked_frames(symbolizer: Symbolizer, pid: int, pc: int, sp: int) -> list[s
     text, callee = symbolizer.frame(pid, pc)
     frames = [text]
     callee_start = _function_start(text, pc)
-    data = _read_memory(pid, sp, BLOCKED_STACK_BYTES)
+    data = symbolizer.read_memory(pid, sp, BLOCKED_STACK_BYTES)
     low, high = symbolizer.code_span(pid)
     for word in memoryview(data[:len(data) // 8 * 8]).cast("Q"):
         if not low <= word < high:

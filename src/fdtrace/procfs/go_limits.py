@@ -10,11 +10,11 @@ Everything read is bounded and checked; a binary without them says so (``unreada
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 
 from fdtrace.procfs.elf import BudgetSpentError, ElfError, ElfFile, ReadBudget
+from fdtrace.procfs.reader import ProcFS
 
 _DW_TAG_STRUCTURE, _DW_TAG_MEMBER = 0x13, 0x0D
 _DW_AT_NAME, _DW_AT_LOCATION = 0x03, 0x38
@@ -201,20 +201,11 @@ def limit_address(path: str, budget: ReadBudget | None = None) -> GoLimitAddress
         return f"its binary could not be read ({exc})"
 
 
-def read_limit(pid: int, where: GoLimitAddress, load_bias: int = 0) -> int | None:
-    """The thread limit in force in the Go process ``pid`` now (None: unreadable, or not a
-    plausible limit)."""
+def read_limit(procfs: ProcFS, pid: int, where: GoLimitAddress, load_bias: int = 0) -> int | None:
+    """The thread limit in force in the Go process ``pid`` now, one 4-byte read of its memory
+    through ``procfs`` (None: unreadable, or not a plausible limit)."""
     address = where.sched + where.offset + (load_bias if where.position_independent else 0)
-    try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        raw = os.pread(fd, 4, address)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    raw = procfs.read_memory(pid, address, 4)
     if len(raw) != 4:
         return None
     value = int.from_bytes(raw, "little", signed=True)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import struct
 import time
 from dataclasses import dataclass
 
 from fdtrace.procfs.elf import ElfError, ElfFile
-from fdtrace.procfs.reader import READ_ERRORS, ProcFS
+from fdtrace.procfs.reader import READ_ERRORS, ProcessMemory, ProcFS
 
 #: Thread states walked per process (all its interpreters together), frames per thread,
 #: interpreters per process, at most.
@@ -216,7 +215,7 @@ class PythonStackReader:
             return None
         major, minor = runtime.version or runtime.file_version
         try:
-            memory = _Memory(pid)
+            memory = _Memory(self._procfs.memory(pid))
         except OSError as exc:
             return PythonStacks((major, minor), {}, f"memory unreadable: {exc.strerror or exc}")
         try:
@@ -260,11 +259,8 @@ class PythonStackReader:
         if key in self._symbols:
             return self._symbols[key]
         found = None
-        for candidate in (f"/proc/{pid}/map_files/{start:x}-{end:x}", f"/proc/{pid}/root{path}"):
+        for candidate in self._procfs.mapped_files(pid, start, end, device, inode, path):
             try:
-                info = os.stat(candidate)
-                if not stat.S_ISREG(info.st_mode) or (info.st_dev == device and info.st_ino != inode):
-                    continue
                 with ElfFile.open(candidate) as elf:
                     runtime = elf.object_address("_PyRuntime", dynamic=True) or elf.object_address("_PyRuntime")
                     version = elf.object_address("Py_Version", dynamic=True) or 0
@@ -279,16 +275,9 @@ class PythonStackReader:
         self._symbols[key] = found
         return found
 
-    @staticmethod
-    def _version(pid: int, address: int) -> tuple[int, int] | None:
-        try:
-            memory = _Memory(pid)
-        except OSError:
-            return None
-        try:
-            word = memory.u64(address)
-        finally:
-            memory.close()
+    def _version(self, pid: int, address: int) -> tuple[int, int] | None:
+        raw = self._procfs.read_memory(pid, address, 8) if 4096 <= address < _USER_SPACE_END else b""
+        word = struct.unpack("<Q", raw)[0] if len(raw) == 8 else None
         if word is None:
             return None
         hexversion = word & 0xFFFFFFFF  # PY_VERSION_HEX: 0x030B02F0 is 3.11.2 final
@@ -296,21 +285,19 @@ class PythonStackReader:
 
 
 class _Memory:
-    """Bounded reads of a process's memory; a read that fails gives None (or b"")."""
+    """Bounded reads of a process's memory (``ProcFS.memory``), user-space addresses only; a
+    read that fails gives None (or b"")."""
 
-    def __init__(self, pid: int) -> None:
-        self._fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    def __init__(self, memory: ProcessMemory) -> None:
+        self._memory = memory
 
     def close(self) -> None:
-        os.close(self._fd)
+        self._memory.close()
 
     def read(self, address: int, size: int) -> bytes:
         if not 4096 <= address < _USER_SPACE_END or size <= 0:
             return b""
-        try:
-            return os.pread(self._fd, size, address)
-        except (OSError, OverflowError):
-            return b""
+        return self._memory.read(address, size)
 
     def u64(self, address: int) -> int | None:
         raw = self.read(address, 8)

@@ -10,13 +10,17 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import stat as stat_mode
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from fdtrace.procfs.containers import Placement, placement
 
+#: The live procfs tree: the default root of every reader (a test passes another).
+PROC_ROOT = "/proc"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TICK_NS = 1_000_000_000 // CLOCK_TICKS
 
@@ -124,19 +128,81 @@ def _rlimits(pid: int) -> dict[str, tuple[int | None, int | None]]:
             "Max processes": (_unlimited(nproc[0]), _unlimited(nproc[1]))}
 
 
+#: The most bytes one read of a process's memory returns, whatever the caller asks (a blocked
+#: thread's stack is 4 KiB, a Python frame or string a few hundred bytes).
+MAX_MEMORY_READ = 1 << 20
+#: Bytes read at most of one file of a process (stat, status, limits, cgroup: a few KiB; cgroup
+#: paths are the longest, 4 KiB each) or of a system-wide file (file-nr, meminfo, netstat: a few
+#: KiB), whatever the file says: a read never takes more memory than this.
+PROCESS_FILE_BYTES = 1 << 20
+SYSTEM_FILE_BYTES = 1 << 20
+#: A process's maps are read up to this size: 65,530 mappings (vm.max_map_count's default) of 256
+#: bytes a line; past it, mappings are not seen.
+MAX_MAPS_BYTES = 16 << 20
+#: A network namespace's table (net/tcp, net/fib_trie) is read up to this size: about 60,000
+#: sockets at 150 bytes a line; past it, what it holds is not seen.
+MAX_NET_TABLE_BYTES = 8 << 20
+#: Bytes of /proc/PID/status read at most for a process's real uid (its Uid line is in the first 1 KiB).
+MAX_STATUS_BYTES = 4096
+#: Bytes of fdtrace's own status read at most for its capabilities (CapEff is in the first 2 KiB).
+MAX_OWN_STATUS_BYTES = 16384
+
+
+def _read_at_most(file: BinaryIO, limit: int) -> bytes:
+    """Up to ``limit`` bytes of an open file, read in chunks until its end (a /proc file may
+    answer a read with less than it holds). The first read asks 8 KiB, as a whole read does
+    (most /proc files are smaller: a larger buffer costs its allocation every read), and each next
+    one twice its last, up to 1 MiB."""
+    chunks: list[bytes] = []
+    left, size = limit, 8192
+    while left > 0 and (chunk := file.read(min(left, size))):
+        chunks.append(chunk)
+        left -= len(chunk)
+        size = min(size * 2, 1 << 20)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ProcessMemory:
+    """A process's memory (/proc/PID/mem) opened once for many reads; each read is bounded by
+    MAX_MEMORY_READ and gives fewer bytes (or none) where the memory is unmapped, the process
+    gone or the address out of range. Close it (or use it as a context manager)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def read(self, address: int, size: int) -> bytes:
+        """At most ``size`` bytes at ``address``."""
+        if address < 0 or size <= 0 or address + size > 1 << 64:
+            return b""
+        try:
+            return os.pread(self._fd, min(size, MAX_MEMORY_READ), address)
+        except (OSError, OverflowError):
+            return b""
+
+    def close(self) -> None:
+        """Close the memory file."""
+        os.close(self._fd)
+
+    def __enter__(self) -> ProcessMemory:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 class ProcFS:
     """One procfs tree (``/proc`` unless a test passes another root)."""
 
-    def __init__(self, root: str | Path = "/proc") -> None:
+    def __init__(self, root: str | Path = PROC_ROOT) -> None:
         self.root = Path(root)
-        self.live = self.root == Path("/proc")
+        self.live = self.root == Path(PROC_ROOT)
         self._prefix = f"{self.root}/"
 
     # Per process: raise ProcessGoneError or ProcessAccessDeniedError.
 
-    def read(self, pid: int, name: str) -> str:
-        """The text of /proc/PID/NAME."""
-        return self.read_bytes(pid, name).decode(errors="replace")
+    def read(self, pid: int, name: str, limit: int = PROCESS_FILE_BYTES) -> str:
+        """The text of /proc/PID/NAME, of its first ``limit`` bytes."""
+        return self.read_bytes(pid, name, limit).decode(errors="replace")
 
     def stat(self, pid: int) -> ProcStat:
         """/proc/PID/stat, parsed (comm may hold spaces and parentheses)."""
@@ -148,20 +214,13 @@ class ProcFS:
         except (IndexError, ValueError):
             raise ProcessGoneError(pid) from None  # a torn or foreign file: nothing usable
 
-    def read_bytes(self, pid: int, name: str, limit: int | None = None) -> bytes:
+    def read_bytes(self, pid: int, name: str, limit: int = PROCESS_FILE_BYTES) -> bytes:
         """The bytes of /proc/PID/NAME (one open and read, no Path objects: this runs for every
-        sampled process every round); ``limit``: at most that many (files whose size others
-        decide, such as a network namespace's socket tables)."""
+        sampled process every round), at most ``limit`` of them (PROCESS_FILE_BYTES; more for
+        files whose size others decide, such as a network namespace's socket tables)."""
         try:
             with open(f"{self._prefix}{pid}/{name}", "rb", buffering=0) as file:
-                if limit is None:
-                    return file.read()
-                chunks: list[bytes] = []
-                left = limit
-                while left > 0 and (chunk := file.read(min(left, 1 << 16))):
-                    chunks.append(chunk)
-                    left -= len(chunk)
-                return b"".join(chunks)
+                return _read_at_most(file, limit)
         except OSError as exc:
             raise _translate(exc, pid) from None
 
@@ -313,7 +372,7 @@ class ProcFS:
         """The process's executable mappings: (start, end, file offset, device, inode, path),
         sorted by start; anonymous ones have inode 0."""
         maps = []
-        for line in self.read_bytes(pid, "maps").decode(errors="replace").splitlines():
+        for line in self.read_bytes(pid, "maps", MAX_MAPS_BYTES).decode(errors="replace").splitlines():
             parts = line.split(None, 5)
             if len(parts) < 5 or "x" not in parts[1]:
                 continue
@@ -327,6 +386,55 @@ class ProcFS:
         maps.sort()
         return maps
 
+    def exists(self, pid: int) -> bool:
+        """Whether the process's folder is in the tree (it lives, or is a zombie not yet reaped)."""
+        return os.path.exists(f"{self._prefix}{pid}")
+
+    def real_uid(self, pid: int) -> int | None:
+        """The real uid of a process (who ran it, not a setuid binary's owner), from the first
+        MAX_STATUS_BYTES of its status; None once it is gone or where the file says none."""
+        try:
+            data = self.read_bytes(pid, "status", MAX_STATUS_BYTES)
+        except READ_ERRORS:
+            return None
+        for line in data.splitlines():
+            if line.startswith(b"Uid:"):
+                try:
+                    return int(line.split()[1])
+                except (IndexError, ValueError):
+                    return None
+        return None
+
+    def memory(self, pid: int) -> ProcessMemory:
+        """The process's memory opened for reads (``ProcessMemory``); OSError where it cannot be
+        opened (gone, or not ours to read)."""
+        return ProcessMemory(os.open(f"{self._prefix}{pid}/mem", os.O_RDONLY | os.O_CLOEXEC))
+
+    def read_memory(self, pid: int, address: int, size: int) -> bytes:
+        """At most ``size`` bytes of the process's memory at ``address`` (one open, one read);
+        fewer or none where unmapped, gone or denied."""
+        try:
+            memory = self.memory(pid)
+        except OSError:
+            return b""
+        with memory:
+            return memory.read(address, size)
+
+    def mapped_files(self, pid: int, start: int, end: int, device: int, inode: int, path: str) -> Iterator[str]:
+        """Paths through which the file of one mapping (``executable_maps``'s start, end, device,
+        inode and path) can be opened as the very file the process maps: its map_files entry,
+        then its path under the process's root; a candidate that is not a regular file, or is on
+        the mapping's device with another inode, is passed over (an overlay shows other numbers:
+        then the path is trusted). The caller opens each in turn until one reads."""
+        for candidate in (f"{self._prefix}{pid}/map_files/{start:x}-{end:x}", f"{self._prefix}{pid}/root{path}"):
+            try:
+                info = os.stat(candidate)
+            except OSError:
+                continue
+            if not stat_mode.S_ISREG(info.st_mode) or (info.st_dev == device and info.st_ino != inode):
+                continue
+            yield candidate
+
     def start_ns(self, pid: int) -> int | None:
         """Process start in CLOCK_BOOTTIME ns, None if it is gone or unreadable."""
         try:
@@ -334,16 +442,34 @@ class ProcFS:
         except READ_ERRORS:
             return None
 
+    # fdtrace's own process (/proc/self, whatever pid namespace it is seen from).
+
+    def own_open_fds(self) -> int:
+        """fdtrace's own open descriptors (its fd folder listed, less the listing's own)."""
+        return len(os.listdir(f"{self._prefix}self/fd")) - 1
+
+    def own_capabilities(self) -> int:
+        """The CapEff bit mask of fdtrace's own process, from the first MAX_OWN_STATUS_BYTES of its
+        status (0 where it says none); OSError where the file cannot be read."""
+        with open(f"{self._prefix}self/status", "rb", buffering=0) as status:
+            data = status.read(MAX_OWN_STATUS_BYTES)
+        for line in data.splitlines():
+            if line.startswith(b"CapEff:"):
+                return int(line.split()[1], 16)
+        return 0
+
     # The whole system: None where a file is missing.
 
     def pids(self) -> list[int]:
         """Every process id in the tree."""
         return [int(name) for name in os.listdir(self.root) if name.isdigit()]
 
-    def system_text(self, relative: str) -> str | None:
-        """A system-wide file (``sys/fs/file-nr``, ``loadavg``, ...), None when it cannot be read."""
+    def system_text(self, relative: str, limit: int = SYSTEM_FILE_BYTES) -> str | None:
+        """A system-wide file (``sys/fs/file-nr``, ``loadavg``, ...), of its first ``limit``
+        bytes; None when it cannot be read."""
         try:
-            return (self.root / relative).read_text()
+            with open(f"{self._prefix}{relative}", "rb", buffering=0) as file:
+                return _read_at_most(file, limit).decode(errors="replace")
         except OSError:
             return None
 

@@ -179,7 +179,7 @@ class ProcSampler:
                 return GO_DEFAULT_MAX_THREADS, "its binary's mapping was not found"
             start, _end, offset = mapped[0][:3]
             bias = start - offset - where.text_delta
-        found = read_limit(pid, where, bias)
+        found = read_limit(self.procfs, pid, where, bias)
         return (found, None) if found is not None else (GO_DEFAULT_MAX_THREADS, "its memory could not be read")
 
     def _is_go(self, pid: int, start_ns: int) -> bool:

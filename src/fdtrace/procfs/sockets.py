@@ -10,7 +10,7 @@ import socket
 import struct
 import sys
 
-from fdtrace.procfs.reader import READ_ERRORS, ProcFS
+from fdtrace.procfs.reader import MAX_NET_TABLE_BYTES, READ_ERRORS, ProcFS
 
 
 def _hex_address(address: str, port: int) -> tuple[str, str]:
@@ -46,7 +46,7 @@ def local_peer_uids(procfs: ProcFS, connections: list[tuple[tuple[str, int], tup
         wanted[table, peer_hex, ours_hex] = index
     found: list[int | None] = [None] * len(connections)
     for table in sorted({key[0] for key in wanted}):
-        for line in (procfs.system_text(table) or "").splitlines()[1:]:
+        for line in (procfs.system_text(table, MAX_NET_TABLE_BYTES) or "").splitlines()[1:]:
             fields = line.split()
             if len(fields) < 8:
                 continue

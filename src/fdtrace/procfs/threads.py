@@ -7,7 +7,7 @@ import stat
 from collections import Counter
 from collections.abc import Callable
 
-from fdtrace.procfs.reader import READ_ERRORS, ProcFS
+from fdtrace.procfs.reader import MAX_NET_TABLE_BYTES, READ_ERRORS, ProcFS
 from fdtrace.schema.records import ThreadState
 
 #: Syscalls whose first argument is the descriptor they wait on.
@@ -104,9 +104,9 @@ def thread_census(procfs: ProcFS, pid: int, syscall_name: Callable[[int], str],
             sorted(groups.items(), key=lambda item: (-item[1], item[0][0], item[0][1] or "", item[0][2] or ""))]
 
 
-#: A network namespace's UDP socket table is read up to this size (about 60,000 sockets, 150
-#: bytes a line); a namespace with more is read that far, its DNS sockets past it not seen.
-MAX_UDP_TABLE_BYTES = 8 << 20
+#: A network namespace's UDP socket table is read up to this size (the reader's bound for any
+#: network table); a namespace with more is read that far, its DNS sockets past it not seen.
+MAX_UDP_TABLE_BYTES = MAX_NET_TABLE_BYTES
 
 
 def dns_socket_inodes(procfs: ProcFS, pid: int) -> set[int]:

@@ -825,6 +825,12 @@ def _merge_parts(table: str, folder: HeldDirectory, parts: list[_Part], out: Bin
             merged.add_key_value_metadata({SUMMARY_KEY: encode(merge(summaries))})
 
 
+def write_parquet(rows: pa.Table, out: BinaryIO) -> None:
+    """``rows`` as one Parquet file into ``out`` (``fdtrace run --phases-out``: a file of its own,
+    not a part of a recording): only the recording package writes or opens Parquet."""
+    pq.write_table(rows, out)
+
+
 def append_part(root: Path, table: str, host: str, rows: pa.Table) -> Path:
     """Add rows to a finished recording as a new part of ``table`` (e.g. the phases that
     `fdtrace run` collects after its recorder has stopped), published in its manifest (under the

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
 from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.reader import MAX_NET_TABLE_BYTES
 
 #: /proc/net/tcp's state of a listening socket.
 TCP_LISTEN = "0A"
@@ -128,10 +129,10 @@ def _has_address(procfs: ProcFS, pid: int, address: str, family: int) -> bool:
     """Whether the network namespace of ``pid`` has ``address`` as its own."""
     try:
         if family == socket.AF_INET:
-            return address in local_addresses(procfs.read(pid, "net/fib_trie"))
+            return address in local_addresses(procfs.read(pid, "net/fib_trie", MAX_NET_TABLE_BYTES))
         wanted = ipaddress.IPv6Address(address)
         return any(ipaddress.IPv6Address(bytes.fromhex(line.split()[0])) == wanted
-                   for line in procfs.read(pid, "net/if_inet6").splitlines() if line.split())
+                   for line in procfs.read(pid, "net/if_inet6", MAX_NET_TABLE_BYTES).splitlines() if line.split())
     except (ProcessGoneError, ProcessAccessDeniedError, ValueError):
         return False
 

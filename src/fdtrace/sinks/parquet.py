@@ -4,7 +4,6 @@ flush to disk per round."""
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from pathlib import Path
@@ -17,18 +16,19 @@ from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.procfs import ProcFS
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import check_directory
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, arrow_type, codecs
 from fdtrace.schema.failures import failure_class, incident_mask
 
+#: The live /proc: this boot's id and the real uid of the processes recorded.
+_PROCFS = ProcFS()
+
 
 def boot_id() -> str:
     """This boot's id: monotonic stamps are comparable only within one boot."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+    return (_PROCFS.system_text("sys/kernel/random/boot_id") or "").strip()
 
 
 def run_metadata(info: SourceInfo, argv: list[str]) -> dict[str, Any]:
@@ -79,27 +79,14 @@ def incident_note(kept: int, trimmed: int, dropped: dict[str, int]) -> str:
 
 #: Processes whose real uid the sink remembers (from the samples and its own reads) at most.
 MAX_KNOWN_UIDS = 8192
-#: Bytes of /proc/PID/status read at most for a process's real uid.
-MAX_STATUS_BYTES = 4096
 
 
 def real_uid(pid: int) -> int | None:
     """A live process's real uid, from its /proc status (None when it is gone or unreadable)."""
     try:
-        fd = os.open(f"/proc/{int(pid)}/status", os.O_RDONLY | os.O_NOFOLLOW)
-    except (OSError, ValueError):
+        return _PROCFS.real_uid(int(pid))
+    except (TypeError, ValueError):  # not a pid
         return None
-    try:
-        text = os.read(fd, MAX_STATUS_BYTES).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            fields = line.split()
-            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    return None
 
 
 class ParquetSink:

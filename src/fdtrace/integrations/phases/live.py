@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fdtrace.procfs import TICK_NS, ProcessAccessDeniedError, ProcessGoneError, ProcFS
+from fdtrace.procfs.reader import PROC_ROOT
 from fdtrace.schema.records import PhaseNow
 
 #: The layout of a state file; the shim writes the same one (see tests/unit/test_live_phases.py).
@@ -97,7 +98,7 @@ class LivePhases:
         procfs: to tell a live process from an exited one whose PID was reused.
     """
 
-    def __init__(self, base: str | Path | None = None, procfs: str | Path = "/proc") -> None:
+    def __init__(self, base: str | Path | None = None, procfs: str | Path = PROC_ROOT) -> None:
         self.base = Path(base) if base is not None else runs_base()
         self.procfs = ProcFS(procfs)
 
