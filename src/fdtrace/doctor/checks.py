@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import enum
-import math
 import os
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.change import AT_START, Change, LimitPlace, fd_limit_change, near_limit
 from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
 from fdtrace.advice.haproxy import HaproxyShape, fd_limit_for
+from fdtrace.advice.memory import memory_change, memory_max
 from fdtrace.advice.needs import need_of
 from fdtrace.analysis.report.advice import go_said
 from fdtrace.children import CHILD_CWD, child_environment, program
@@ -27,7 +27,7 @@ from fdtrace.integrations.haproxy import (
     show_info,
 )
 from fdtrace.integrations.nginx import NginxConfig, read_nginx_config
-from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
+from fdtrace.policy import THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.room import refusal
@@ -73,7 +73,7 @@ class RecordedProcess:
     oom_killed: bool = False
     memory_need: int | None = None  # what its connections need (analysis.memory), bytes
     memory_basis: str = ""  # why, in words
-    memory_change: str = ""  # what to change, when it does not fit
+    memory_change: Change | None = None  # what to change (advice.memory.memory_change), when it does not fit
 
 
 @dataclass(frozen=True)
@@ -378,7 +378,8 @@ class Doctor:
     @staticmethod
     def _memory_checks(scope: str, sample: ProcessSample | None, recorded: RecordedProcess | None) -> list[Check]:
         """Its memory cgroup's usage against its limit (now, else its peak in the recording), an
-        OOM kill, and what its connections need (the recording's fit, ``analysis.memory``)."""
+        OOM kill, and the advice layer's memory change (``advice.memory.memory_change``: the
+        recording's, from what its connections need, else one for its usage now)."""
         limit: int | None
         usage: int | None
         if sample is not None and sample.memcg_limit_bytes is not None and sample.memcg_usage_bytes is not None:
@@ -392,22 +393,23 @@ class Doctor:
             return []
         status = by_usage(usage or 0, limit)
         current = f"{kib(usage or 0)} of {kib(limit)} ({(usage or 0) / limit:.0%}){when}" if limit else "no limit"
-        recommended = change = ""
+        change = recorded.memory_change if recorded is not None else None
         if recorded is not None:
             if recorded.oom_killed:
                 status = Status.FAIL
                 current += ", OOM-killed in the recording"
             if recorded.memory_basis:
                 current += f"; {recorded.memory_basis}"
-            if recorded.memory_change:
+            if change is not None:
                 status = max(status, Status.WARN)
-                change = recorded.memory_change
-                if recorded.memory_need is not None:
-                    recommended = f"MemoryMax >= {math.ceil(with_margin(recorded.memory_need) / MIB)}M"
-        if status and not change and limit and usage:
-            recommended = f"MemoryMax >= {math.ceil(with_margin(usage) / MIB)}M"
-            change = "raise MemoryMax= of its unit (memory.max, memory.limit_in_bytes), or find what holds the memory"
-        return [Check(scope, "memory cgroup", status, current, recommended, change)]
+        if change is None and status:
+            comm = recorded.comm if recorded is not None else sample.comm if sample is not None else ""
+            unit = sample.unit if sample is not None else None
+            change = memory_change(comm, limit, usage, unit=unit).change
+        if change is None:
+            return [Check(scope, "memory cgroup", status, current)]
+        return [Check(scope, "memory cgroup", status, current, f"MemoryMax >= {memory_max(change.value)}",
+                      change.command)]
 
     def _thread_checks(self, pid: int, scope: str, sample: ProcessSample) -> list[Check]:
         checks = []
