@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.text import Text
 
-from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.change import AT_START, Change, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.fixes import go_exceeded_change, thread_change
 from fdtrace.advice.memory import connections_to_hold, memory_change
 from fdtrace.advice.needs import need_of
 from fdtrace.display import shown
@@ -332,6 +333,10 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.go_thread_limit is not None:
         text.append(f"the Go runtime said: program exceeds {view.go_thread_limit}-thread limit (it exits 2)\n",
                     style="bold red")
+    threads = thread_recommendation(view)
+    if threads is not None:
+        text.append("what to change (threads): ", style="bold")
+        text.append(shown(threads.command) + "\n", style="bold red")
     if view.destinations:
         busiest = sorted(view.destinations.items(), key=lambda item: (-item[1][0], item[0]))[:5]
         text.append("connect() destinations: ")
@@ -415,6 +420,21 @@ def memory_detail(view: ProcessView) -> Text:
         text.append("what to change (memory): ", style="bold")
         text.append(shown(said.change.command) + "\n", style="bold red")
     return text
+
+
+def thread_recommendation(view: ProcessView) -> Change | None:
+    """The advice layer's change of the thread limit binding a process (``advice.fixes``), as
+    doctor and the report render it: above the limit a Go program said it exceeded, else the
+    peak with the margin of a limit it nears (TasksMax in its unit's [Service] for pids.max)."""
+    if view.go_thread_limit is not None:
+        return go_exceeded_change(view.go_thread_limit)
+    if view.thread_limit is None:
+        return None
+    kind, count, limit = view.thread_limit
+    if not near_limit(count, limit):
+        return None
+    unit = view.placement[1] if len(view.placement) > 1 else None
+    return thread_change(kind, count, limit, unit)
 
 
 def memory_connections(view: ProcessView) -> tuple[int | None, str]:
