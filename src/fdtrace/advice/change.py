@@ -130,3 +130,10 @@ def fd_limit_change(need: int, basis: str, soft: int | None, hard: int | None,
     hard_to_say = hard if place.kind == "nginx" else fd_hard_to_set(target, hard)
     return Change("RLIMIT_NOFILE", target, place.where(), place.command(target, hard_to_say, who),
                   f"needed: {need}, {basis}")
+
+
+def fd_limit_places() -> str:
+    """Where an RLIMIT_NOFILE is changed, in general (no process in view: a metric's help):
+    where the process is started, or the program's own setting (HAProxy's, nginx's)."""
+    return (f"set {AT_START.where()}; HAProxy: {LimitPlace('haproxy', 'its configuration').where()}; "
+            f"nginx: {LimitPlace('nginx', 'its configuration').where()}")

@@ -24,6 +24,11 @@ THREAD_PLACES = {
 }
 
 
+def thread_limit_places(kinds: tuple[str, ...] = ("Go default", "RLIMIT_NPROC", "cgroup pids.max")) -> str:
+    """Where each of these kinds of thread limit is changed, in general (a metric's help)."""
+    return "; ".join(f"{kind}: {THREAD_PLACES[kind]}" for kind in kinds)
+
+
 def thread_limit_value(kind: str, used: int, limit: int | None) -> int | None:
     """The thread limit to advise when ``used`` (what the limit counts) nears ``limit``: the
     peak with the margin, doubled for the system's limits; None when the limit in force already

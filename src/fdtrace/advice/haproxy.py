@@ -26,6 +26,9 @@ CLI_MAXCONN = 10
 MAX_COUNT = 1 << 30
 #: Threads at most (HAProxy 2.6's MAX_THREADS is 64; a larger nbthread is refused by it).
 MAX_THREADS = 4096
+#: Where HAProxy's maxconn is set, in general (a metric's help): with the FD limit it demands.
+MAXCONN_PLACE = ("maxconn in the global section of its configuration, with the ulimit-n HAProxy demands for it "
+                 "(its Maxsock) under strict-limits")
 
 
 class ModelError(ValueError):
