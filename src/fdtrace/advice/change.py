@@ -41,9 +41,10 @@ def near_limit(used: float | None, limit: float | None) -> bool:
 
 def raised(need: int, in_force: int | None) -> int | None:
     """The limit to advise for ``need``: the need with the margin, when that is above the limit
-    in force; None when the limit in force already holds it (a limit is never advised lower)."""
+    in force; None when the limit in force already holds it (a limit is never advised lower),
+    or when nothing is needed (a limit of 0 is no limit to advise)."""
     target = with_margin(need)
-    if in_force is not None and target <= in_force:
+    if target < 1 or (in_force is not None and target <= in_force):
         return None
     return target
 

@@ -18,7 +18,7 @@ from fdtrace.advice.fixes import (
     somaxconn_change,
     thread_change,
 )
-from fdtrace.advice.haproxy import HaproxyShape, fd_limit_for
+from fdtrace.advice.haproxy import HaproxyShape, maxconn_change
 from fdtrace.advice.memory import memory_change, memory_max
 from fdtrace.advice.needs import need_of
 from fdtrace.analysis.report.advice import go_said
@@ -539,16 +539,15 @@ class Doctor:
             current = info_number(info, "CurrConns") or 0
             maxconn = info_number(info, "Maxconn") or None
             status = by_usage(current, maxconn)
-            wanted = with_margin(current)
-            change = "raise maxconn and the FD limits with it"
-            if status and shape is not None and wanted >= 1:  # the pair HAProxy accepts (advice.haproxy)
-                change = (f"set maxconn {wanted} in the global section of {config.path}, and ulimit-n "
-                          f"{fd_limit_for(wanted, shape)} with it (its Maxsock {shape.maxsock(wanted)}, with the "
-                          "margin)")
-            checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status,
-                                f"{current} of {maxconn} "
-                                f"(Ulimit-n {info.get('Ulimit-n')}, Maxsock {info.get('Maxsock')})",
-                                f"maxconn >= {wanted}" if status else "", change if status else ""))
+            # the pair HAProxy accepts, never below the maxconn or the FD limit in force (advice.haproxy)
+            found = maxconn_change(current, maxconn, shape, info_number(info, "Ulimit-n") or None, str(config.path)) \
+                if shape is not None and current >= 1 else None
+            said = f"{current} of {maxconn} (Ulimit-n {info.get('Ulimit-n')}, Maxsock {info.get('Maxsock')})"
+            if shape is None and status:  # no shape the model takes: no number
+                checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status, said, "",
+                                    "raise maxconn and the FD limits with it"))
+                continue
+            checks.append(changed(scope, "haproxy CurrConns vs Maxconn", status, said, found, "maxconn >= {value}"))
         return checks
 
     # System checks
