@@ -441,7 +441,7 @@ def memory_connections(view: ProcessView) -> tuple[int | None, str]:
     """How many connections a process must hold, as the report counts them
     (``advice.memory.connections_to_hold``): HAProxy's maxconn, else the FD limit the needs
     model recommends for it."""
-    peak = max((fds for _, fds in view.history), default=view.open_fds)
+    peak = view.peak_fds if view.peak_fds is not None else view.open_fds
     need, _ = need_of(view.fd_soft_limit, peak, view.emfile, view.emfile_worst_second, view.maxsock,
                       maxsock_from=view.maxsock_from)
     return connections_to_hold(view.maxconn, with_margin(need) if need else None)
@@ -453,7 +453,7 @@ def fd_recommendation(view: ProcessView) -> str | None:
     info and the report render, on what the view saw: set where the limit in force was set (an
     haproxy's ulimit-n in its configuration), then prlimit for now."""
     soft = view.fd_soft_limit
-    peak = max((fds for _, fds in view.history), default=view.open_fds)
+    peak = view.peak_fds if view.peak_fds is not None else view.open_fds
     need, basis = need_of(soft, peak, view.emfile, view.emfile_worst_second, view.maxsock,
                           maxsock_from=view.maxsock_from)
     if not view.emfile and not near_limit(need, soft):

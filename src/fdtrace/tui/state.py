@@ -70,6 +70,7 @@ class ProcessView:
     # (time, sockets, memory: the cgroup's usage, else RSS, bytes) at each sample
     memory_history: deque[tuple[int, int | None, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     memcg_peak: int | None = None  # its cgroup's highest usage seen, bytes (the report's memcg_peak_bytes)
+    peak_fds: int | None = None  # its most open FDs in any sample (the report's peak_fds; history forgets)
     # sockets -> [total memory, samples] over every sample: the memory fit's levels, as the report sums them
     memory_levels: dict[int, list[int]] = field(default_factory=dict)
     memory_in_cgroup: bool = False  # a sample's memory was its cgroup's usage (the fit's measure)
@@ -597,6 +598,7 @@ class IncidentState:
             view.placement = (sample.cgroup, sample.unit, sample.container_id, sample.container_runtime,
                               sample.pod_uid)
             view.history.append((time_ns, sample.open_fds))
+            view.peak_fds = max(view.peak_fds or 0, sample.open_fds)
             view.rss_split = (sample.rss_anon_kb, sample.rss_file_kb, sample.rss_shmem_kb)
             view.rss_kb = sample.rss_kb
             view.memcg_usage = sample.memcg_usage_bytes
