@@ -143,7 +143,9 @@ def memory_needs(recording: Analyzable) -> pd.DataFrame:
     cgroup's limit): its last resident memory and cgroup limit and usage, the cgroup's peak usage
     against its limit (``usage``), the memory a connection costs (``per_connection``, bytes, and
     ``fit`` in words), and for the connections it must hold (HAProxy's maxconn, else the FD limit
-    recommended for it) the memory ``need``, its ``basis`` and what to ``change``."""
+    recommended for it) the memory ``need``, its ``basis`` and what to ``change`` (in words; the
+    advice layer's ``Change`` itself, its MemoryMax value in bytes, in ``advice``; one also for a
+    cgroup that peaked near its limit without a fit)."""
     with engine_for(recording) as engine:
         return memory_needs_on(engine)
 
