@@ -140,6 +140,30 @@ async def replay_to_end(pilot: Any, feed: Any, clock: list[int], step_ns: int = 
     await pilot.pause(0.3)
 
 
+def replayed_detail(recording: Path, pid: int) -> str:
+    """The live view's detail of ``pid`` once a replay of ``recording`` is played to its end, its
+    whitespace folded (the words as one line)."""
+    import asyncio
+
+    from textual.widgets import Static
+
+    from fdtrace.sources.replay import ReplaySource
+    from fdtrace.tui.screens import ProcessScreen
+
+    clock = [0]
+    feed = ReplaySource(recording, clock=lambda: clock[0])
+    app = replay_app(feed)
+
+    async def detail() -> str:
+        async with app.run_test(size=(200, 60)) as pilot:
+            await replay_to_end(pilot, feed, clock)
+            app.push_screen(ProcessScreen(pid))
+            await pilot.pause(0.5)
+            return str(app.screen.query_one("#detail", Static).render())
+
+    return " ".join(asyncio.run(detail()).split())
+
+
 def drain(leader: int, quiet_s: float = 0.2) -> bytes:
     """What is left to read on a pseudo-terminal's leader side, until it stays quiet for
     ``quiet_s`` or its other side is closed."""

@@ -172,9 +172,10 @@ def test_the_report_has_the_same_advice_and_the_kill(recorded: dict[str, Any], t
 
     rec = load(recorded["out"])
     report = build(rec)
-    # the quiet one has nothing to change (record samples every process: another run's hoarder left out)
-    [advice] = [line for line in memory_advice_lines(memory_needs(rec), oom_victims(rec))
-                if f"[{recorded['pid']}]" in line]
+    # this test's own processes: a concurrent run's hoarder on the host is recorded too
+    lines = memory_advice_lines(memory_needs(rec), oom_victims(rec))
+    [advice] = [line for line in lines if f"{recorded['names']['hoarder']} [" in line]
+    assert not [line for line in lines if recorded["names"]["quiet"] in line]  # the quiet one has nothing to change
     assert advice in report.recommendations
     assert any(title.startswith("Memory of the processes") for title in panels_of(report))
     page = tmp_path / "report.md"
@@ -215,3 +216,37 @@ def test_the_oom_kill_is_counted_once_its_sigkill_is_no_crash(recorded: dict[str
     said = [line for line in wrong.splitlines() if f"[{pid}]:" in line]
     assert len(said) == 1 and "OOM-killed at" in said[0], shown.stdout
     assert "SIGKILL" not in shown.stdout
+
+
+def test_one_memory_figure_in_doctor_the_report_and_the_live_view(recorded: dict[str, Any], tmp_path: Path) -> None:
+    """The advice layer's one MemoryMax change (advice.memory.memory_change) is what doctor --from,
+    the Markdown report and the live view's detail (replaying the recording) say: the same
+    connections, need, value and words."""
+    from fdtrace.advice.change import Change
+    from fdtrace.advice.memory import memory_max
+    from fdtrace.display import markdown_shown
+    from tests.helpers import replayed_detail
+
+    out, pid = recorded["out"], recorded["pid"]
+    [row] = memory_needs(load(out)).query(f"pid == {pid}").to_dict("records")
+    change = row["advice"]
+    assert isinstance(change, Change) and change.resource == "MemoryMax" and change.value > LIMIT, row
+    assert f"to {memory_max(change.value)}" in change.command and change.reason == row["basis"]
+    assert row["basis"].startswith(f"at {int(row['connections']):,} connections (the FD limit recommended for it)")
+
+    doctor = subprocess.run([FDTRACE, "doctor", "--pid", str(pid), "--from", str(out), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    [check] = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "memory cgroup"]
+    assert check["recommended"] == f"MemoryMax >= {memory_max(change.value)}", check
+    assert check["change"] == change.command and row["basis"] in check["current"], check
+
+    page = tmp_path / "report.md"
+    made = subprocess.run([FDTRACE, "report", str(out), "-o", str(page)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    hoarder = f"- memory of {recorded['names']['hoarder']}"
+    [line] = [line for line in page.read_text().splitlines() if line.startswith(hoarder)]
+    assert markdown_shown(f"; {row['basis']}; {change.command}.") in line, line
+
+    text = replayed_detail(out, pid)
+    assert " ".join(row["basis"].split()) in text, text
+    assert "what to change (memory): " + " ".join(change.command.split()) in text, text

@@ -7,7 +7,6 @@ ulimit-n in that configuration file, where the limit in force was set."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import socket
@@ -24,7 +23,7 @@ from fdtrace.display import markdown_shown
 from fdtrace.policy import with_margin
 from tests.bpf.test_haproxy import free_port
 from tests.conftest import needs_root
-from tests.helpers import FDTRACE, replay_app, replay_to_end, started
+from tests.helpers import FDTRACE, replayed_detail, started
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
@@ -131,23 +130,7 @@ def test_the_same_number_and_place_everywhere_and_never_below_haproxy_s_own_dema
     named = markdown_shown(f"RLIMIT_NOFILE of haproxy [{pid}]")
     [line] = [line for line in markdown.read_text().splitlines() if named in line]
     assert markdown_shown(f"set it to {number} ({place}") in line, line
-    from textual.widgets import Static
-
-    from fdtrace.sources.replay import ReplaySource
-    from fdtrace.tui.screens import ProcessScreen
-
-    clock = [0]
-    feed = ReplaySource(out, clock=lambda: clock[0])
-    app = replay_app(feed)
-
-    async def detail() -> str:
-        async with app.run_test(size=(200, 60)) as pilot:
-            await replay_to_end(pilot, feed, clock)
-            app.push_screen(ProcessScreen(pid))
-            await pilot.pause(0.5)
-            return str(app.screen.query_one("#detail", Static).render())
-
-    text = " ".join(asyncio.run(detail()).split())
+    text = replayed_detail(out, pid)
     assert f"what to change: RLIMIT_NOFILE soft limit {number} (needed {MAXSOCK}: HAProxy's Maxsock {MAXSOCK}" \
         in text, text
     assert " ".join(place.split()) in text, text

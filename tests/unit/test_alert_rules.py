@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import urllib.request
 from importlib import resources
 from pathlib import Path
 
@@ -102,3 +103,27 @@ def test_a_processs_unit_and_container_are_labels_of_its_gauges() -> None:
         assert labels["8"] == {"pid": "8", "comm": "quiet", "unit": "", "container": ""}  # empty: absent
     finally:
         sink.close()
+
+
+def test_the_limit_families_help_says_where_to_change_each_in_the_advice_layers_words() -> None:
+    """A scrape's HELP of each limit family names where that limit is changed, as the advice
+    layer's generic places say it (doctor, the report and the live view name the same places)."""
+    from fdtrace.advice.change import AT_START
+    from fdtrace.advice.fixes import THREAD_PLACES
+    from fdtrace.advice.haproxy import MAXCONN_PLACE
+    from fdtrace.advice.memory import MEMORY_PLACES
+
+    sink = PrometheusSink("127.0.0.1:0")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics", timeout=30) as answer:
+            page = answer.read().decode()
+    finally:
+        sink.close()
+    helps = dict(line.split(" ", 3)[2:] for line in page.splitlines() if line.startswith("# HELP "))
+    assert AT_START.where() in helps["process_max_fds"]
+    assert "ulimit-n in the global section of its configuration" in helps["process_max_fds"]
+    assert "worker_rlimit_nofile in the main context of its configuration" in helps["process_max_fds"]
+    for kind in ("Go default", "RLIMIT_NPROC", "cgroup pids.max"):
+        assert f"{kind}: {THREAD_PLACES[kind]}" in helps["fdtrace_process_thread_limit"]
+    assert MEMORY_PLACES in helps["fdtrace_process_memory_cgroup_limit_bytes"]
+    assert MAXCONN_PLACE in helps["fdtrace_haproxy_maxconn"]

@@ -199,3 +199,19 @@ def test_past_the_cap_the_ended_go_first_and_the_failed_last() -> None:
     assert len(state.processes) == 100 and state.forgotten == 51
     assert 7 in state.processes and state.processes[7].failed
     assert not any(pid in state.processes for pid in range(1100, 1150))
+
+
+def test_the_fd_advice_keeps_a_peak_older_than_the_views_history() -> None:
+    """A peak of 900 open FDs 700 rounds ago (past the 600 the view's history keeps) is still the
+    need the live view's "what to change" renders, as the report's peak over every sample is."""
+    from fdtrace.tui.adapters import fd_recommendation
+    from fdtrace.tui.state import HISTORY_POINTS
+
+    state = IncidentState()
+    for second, fds in enumerate([900] + [100] * (HISTORY_POINTS + 100)):
+        state.apply_samples([ProcessSample(pid=9, start_ns=1, comm="spiky", open_fds=fds, fd_soft_limit=1000,
+                                           fd_hard_limit=4096, threads=1, sockets=0)], second * 1_000_000_000)
+    view = state.processes[9]
+    assert max(fds for _, fds in view.history) == 100 and view.peak_fds == 900
+    said = fd_recommendation(view)
+    assert said is not None and said.startswith("RLIMIT_NOFILE soft limit 1080 (needed 900: peak 900 open")

@@ -3,6 +3,7 @@ each fix from ``fdtrace.analysis.report.advice``, so the same recording reads th
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
@@ -10,10 +11,11 @@ import pandas as pd
 
 from fdtrace.advice.change import fd_hard_to_set, fd_limit_ways
 from fdtrace.advice.fixes import (
-    file_max_fix,
+    file_max_change,
     file_max_needed,
+    go_exceeded_change,
     listen_fix,
-    thread_fix,
+    thread_change,
 )
 from fdtrace.analysis import least_headroom, load
 from fdtrace.analysis.needs import fd_needs
@@ -65,7 +67,9 @@ def test_a_thread_limit_fix_reads_the_same_in_the_report_and_doctor(tmp_path: Pa
     recording = Recording(events=pd.DataFrame(), samples=samples, system=pd.DataFrame(), losses=pd.DataFrame(),
                           counters=pd.DataFrame(), clock=pd.DataFrame(), haproxy=pd.DataFrame(),
                           phases=pd.DataFrame())
-    fix = thread_fix("RLIMIT_NPROC", 4200)  # 3500 threads of the user, with the margin
+    change = thread_change("RLIMIT_NPROC", 3500, 4000)  # 3500 threads of the user, with the margin
+    assert change is not None and change.value == 4200
+    fix = change.command
     assert f"RLIMIT_NPROC of gopher [5]: peak 3500 threads of its user of 4000; {fix}." in recommendations(
         recording, least_headroom(recording))
     doctor = doctor_on(tmp_path)
@@ -76,7 +80,9 @@ def test_a_thread_limit_fix_reads_the_same_in_the_report_and_doctor(tmp_path: Pa
 
 def test_a_listen_queue_overflow_is_said_in_the_shared_words(tmp_path: Path) -> None:
     [check] = [c for c in doctor_on(tmp_path).system_checks() if c.name.startswith("TcpExt")]
-    assert check.change == listen_fix(None)
+    assert check.change == listen_fix(None, 4096)
+    assert check.change == ("a listen queue overflowed: sysctl -w net.core.somaxconn=65535 (and in /etc/sysctl.d/), "
+                            "and raise the listener's backlog, or accept faster")
 
 
 def test_the_file_max_to_set_reads_the_same_in_the_report_and_doctor(tmp_path: Path) -> None:
@@ -90,9 +96,36 @@ def test_the_file_max_to_set_reads_the_same_in_the_report_and_doctor(tmp_path: P
     needed = file_max_needed(90_000, 100_000)
     assert needed is not None and needed > 2 * 90_000 and file_max_needed(70_000, 100_000) is None
     [line] = [r for r in recommendations(recording, least_headroom(recording)) if r.startswith("fs.file-max")]
-    assert f"set it to at least {needed:,}: {file_max_fix(needed)}." in line
+    change = file_max_change(90_000, 100_000)
+    assert change is not None and change.value == needed
+    assert f"set it to at least {needed:,}: {change.command}." in line
     doctor = doctor_on(tmp_path)
     (tmp_path / "proc" / "sys/fs/file-nr").write_text("90000\t0\t100000\n")
     (tmp_path / "proc" / "sys/fs/file-max").write_text("100000\n")
     [check] = [c for c in doctor.system_checks() if c.name == "fs.file-max vs file-nr"]
-    assert (check.status, check.recommended, check.change) == (Status.WARN, f">= {needed}", file_max_fix(needed))
+    assert (check.status, check.recommended, check.change) == (Status.WARN, f">= {needed}", change.command)
+
+
+def test_a_go_program_that_exceeded_its_limit_gets_one_set_max_threads_everywhere() -> None:
+    """tests/data/newcomer: go-threads said "program exceeds 300-thread limit" and exited 2. The
+    report, info, doctor --from and the live view's detail (a replay) render the advice layer's
+    one change: SetMaxThreads(360), and the report says it once."""
+    from click.testing import CliRunner
+
+    from fdtrace.analysis.summary import summary
+    from fdtrace.cli import main
+    from tests.helpers import replayed_detail
+
+    newcomer = Path(__file__).parents[1] / "data" / "newcomer"
+    events = load(newcomer).events
+    pid = int(events[events["comm"] == "go-threads"]["pid"].iloc[0])
+    change = go_exceeded_change(300)
+    assert change is not None and change.value == 360 and change.command.endswith("runtime/debug.SetMaxThreads(360)")
+    said = [r for r in build(load(newcomer)).recommendations if "SetMaxThreads(" in r]
+    assert said == [r for r in said if r.startswith(f"Go thread limit of go-threads [{pid}]")] and len(said) == 1
+    assert said[0].endswith(f"; {change.command}.")
+    assert f"  {said[0]}" in summary(load(newcomer)).splitlines()
+    result = CliRunner().invoke(main, ["doctor", "--from", str(newcomer), "--pid", str(pid), "--json"])
+    [check] = [c for c in json.loads(result.output)["checks"] if c["name"] == "Go thread limit"]
+    assert (check["recommended"], check["change"]) == ("SetMaxThreads >= 360", change.command)
+    assert "what to change (threads): " + change.command in replayed_detail(newcomer, pid)

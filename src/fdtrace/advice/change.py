@@ -41,9 +41,10 @@ def near_limit(used: float | None, limit: float | None) -> bool:
 
 def raised(need: int, in_force: int | None) -> int | None:
     """The limit to advise for ``need``: the need with the margin, when that is above the limit
-    in force; None when the limit in force already holds it (a limit is never advised lower)."""
+    in force; None when the limit in force already holds it (a limit is never advised lower),
+    or when nothing is needed (a limit of 0 is no limit to advise)."""
     target = with_margin(need)
-    if in_force is not None and target <= in_force:
+    if target < 1 or (in_force is not None and target <= in_force):
         return None
     return target
 
@@ -130,3 +131,10 @@ def fd_limit_change(need: int, basis: str, soft: int | None, hard: int | None,
     hard_to_say = hard if place.kind == "nginx" else fd_hard_to_set(target, hard)
     return Change("RLIMIT_NOFILE", target, place.where(), place.command(target, hard_to_say, who),
                   f"needed: {need}, {basis}")
+
+
+def fd_limit_places() -> str:
+    """Where an RLIMIT_NOFILE is changed, in general (no process in view: a metric's help):
+    where the process is started, or the program's own setting (HAProxy's, nginx's)."""
+    return (f"set {AT_START.where()}; HAProxy: {LimitPlace('haproxy', 'its configuration').where()}; "
+            f"nginx: {LimitPlace('nginx', 'its configuration').where()}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fdtrace.advice.change import Change, raised
 from fdtrace.policy import with_margin
 
 #: Descriptors HAProxy reserves before counting anything (``global.maxsock = 10``).
@@ -26,6 +27,9 @@ CLI_MAXCONN = 10
 MAX_COUNT = 1 << 30
 #: Threads at most (HAProxy 2.6's MAX_THREADS is 64; a larger nbthread is refused by it).
 MAX_THREADS = 4096
+#: Where HAProxy's maxconn is set, in general (a metric's help): with the FD limit it demands.
+MAXCONN_PLACE = ("maxconn in the global section of its configuration, with the ulimit-n HAProxy demands for it "
+                 "(its Maxsock) under strict-limits")
 
 
 class ModelError(ValueError):
@@ -130,3 +134,25 @@ def accepts(maxconn: int, limit: int, shape: HaproxyShape) -> bool:
     ``limit`` (its Maxsock fits)."""
     return shape.maxsock(maxconn) <= limit
 
+
+
+def maxconn_change(connections: int, maxconn: int | None, shape: HaproxyShape, fd_in_force: int | None,
+                   path: str) -> Change | None:
+    """The maxconn to set for a haproxy holding ``connections`` at once under ``maxconn``: the
+    connections with the margin, above the maxconn in force (None when that holds them: never
+    lower), named with the ulimit-n HAProxy demands for it (``fd_limit_for``) unless the FD limit
+    in force (``fd_in_force``; None: unlimited) holds that already, so the pair starts under
+    ``strict-limits`` and no FD limit is advised below the one in force."""
+    value = raised(connections, maxconn)
+    if value is None:
+        return None
+    value = min(value, MAX_COUNT)
+    demanded, fd_target = shape.maxsock(value), fd_limit_for(value, shape)
+    if fd_in_force is None or fd_in_force >= fd_target:
+        with_fd = (f", within its FD limit {fd_in_force if fd_in_force is not None else 'unlimited'} (HAProxy "
+                   f"demands {demanded} for it)")
+    else:
+        with_fd = f", and ulimit-n {fd_target} with it (its Maxsock {demanded}, with the margin)"
+    return Change("maxconn", value, f"maxconn in the global section of {path}",
+                  f"set maxconn {value} in the global section of {path}{with_fd}",
+                  f"{connections} connections at once" + (f" of its maxconn {maxconn}" if maxconn is not None else ""))

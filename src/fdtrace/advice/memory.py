@@ -1,12 +1,15 @@
 """The memory a connection costs (a fit of memory against sockets) and what to change when a
-process's connections do not fit its memory cgroup: the memory half of the needs model, the same
-words in doctor, info, the report and the live view."""
+process's connections do not fit its memory cgroup, or its cgroup nears its limit: the memory
+half of the needs model. ``memory_change`` is the one rule; doctor, info, the report and the live
+view render the ``MemoryAdvice`` it returns (the same words and numbers in each)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fdtrace.advice.change import Change, near_limit, raised
 from fdtrace.advice.needs import is_known
 from fdtrace.policy import LIMIT_MARGIN, MIB, kib
 
@@ -15,6 +18,8 @@ from fdtrace.policy import LIMIT_MARGIN, MIB, kib
 MIN_FIT_POINTS, MIN_FIT_LEVELS, MIN_SOCKET_SPAN = 5, 3, 10
 #: At most this many points go into a fit (evenly chosen): its pairwise slopes stay bounded.
 MAX_FIT_POINTS = 120
+#: Where a memory cgroup's limit is set when its unit is not known.
+MEMORY_PLACES = "MemoryMax= of its unit (memory.max, memory.limit_in_bytes)"
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,8 @@ class MemoryFit:
         per_connection: bytes each socket held adds (the slope).
         base: bytes at no sockets (the median intercept).
         spread: half the interquartile range of the pairwise slopes, bytes.
-        points: samples used; sockets_from, sockets_to: the range of sockets they cover.
+        points: socket counts used (each the mean of its samples);
+        sockets_from, sockets_to: the range of sockets they cover.
         measure: what memory was fitted: "cgroup usage" or "RSS".
     """
 
@@ -54,20 +60,40 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def memory_fit(points: list[tuple[int, int]], measure: str) -> MemoryFit | None:
-    """The memory a connection costs, from (sockets, bytes) samples of one process; None unless
-    the samples cover enough distinct socket counts (its memory must have been seen growing with
-    its connections) and the slope is positive."""
-    usable = [(int(s), int(b)) for s, b in points if is_known(s) and is_known(b)]
-    if len(usable) < MIN_FIT_POINTS or len({s for s, _ in usable}) < MIN_FIT_LEVELS:
+def memory_levels(points: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(sockets, total bytes, samples) per distinct socket count of (sockets, bytes) samples, in
+    the order of the socket counts: what a fit is made of, whoever collected the samples (the
+    report sums them in SQL, the live view as they come; integer sums, so both agree exactly)."""
+    levels: dict[int, list[int]] = {}
+    for sockets, memory in points:
+        if is_known(sockets) and is_known(memory):
+            level = levels.setdefault(int(sockets), [0, 0])
+            level[0] += int(memory)
+            level[1] += 1
+    return [(s, total, n) for s, (total, n) in sorted(levels.items())]
+
+
+def memory_fit(points: Iterable[tuple[int, int]], measure: str) -> MemoryFit | None:
+    """The memory a connection costs, from (sockets, bytes) samples of one process
+    (``memory_fit_levels`` over their ``memory_levels``)."""
+    return memory_fit_levels(memory_levels(points), measure)
+
+
+def memory_fit_levels(levels: Iterable[tuple[int, int, int]], measure: str) -> MemoryFit | None:
+    """The memory a connection costs, from (sockets, total bytes, samples) per socket count of
+    one process, each count's mean memory one point; None unless the points cover enough
+    distinct socket counts (its memory must have been seen growing with its connections) and the
+    slope is positive. The same levels give the same fit in any order."""
+    usable = sorted((int(s), total / n) for s, total, n in levels if is_known(s) and is_known(total) and n > 0)
+    if len(usable) < MIN_FIT_POINTS or len(usable) < MIN_FIT_LEVELS:
         return None
-    low, high = min(s for s, _ in usable), max(s for s, _ in usable)
+    low, high = usable[0][0], usable[-1][0]
     if high - low < MIN_SOCKET_SPAN:
         return None
     if len(usable) > MAX_FIT_POINTS:
         step = len(usable) / MAX_FIT_POINTS
         usable = [usable[int(i * step)] for i in range(MAX_FIT_POINTS)]
-    slopes = [(b2 - b1) / (s2 - s1) for i, (s1, b1) in enumerate(usable) for s2, b2 in usable[i + 1:] if s2 != s1]
+    slopes = [(b2 - b1) / (s2 - s1) for i, (s1, b1) in enumerate(usable) for s2, b2 in usable[i + 1:]]
     slope = _median(slopes)
     if slope <= 0:
         return None
@@ -77,19 +103,76 @@ def memory_fit(points: list[tuple[int, int]], measure: str) -> MemoryFit | None:
     return MemoryFit(slope, base, spread, len(usable), low, high, measure)
 
 
-def memory_advice(comm: str, fit: MemoryFit, connections: int, what: str, limit: int | None) -> tuple[int, str, str]:
-    """(bytes needed, why, what to change) for ``connections`` of a process whose memory grows by
-    ``fit``, against its memory cgroup's ``limit``: the memory half of the needs model, the same
-    words in doctor, info and the report. ``what`` says where the connection count comes from."""
-    need = fit.at(connections)
-    why = f"at {connections:,} connections ({what}) {comm} needs about {kib(need)}, {fit.describe()}"
-    if limit is None:
-        return need, why, ""
-    if need * LIMIT_MARGIN <= limit:
-        return need, f"{why}; its cgroup allows {kib(limit)}", ""
-    fits = max(int((limit / LIMIT_MARGIN - fit.base) / fit.per_connection), 0)
-    raise_to = math.ceil(need * LIMIT_MARGIN / MIB)
-    fewer = f"lower maxconn to {fits:,}" if comm.startswith("haproxy") else f"hold at most {fits:,} connections"
-    change = (f"{fewer} (what its cgroup holds with the margin) or raise MemoryMax= of its unit (memory.max, "
-              f"memory.limit_in_bytes) to {raise_to}M" + (" (and tune.bufsize)" if comm.startswith("haproxy") else ""))
-    return need, f"{why}; its cgroup allows {kib(limit)}", change
+def connections_to_hold(maxconn: int | None, fd_recommended: int | None) -> tuple[int | None, str]:
+    """How many connections a process must hold, and whence: HAProxy's maxconn, else the FD limit
+    the needs model recommends for it (each descriptor a connection, at most); (None, "") when
+    neither is known."""
+    if is_known(maxconn) and maxconn is not None and int(maxconn) > 0:
+        return int(maxconn), "its maxconn"
+    if is_known(fd_recommended) and fd_recommended is not None and int(fd_recommended) > 0:
+        return int(fd_recommended), "the FD limit recommended for it"
+    return None, ""
+
+
+@dataclass(frozen=True)
+class MemoryAdvice:
+    """What ``memory_change`` says of one process's memory.
+
+    Attributes:
+        need: bytes its connections need (None without a fit and a number of connections).
+        why: the need in words, or the fit alone ("" when there is neither).
+        change: the MemoryMax to set (its value in bytes, whole MiB), None when nothing is to change.
+    """
+
+    need: int | None
+    why: str
+    change: Change | None
+
+
+def memory_max(value: int) -> str:
+    """A MemoryMax value as systemd takes it: whole MiB ("215M")."""
+    return f"{math.ceil(value / MIB)}M"
+
+
+def _memory_place(unit: str | None) -> str:
+    if unit and unit.endswith(".service"):
+        return f"MemoryMax= in [Service] of {unit} (memory.max of its cgroup)"
+    return MEMORY_PLACES
+
+
+def memory_change(comm: str, limit: int | None, peak: int | None = None, fit: MemoryFit | None = None,
+                  connections: int | None = None, what: str = "", unit: str | None = None) -> MemoryAdvice:
+    """The one memory rule of doctor, info, the report and the live view, for a process whose
+    memory cgroup allows ``limit`` bytes (None: no limit) and peaked at ``peak``:
+
+    - with a ``fit`` and ``connections`` to hold (``connections_to_hold``; ``what`` says whence),
+      the memory they need; when that with the margin is over the limit, MemoryMax raised to it
+      (or, for HAProxy, maxconn lowered to what the limit holds);
+    - else, when the peak is near the limit (``near_limit``), MemoryMax raised to the peak with
+      the margin.
+
+    The MemoryMax advised is always above the limit in force (never lower), in whole MiB, set in
+    the process's systemd unit when ``unit`` names a service, else in the generic places."""
+    where = _memory_place(unit)
+    allows = f"; its cgroup allows {kib(limit)}" if limit is not None else ""
+    if fit is not None and connections is not None and connections > 0:
+        need = fit.at(connections)
+        why = f"at {connections:,} connections ({what}) {comm} needs about {kib(need)}, {fit.describe()}{allows}"
+        if limit is not None and need * LIMIT_MARGIN > limit:
+            value = math.ceil(need * LIMIT_MARGIN / MIB) * MIB
+            fits = max(int((limit / LIMIT_MARGIN - fit.base) / fit.per_connection), 0)
+            haproxy = comm.startswith("haproxy")
+            fewer = (f"lower maxconn to {fits:,}" if haproxy else f"hold at most {fits:,} connections") + \
+                " (what its cgroup holds with the margin) or " if fits > 0 else ""
+            command = (f"{fewer}raise {where} to {memory_max(value)}" + (" (and tune.bufsize)" if haproxy else ""))
+            return MemoryAdvice(need, why, Change("MemoryMax", value, where, command, why))
+        return MemoryAdvice(need, why, None)
+    why = fit.describe() if fit is not None else ""
+    if limit is not None and peak is not None and near_limit(peak, limit):
+        target = raised(peak, limit)
+        if target is not None:
+            value = math.ceil(target / MIB) * MIB
+            reason = f"its cgroup peaked at {kib(peak)} of {kib(limit)}"
+            command = f"raise {where} to {memory_max(value)}, or find what holds the memory"
+            return MemoryAdvice(None, why, Change("MemoryMax", value, where, command, reason))
+    return MemoryAdvice(None, why, None)

@@ -2,8 +2,9 @@
 cgroup that limits it, the memory a connection costs (fitted against its sockets), what its
 connections will need against that limit, and each OOM kill's victim as it was last seen.
 
-The fit and the advice are ``fdtrace.policy``'s (``memory_fit``, ``memory_advice``), so doctor,
-``info`` and the report say the same number."""
+The fit and the advice are the advice layer's (``advice.memory``: ``memory_fit_levels``,
+``connections_to_hold``, ``memory_change``), so doctor, ``info``, the report and the live view
+say the same number in the same words."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from fdtrace.advice.memory import MemoryFit, memory_advice, memory_fit
+from fdtrace.advice.memory import MemoryFit, connections_to_hold, memory_change, memory_fit_levels
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import processes_where
@@ -28,7 +29,7 @@ TREND_NS = 60_000_000_000
 
 MEMORY_COLUMNS = ["host", "pid", "start_ns", "comm", "time", "rss_bytes", "memcg_limit_bytes", "memcg_usage_bytes",
                   "memcg_peak_bytes", "usage", "memcg_oom_kills", "per_connection", "fit", "connections",
-                  "connections_from", "need", "basis", "change"]
+                  "connections_from", "need", "basis", "change", "advice"]
 VICTIM_COLUMNS = ["host", "pid", "start_ns", "comm", "time", "anon_rss_kb", "sampled", "open_fds", "sockets",
                   "threads", "rss_bytes", "rss_minute_ago_bytes", "memcg_limit_bytes", "memcg_usage_bytes",
                   "foreseen", "last_state"]
@@ -40,7 +41,7 @@ _MEMORY = f"coalesce(memcg_usage_bytes, {_RSS})"
 # else its newest, with the cgroup's peak over all its samples and whether it was OOM-killed.
 _LAST = f"""
 WITH mem AS (SELECT host, pid, start_ns, comm, ts_ns, time_ns, {_RSS} AS rss_bytes, memcg_limit_bytes,
-                    memcg_usage_bytes, memcg_oom_kills,
+                    memcg_usage_bytes, memcg_oom_kills, UNIT,
                     row_number() OVER (PARTITION BY host, pid, start_ns
                                        ORDER BY CASE WHEN memcg_limit_bytes IS NULL THEN 1 ELSE 0 END, ts_ns DESC)
                         AS newest,
@@ -48,7 +49,7 @@ WITH mem AS (SELECT host, pid, start_ns, comm, ts_ns, time_ns, {_RSS} AS rss_byt
              FROM samples WHERE rss_anon_kb IS NOT NULL OR memcg_usage_bytes IS NOT NULL),
 oom AS (SELECT DISTINCT host, pid, start_ns FROM events WHERE kind = 'oom_kill')
 SELECT m.host, m.pid, m.start_ns, m.comm, m.time_ns, m.rss_bytes, m.memcg_limit_bytes, m.memcg_usage_bytes,
-       m.memcg_peak_bytes, m.memcg_oom_kills,
+       m.memcg_peak_bytes, m.memcg_oom_kills, m.unit,
        CASE WHEN m.memcg_limit_bytes > 0 THEN CAST(m.memcg_peak_bytes AS DOUBLE) / m.memcg_limit_bytes END AS usage,
        CASE WHEN o.pid IS NULL THEN 0 ELSE 1 END AS killed
 FROM mem AS m LEFT JOIN oom AS o ON m.host = o.host AND m.pid = o.pid
@@ -58,9 +59,10 @@ WHERE m.newest = 1
 
 
 def _series(engine: Engine, chosen: pd.DataFrame) -> pd.DataFrame:
-    """(sockets, memory) per distinct socket count of the chosen processes: the fit's points."""
+    """(sockets, total memory, samples) per distinct socket count of the chosen processes: the
+    fit's levels (``advice.memory.memory_levels``, summed here)."""
     return engine.query(
-        f"SELECT host, pid, start_ns, sockets, avg({_MEMORY}) AS memory, "
+        f"SELECT host, pid, start_ns, sockets, sum({_MEMORY}) AS memory, count(*) AS n, "
         "max(CASE WHEN memcg_usage_bytes IS NULL THEN 0 ELSE 1 END) AS cgroup "
         f"FROM samples WHERE sockets IS NOT NULL AND ({processes_where(chosen)}) "
         f"AND ({_MEMORY}) IS NOT NULL GROUP BY host, pid, start_ns, sockets")
@@ -81,7 +83,8 @@ def fits_on(engine: Engine, chosen: pd.DataFrame) -> dict[tuple[str, int, Any], 
     found = {}
     for (host, pid, start), mine in points.groupby(["host", "pid", "start_ns"], dropna=False, sort=False):
         measure = "cgroup usage" if mine["cgroup"].max() else "RSS"
-        fit = memory_fit(list(zip(mine["sockets"], mine["memory"], strict=True)), measure)
+        fit = memory_fit_levels([(int(s), int(m), int(n)) for s, m, n in
+                                 zip(mine["sockets"], mine["memory"], mine["n"], strict=True)], measure)
         if fit is not None:
             found[(str(host), int(pid), None if pd.isna(start) else int(start))] = fit
     return found
@@ -92,7 +95,9 @@ def memory_needs_on(engine: Engine, fd_needs: pd.DataFrame | None = None) -> pd.
     caller has it already (it is computed here otherwise, when a process's fit needs it)."""
     if "memcg_usage_bytes" not in engine.columns("samples"):
         return pd.DataFrame(columns=MEMORY_COLUMNS)
-    last = engine.query(_LAST)
+    # the systemd unit whose MemoryMax is to change (recordings before units were sampled have none)
+    unit = "unit" if "unit" in engine.columns("samples") else "CAST(NULL AS VARCHAR) AS unit"
+    last = engine.query(_LAST.replace("UNIT", unit))
     if last.empty:
         return pd.DataFrame(columns=MEMORY_COLUMNS)
     last = last.sort_values(["killed", "usage", "rss_bytes"], ascending=False, na_position="last")
@@ -105,15 +110,17 @@ def memory_needs_on(engine: Engine, fd_needs: pd.DataFrame | None = None) -> pd.
     for row in chosen.itertuples():
         key = (str(row.host), int(row.pid), None if pd.isna(row.start_ns) else int(row.start_ns))
         limit = None if pd.isna(row.memcg_limit_bytes) else int(row.memcg_limit_bytes)
-        found: dict[str, Any] = {"per_connection": None, "fit": "", "connections": None, "connections_from": "",
-                                 "need": None, "basis": "", "change": ""}
+        peak = None if pd.isna(row.memcg_peak_bytes) else int(row.memcg_peak_bytes)
         fit = fits.get(key)
-        if fit is not None:
-            connections, what = _connections(row, maxconns, fd_needs)
-            if connections:
-                need, basis, change = memory_advice(str(row.comm), fit, connections, what, limit)
-                found.update(need=need, basis=basis, change=change, connections=connections, connections_from=what)
-            found.update(per_connection=fit.per_connection, fit=fit.describe())
+        connections, what = _connections(row, maxconns, fd_needs) if fit is not None else (None, "")
+        said = memory_change(str(row.comm), limit, peak, fit, connections, what,
+                             None if pd.isna(row.unit) else str(row.unit))
+        found: dict[str, Any] = {
+            "per_connection": None if fit is None else fit.per_connection, "fit": "" if fit is None else fit.describe(),
+            "connections": connections if said.need is not None else None,
+            "connections_from": what if said.need is not None else "", "need": said.need,
+            "basis": said.why if said.need is not None else "", "change": said.change.command if said.change else "",
+            "advice": said.change}
         rows.append({"host": row.host, "pid": int(row.pid), "start_ns": row.start_ns, "comm": row.comm,
                      "time": pd.Timestamp(int(row.time_ns), unit="ns", tz="UTC"), "rss_bytes": row.rss_bytes,
                      "memcg_limit_bytes": row.memcg_limit_bytes, "memcg_usage_bytes": row.memcg_usage_bytes,
@@ -123,15 +130,12 @@ def memory_needs_on(engine: Engine, fd_needs: pd.DataFrame | None = None) -> pd.
 
 
 def _connections(row: Any, maxconns: pd.DataFrame, fd_needs: pd.DataFrame) -> tuple[int | None, str]:
-    """How many connections the process must hold: HAProxy's maxconn, else the FD limit the
-    needs model recommends (each descriptor a connection, at most)."""
+    """How many connections the process must hold (``advice.memory.connections_to_hold``):
+    HAProxy's maxconn, else the FD limit the needs model recommends."""
     mine = maxconns[(maxconns["host"].astype(str) == str(row.host)) & (maxconns["pid"] == row.pid)]
-    if len(mine):
-        return int(mine["maxconn"].iloc[0]), "its maxconn"
     need = fd_needs[(fd_needs["host"].astype(str) == str(row.host)) & (fd_needs["pid"] == row.pid)]
-    if len(need):
-        return int(need["recommended"].iloc[0]), "the FD limit recommended for it"
-    return None, ""
+    return connections_to_hold(int(mine["maxconn"].iloc[0]) if len(mine) else None,
+                               int(need["recommended"].iloc[0]) if len(need) else None)
 
 
 def memory_needs(recording: Analyzable) -> pd.DataFrame:
@@ -139,7 +143,9 @@ def memory_needs(recording: Analyzable) -> pd.DataFrame:
     cgroup's limit): its last resident memory and cgroup limit and usage, the cgroup's peak usage
     against its limit (``usage``), the memory a connection costs (``per_connection``, bytes, and
     ``fit`` in words), and for the connections it must hold (HAProxy's maxconn, else the FD limit
-    recommended for it) the memory ``need``, its ``basis`` and what to ``change``."""
+    recommended for it) the memory ``need``, its ``basis`` and what to ``change`` (in words; the
+    advice layer's ``Change`` itself, its MemoryMax value in bytes, in ``advice``; one also for a
+    cgroup that peaked near its limit without a fit)."""
     with engine_for(recording) as engine:
         return memory_needs_on(engine)
 

@@ -224,13 +224,14 @@ def summary_on(recording: Dataset, engine: Engine) -> str:
     lines = headline(engine, least, several_hosts=several, failed=failed)
     from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
     from fdtrace.analysis.needs import fd_needs_on
-    from fdtrace.analysis.report.advice import fd_advice
+    from fdtrace.analysis.report.advice import fd_advice, system_advice, thread_advice
 
     needs = fd_needs_on(engine)
     advice = fd_advice(needs, several=several)  # the numbers doctor and the report give
     victims = oom_victims_on(engine)
     memory = memory_needs_on(engine, needs)
     advice += memory_advice_lines(memory, victims, several=several)
+    advice += system_advice(recording.system, engine) + thread_advice(engine)  # the report's lines, as it says them
     if advice:
         lines += ["what to change:", *_capped([f"  {line}" for line in advice], "processes")]
     by_host = parts["kinds"] if parts is not None else engine.query(

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import enum
-import math
 import os
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
-from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
-from fdtrace.advice.haproxy import HaproxyShape, fd_limit_for
+from fdtrace.advice.change import AT_START, Change, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.fixes import (
+    SOMAXCONN_LOW,
+    file_max_change,
+    go_exceeded_change,
+    listen_fix,
+    somaxconn_change,
+    thread_change,
+)
+from fdtrace.advice.haproxy import HaproxyShape, maxconn_change
+from fdtrace.advice.memory import memory_change, memory_max
 from fdtrace.advice.needs import need_of
 from fdtrace.analysis.report.advice import go_said
 from fdtrace.children import CHILD_CWD, child_environment, program
@@ -27,7 +34,7 @@ from fdtrace.integrations.haproxy import (
     show_info,
 )
 from fdtrace.integrations.nginx import NginxConfig, read_nginx_config
-from fdtrace.policy import MIB, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
+from fdtrace.policy import GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import PROC_ROOT, ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.room import refusal
@@ -73,7 +80,7 @@ class RecordedProcess:
     oom_killed: bool = False
     memory_need: int | None = None  # what its connections need (analysis.memory), bytes
     memory_basis: str = ""  # why, in words
-    memory_change: str = ""  # what to change, when it does not fit
+    memory_change: Change | None = None  # what to change (advice.memory.memory_change), when it does not fit
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,15 @@ class Check:
         data = asdict(self)
         data["status"] = self.status.name
         return data
+
+
+def changed(scope: str, name: str, status: Status, current: str, change: Change | None,
+            recommended: str = ">= {value}") -> Check:
+    """A check that renders the advice layer's ``change`` (its value in ``recommended``, its
+    command) when the status is not OK and there is one; else the check alone."""
+    if not status or change is None:
+        return Check(scope, name, status, current)
+    return Check(scope, name, status, current, recommended.format(value=change.value), change.command)
 
 
 def by_usage(used: float, limit: float | None) -> Status:
@@ -358,9 +374,9 @@ class Doctor:
             checks += self._raise_fd_limit(scope, None, soft, gone.fd_hard_limit, need, basis, status,
                                            f"{soft} ({seen}, {peak / soft:.0%})", AT_START, gone.comm)
         if gone.go_thread_limit is not None:
-            checks.append(Check(scope, "Go thread limit", Status.FAIL,
-                                f"exceeded: the runtime said {go_said(gone.go_thread_limit)} and exited 2",
-                                "fewer threads blocked in syscalls", thread_fix("Go default")))
+            checks.append(changed(scope, "Go thread limit", Status.FAIL,
+                                  f"exceeded: the runtime said {go_said(gone.go_thread_limit)} and exited 2",
+                                  go_exceeded_change(gone.go_thread_limit), "SetMaxThreads >= {value}"))
         elif gone.thread_limit_kind and gone.thread_limit:
             used = gone.thread_count or 0
             status = by_usage(used, gone.thread_limit)
@@ -370,15 +386,15 @@ class Doctor:
                 own = gone.threads if gone.threads is not None else "an unknown number of"
                 current = (f"{used} {counted} of {gone.thread_limit} ({used / gone.thread_limit:.0%}) at most, "
                            f"not its own: it ran {own} threads")
-            checks.append(Check(scope, f"{gone.thread_limit_kind} (threads)", status, current,
-                                f">= {with_margin(used)}" if status else "",
-                                thread_fix(gone.thread_limit_kind, with_margin(used)) if status else ""))
+            checks.append(changed(scope, f"{gone.thread_limit_kind} (threads)", status, current,
+                                  thread_change(gone.thread_limit_kind, used, gone.thread_limit)))
         return checks + self._memory_checks(scope, None, gone)
 
     @staticmethod
     def _memory_checks(scope: str, sample: ProcessSample | None, recorded: RecordedProcess | None) -> list[Check]:
         """Its memory cgroup's usage against its limit (now, else its peak in the recording), an
-        OOM kill, and what its connections need (the recording's fit, ``analysis.memory``)."""
+        OOM kill, and the advice layer's memory change (``advice.memory.memory_change``: the
+        recording's, from what its connections need, else one for its usage now)."""
         limit: int | None
         usage: int | None
         if sample is not None and sample.memcg_limit_bytes is not None and sample.memcg_usage_bytes is not None:
@@ -392,22 +408,23 @@ class Doctor:
             return []
         status = by_usage(usage or 0, limit)
         current = f"{kib(usage or 0)} of {kib(limit)} ({(usage or 0) / limit:.0%}){when}" if limit else "no limit"
-        recommended = change = ""
+        change = recorded.memory_change if recorded is not None else None
         if recorded is not None:
             if recorded.oom_killed:
                 status = Status.FAIL
                 current += ", OOM-killed in the recording"
             if recorded.memory_basis:
                 current += f"; {recorded.memory_basis}"
-            if recorded.memory_change:
+            if change is not None:
                 status = max(status, Status.WARN)
-                change = recorded.memory_change
-                if recorded.memory_need is not None:
-                    recommended = f"MemoryMax >= {math.ceil(with_margin(recorded.memory_need) / MIB)}M"
-        if status and not change and limit and usage:
-            recommended = f"MemoryMax >= {math.ceil(with_margin(usage) / MIB)}M"
-            change = "raise MemoryMax= of its unit (memory.max, memory.limit_in_bytes), or find what holds the memory"
-        return [Check(scope, "memory cgroup", status, current, recommended, change)]
+        if change is None and status:
+            comm = recorded.comm if recorded is not None else sample.comm if sample is not None else ""
+            unit = sample.unit if sample is not None else None
+            change = memory_change(comm, limit, usage, unit=unit).change
+        if change is None:
+            return [Check(scope, "memory cgroup", status, current)]
+        return [Check(scope, "memory cgroup", status, current, f"MemoryMax >= {memory_max(change.value)}",
+                      change.command)]
 
     def _thread_checks(self, pid: int, scope: str, sample: ProcessSample) -> list[Check]:
         checks = []
@@ -415,15 +432,13 @@ class Doctor:
         if sample.nproc_soft_limit is not None and uid is not None:
             user_threads = threads_by_uid(self.procfs, self.sampler.pids(), {uid})[uid]
             status = by_usage(user_threads, sample.nproc_soft_limit)
-            checks.append(Check(scope, f"RLIMIT_NPROC (threads of uid {uid})", status,
-                                f"{user_threads} of {sample.nproc_soft_limit}",
-                                f">= {with_margin(user_threads)}" if status else "",
-                                thread_fix("RLIMIT_NPROC", with_margin(user_threads)) if status else ""))
+            checks.append(changed(scope, f"RLIMIT_NPROC (threads of uid {uid})", status,
+                                  f"{user_threads} of {sample.nproc_soft_limit}",
+                                  thread_change("RLIMIT_NPROC", user_threads, sample.nproc_soft_limit)))
         if sample.pids_max is not None and sample.pids_current is not None:
             status = by_usage(sample.pids_current, sample.pids_max)
-            checks.append(Check(scope, "cgroup pids.max", status, f"{sample.pids_current} tasks of {sample.pids_max}",
-                                f">= {with_margin(sample.pids_current)}" if status else "",
-                                thread_fix("cgroup pids.max", with_margin(sample.pids_current)) if status else ""))
+            checks.append(changed(scope, "cgroup pids.max", status, f"{sample.pids_current} tasks of {sample.pids_max}",
+                                  thread_change("cgroup pids.max", sample.pids_current, sample.pids_max, sample.unit)))
         if sample.go_max_threads is not None:
             limit = sample.go_max_threads
             status = by_usage(threads, limit)
@@ -445,16 +460,21 @@ class Doctor:
                 current += f", growing {growth:.0f}/s in the recording: the limit in {eta:.0f} s"
                 if eta < 600:
                     status = max(status, Status.WARN)
-            if near_limit(threads, limit) and (said is None or said.go_thread_limit is None):
-                # the report's rule: its peak with the margin, in the words of the fix
-                checks.append(Check(scope, "Go thread limit", status, current,
-                                    f"SetMaxThreads >= {with_margin(threads)}",
-                                    thread_fix("Go SetMaxThreads", with_margin(threads))))
+            kind = "Go SetMaxThreads" if sample.go_limit_unread is None and limit != GO_DEFAULT_MAX_THREADS \
+                else "Go default"
+            # the advice layer's change, as the report and the live view render it: above the limit it
+            # exceeded, else its peak with the margin when near the limit
+            exceeded = said.go_thread_limit if said is not None else None
+            change = go_exceeded_change(exceeded) if exceeded is not None else \
+                thread_change(kind, threads, limit) if near_limit(threads, limit) else None
+            if change is not None:
+                checks.append(changed(scope, "Go thread limit", max(status, Status.WARN), current, change,
+                                      "SetMaxThreads >= {value}"))
                 return checks
-            # No number: a limit nearing by its growth (or one said exceeded) is not one to set at its peak.
+            # No number: a limit nearing by its growth is not one to set at its peak.
             checks.append(Check(scope, "Go thread limit", status, current,
                                 "fewer threads blocked in syscalls" if status else "",
-                                thread_fix("Go default") if status else ""))
+                                GO_THREADS_ADVICE if status else ""))
         return checks
 
     def _haproxy_checks(self, pid: int, scope: str, soft: int | None, config: HaproxyConfig,
@@ -519,16 +539,15 @@ class Doctor:
             current = info_number(info, "CurrConns") or 0
             maxconn = info_number(info, "Maxconn") or None
             status = by_usage(current, maxconn)
-            wanted = with_margin(current)
-            change = "raise maxconn and the FD limits with it"
-            if status and shape is not None and wanted >= 1:  # the pair HAProxy accepts (advice.haproxy)
-                change = (f"set maxconn {wanted} in the global section of {config.path}, and ulimit-n "
-                          f"{fd_limit_for(wanted, shape)} with it (its Maxsock {shape.maxsock(wanted)}, with the "
-                          "margin)")
-            checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status,
-                                f"{current} of {maxconn} "
-                                f"(Ulimit-n {info.get('Ulimit-n')}, Maxsock {info.get('Maxsock')})",
-                                f"maxconn >= {wanted}" if status else "", change if status else ""))
+            # the pair HAProxy accepts, never below the maxconn or the FD limit in force (advice.haproxy)
+            found = maxconn_change(current, maxconn, shape, info_number(info, "Ulimit-n") or None, str(config.path)) \
+                if shape is not None and current >= 1 else None
+            said = f"{current} of {maxconn} (Ulimit-n {info.get('Ulimit-n')}, Maxsock {info.get('Maxsock')})"
+            if shape is None and status:  # no shape the model takes: no number
+                checks.append(Check(scope, "haproxy CurrConns vs Maxconn", status, said, "",
+                                    "raise maxconn and the FD limits with it"))
+                continue
+            checks.append(changed(scope, "haproxy CurrConns vs Maxconn", status, said, found, "maxconn >= {value}"))
         return checks
 
     # System checks
@@ -539,24 +558,24 @@ class Doctor:
         system = self.sampler.system()
         checks = []
         file_nr, file_max = system["file_nr"], system["file_max"]
-        needed = file_max_needed(file_nr, file_max)
-        checks.append(Check("system", "fs.file-max vs file-nr", by_usage(file_nr, file_max), f"{file_nr} of {file_max}",
-                            f">= {needed}" if needed else "", file_max_fix(needed) if needed else ""))
+        checks.append(changed("system", "fs.file-max vs file-nr", by_usage(file_nr, file_max),
+                              f"{file_nr} of {file_max}", file_max_change(file_nr, file_max)))
         limits = [s.fd_soft_limit for pid in (consumers or []) if (s := self.sampler.sample(pid)) and s.fd_soft_limit]
         if limits:
             total = sum(limits)
             status = Status.WARN if total > file_max else Status.OK
+            change = file_max_change(total, file_max, f"the {len(limits)} biggest consumers' FD limits add up to "
+                                     f"{total:,}: ENFILE comes before any of them reaches its own limit")
             checks.append(Check("system", "sum of the big consumers' FD limits vs fs.file-max", status,
                                 f"{total} ({len(limits)} processes) against {file_max}",
-                                f"fs.file-max >= {total * 2}" if status else "",
-                                f"sysctl -w fs.file-max={total * 2} (and in /etc/sysctl.d/), or ENFILE comes "
-                                "before any process reaches its own limit" if status else ""))
+                                f"fs.file-max >= {change.value}" if status and change else "",
+                                change.text() if status and change else ""))
         checks.append(Check("system", "fs.nr_open (ceiling of any RLIMIT_NOFILE)", Status.OK, str(system["nr_open"])))
         somaxconn = system["somaxconn"]
         if somaxconn is not None:
-            status = Status.WARN if somaxconn < 4096 else Status.OK
-            checks.append(Check("system", "net.core.somaxconn", status, str(somaxconn), ">= 4096" if status else "",
-                                "sysctl -w net.core.somaxconn=65535 (and in /etc/sysctl.d/)" if status else ""))
+            low = somaxconn_change(somaxconn)
+            checks.append(changed("system", "net.core.somaxconn", Status.WARN if low else Status.OK, str(somaxconn),
+                                  low, f">= {SOMAXCONN_LOW}"))
         backlog = self._number("sys/net/ipv4/tcp_max_syn_backlog")
         if backlog is not None:
             status = Status.WARN if backlog < 4096 else Status.OK
@@ -572,17 +591,13 @@ class Doctor:
             "ListenOverflows": system["listen_overflows"] or 0, "ListenDrops": system["listen_drops"] or 0}
         when = "during the recording" if listen_moved is not None else "since boot"
         status = Status.WARN if any(moved.values()) else Status.OK
-        change = listen_fix(", ".join(self.accept_failures) or None) if status else ""
         checks.append(Check("system", f"TcpExt {' / '.join(moved)} {when}", status,
                             ", ".join(f"{count} {name}" for name, count in moved.items()), "0" if status else "",
-                            change))
+                            listen_fix(", ".join(self.accept_failures) or None, somaxconn) if status else ""))
         threads = sum(int(self._status_field(p, "Threads") or 0) for p in self.sampler.pids())
-        for name, limit in (("kernel.threads-max", system["threads_max"]), ("kernel.pid_max", system["pid_max"])):
-            status = by_usage(threads, limit)
-            checks.append(Check("system", f"{name} vs threads", status, f"{threads} of {limit}",
-                                f">= {with_margin(threads) * 2}" if status else "",
-                                (thread_fix("threads-max", with_margin(threads) * 2) if name == "kernel.threads-max"
-                                 else f"sysctl -w {name}={with_margin(threads) * 2}") if status else ""))
+        for kind, limit in (("threads-max", system["threads_max"]), ("pid_max", system["pid_max"])):
+            checks.append(changed("system", f"kernel.{kind} vs threads", by_usage(threads, limit),
+                                  f"{threads} of {limit}", thread_change(kind, threads, limit)))
         return checks
 
 

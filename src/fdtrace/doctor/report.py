@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from fdtrace.advice.change import Change
 from fdtrace.display import shown
 from fdtrace.doctor.checks import Check, Doctor, RecordedProcess, Status
 
@@ -175,7 +176,7 @@ def _add_memory(recorded: dict[int, RecordedProcess], memory: pd.DataFrame, vict
         found.memcg_peak = None if pd.isna(row["memcg_peak_bytes"]) else int(row["memcg_peak_bytes"])
         found.memory_need = None if pd.isna(row["need"]) else int(row["need"])
         found.memory_basis = str(row["basis"] or row["fit"] or "")
-        found.memory_change = str(row["change"] or "")
+        found.memory_change = row["advice"] if isinstance(row["advice"], Change) else None
 
 
 def run_checks(doctor: Doctor, pids: list[int], listen_moved: dict[str, int] | None) -> list[Check]:

@@ -13,6 +13,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from fdtrace.advice.change import fd_limit_places
+from fdtrace.advice.fixes import thread_limit_places
+from fdtrace.advice.haproxy import MAXCONN_PLACE
+from fdtrace.advice.memory import MEMORY_PLACES
 from fdtrace.errors import FdtraceError
 from fdtrace.kernel.counters import CounterStore, ProcessTotals
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
@@ -134,12 +138,13 @@ class PrometheusSink:
         with self._lock:
             snap = self._snapshot
         open_fds = GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", labels=PROCESS_LABELS)
-        max_fds = GaugeMetricFamily("process_max_fds", "Maximum number of open file descriptors (soft limit).",
-                                    labels=PROCESS_LABELS)
+        max_fds = GaugeMetricFamily("process_max_fds", f"Maximum number of open file descriptors (soft limit); "
+                                    f"{fd_limit_places()}.", labels=PROCESS_LABELS)
         threads = GaugeMetricFamily("fdtrace_process_threads", "Threads of the process.", labels=PROCESS_LABELS)
         thread_limit = GaugeMetricFamily(
             "fdtrace_process_thread_limit", "The thread limit that leaves the process the fewest threads to spare "
-            "(Go default, RLIMIT_NPROC, cgroup pids.max).", labels=[*PROCESS_LABELS, "limit"])
+            f"(Go default, RLIMIT_NPROC, cgroup pids.max); set where each is set: {thread_limit_places()}.",
+            labels=[*PROCESS_LABELS, "limit"])
         thread_used = GaugeMetricFamily(
             "fdtrace_process_thread_limit_used", "What that limit counts now (the process's threads, its user's "
             "threads, or its cgroup's tasks).", labels=[*PROCESS_LABELS, "limit"])
@@ -147,7 +152,7 @@ class PrometheusSink:
                                      labels=PROCESS_LABELS)
         memcg_limit = GaugeMetricFamily(
             "fdtrace_process_memory_cgroup_limit_bytes", "The memory cgroup limit that leaves the process the least "
-            "to spare (its own cgroup's or an ancestor's: memory.max, memory.limit_in_bytes).", labels=PROCESS_LABELS)
+            f"to spare (its own cgroup's or an ancestor's); set with {MEMORY_PLACES}.", labels=PROCESS_LABELS)
         memcg_usage = GaugeMetricFamily("fdtrace_process_memory_cgroup_usage_bytes",
                                         "That cgroup's memory usage (memory.current, memory.usage_in_bytes).",
                                         labels=PROCESS_LABELS)
@@ -169,8 +174,8 @@ class PrometheusSink:
         yield from (open_fds, max_fds, threads, thread_limit, thread_used, resident, memcg_limit, memcg_usage)
         conns = GaugeMetricFamily("fdtrace_haproxy_curr_conns", "HAProxy's current connections (show info CurrConns).",
                                   labels=["socket"])
-        maxconn = GaugeMetricFamily("fdtrace_haproxy_maxconn", "HAProxy's connection limit (show info Maxconn).",
-                                    labels=["socket"])
+        maxconn = GaugeMetricFamily("fdtrace_haproxy_maxconn", "HAProxy's connection limit (show info Maxconn); set "
+                                    f"with {MAXCONN_PLACE}.", labels=["socket"])
         for row in snap.haproxy:
             if row.get("source") == "configuration":  # what its configuration demands, not a socket's answer
                 continue

@@ -8,8 +8,9 @@ from typing import Any
 
 from rich.text import Text
 
-from fdtrace.advice.change import AT_START, LimitPlace, fd_limit_change, near_limit
-from fdtrace.advice.memory import memory_advice
+from fdtrace.advice.change import AT_START, Change, LimitPlace, fd_limit_change, near_limit
+from fdtrace.advice.fixes import go_exceeded_change, thread_change
+from fdtrace.advice.memory import connections_to_hold, memory_change
 from fdtrace.advice.needs import need_of
 from fdtrace.display import shown
 from fdtrace.integrations.haproxy import NOT_ASKED
@@ -333,6 +334,10 @@ def process_detail(view: ProcessView, boot_wall_ns: int | None = None,
     if view.go_thread_limit is not None:
         text.append(f"the Go runtime said: program exceeds {view.go_thread_limit}-thread limit (it exits 2)\n",
                     style="bold red")
+    threads = thread_recommendation(view)
+    if threads is not None:
+        text.append("what to change (threads): ", style="bold")
+        text.append(shown(threads.command) + "\n", style="bold red")
     if view.destinations:
         busiest = sorted(view.destinations.items(), key=lambda item: (-item[1][0], item[0]))[:5]
         text.append("connect() destinations: ")
@@ -389,7 +394,8 @@ def limits_line(view: ProcessView) -> str:
 
 def memory_detail(view: ProcessView) -> Text:
     """Its memory: RSS and its split, its cgroup's usage against the limit and when it is full, the
-    memory a connection costs and what its connections need (``advice.memory.memory_advice``)."""
+    memory a connection costs, what its connections need and what to change
+    (``advice.memory.memory_change``, rendered as doctor and the report render it)."""
     text = Text()
     if view.rss_kb is None and view.memcg_usage is None:
         return text
@@ -406,28 +412,40 @@ def memory_detail(view: ProcessView) -> Text:
         text.append("no memory cgroup limit", style="dim")
     text.append("\n")
     fit = view.memory_fit()
-    if fit is not None:
-        connections, what = memory_connections(view)
-        if connections:
-            _need, why, change = memory_advice(view.comm, fit, connections, what, view.memcg_limit)
-            text.append(shown(why) + "\n")
-            if change:
-                text.append("what to change (memory): ", style="bold")
-                text.append(shown(change) + "\n", style="bold red")
-        else:
-            text.append(f"memory {fit.describe()}\n")
+    connections, what = memory_connections(view) if fit is not None else (None, "")
+    unit = view.placement[1] if len(view.placement) > 1 else None
+    said = memory_change(view.comm, view.memcg_limit, view.memcg_peak, fit, connections, what, unit)
+    if said.why:
+        text.append(shown(said.why if said.need is not None else f"memory {said.why}") + "\n")
+    if said.change is not None:
+        text.append("what to change (memory): ", style="bold")
+        text.append(shown(said.change.command) + "\n", style="bold red")
     return text
 
 
+def thread_recommendation(view: ProcessView) -> Change | None:
+    """The advice layer's change of the thread limit binding a process (``advice.fixes``), as
+    doctor and the report render it: above the limit a Go program said it exceeded, else the
+    peak with the margin of a limit it nears (TasksMax in its unit's [Service] for pids.max)."""
+    if view.go_thread_limit is not None:
+        return go_exceeded_change(view.go_thread_limit)
+    if view.thread_limit is None:
+        return None
+    kind, count, limit = view.thread_limit
+    if not near_limit(count, limit):
+        return None
+    unit = view.placement[1] if len(view.placement) > 1 else None
+    return thread_change(kind, count, limit, unit)
+
+
 def memory_connections(view: ProcessView) -> tuple[int | None, str]:
-    """How many connections a process must hold, as the report counts them: HAProxy's maxconn,
-    else the FD limit the needs model recommends for it."""
-    if view.maxconn is not None:
-        return view.maxconn, "its maxconn"
-    peak = max((fds for _, fds in view.history), default=view.open_fds)
+    """How many connections a process must hold, as the report counts them
+    (``advice.memory.connections_to_hold``): HAProxy's maxconn, else the FD limit the needs
+    model recommends for it."""
+    peak = view.peak_fds if view.peak_fds is not None else view.open_fds
     need, _ = need_of(view.fd_soft_limit, peak, view.emfile, view.emfile_worst_second, view.maxsock,
                       maxsock_from=view.maxsock_from)
-    return (with_margin(need), "the FD limit recommended for it") if need else (None, "")
+    return connections_to_hold(view.maxconn, with_margin(need) if need else None)
 
 
 def fd_recommendation(view: ProcessView) -> str | None:
@@ -436,7 +454,7 @@ def fd_recommendation(view: ProcessView) -> str | None:
     info and the report render, on what the view saw: set where the limit in force was set (an
     haproxy's ulimit-n in its configuration), then prlimit for now."""
     soft = view.fd_soft_limit
-    peak = max((fds for _, fds in view.history), default=view.open_fds)
+    peak = view.peak_fds if view.peak_fds is not None else view.open_fds
     need, basis = need_of(soft, peak, view.emfile, view.emfile_worst_second, view.maxsock,
                           maxsock_from=view.maxsock_from)
     if not view.emfile and not near_limit(need, soft):

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from fdtrace.advice.change import LimitPlace, fd_hard_to_set, fd_limit_ways, near_limit
-from fdtrace.advice.fixes import file_max_fix, file_max_needed, listen_fix, thread_fix
+from fdtrace.advice.fixes import GO_THREAD_LIMITS, file_max_change, go_exceeded_change, listen_fix, thread_change
 from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
 from fdtrace.analysis.needs import fd_needs_on
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, THREADS_COUNTED, USAGE_WARN, with_margin
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Dataset
@@ -49,18 +49,8 @@ def recommendations(recording: Dataset, least: pd.DataFrame, engine: Engine | No
     advice = fd_advice(needs, several=several)
     advice += memory_advice_lines(memory_needs_on(engine, needs) if memory is None else memory,
                                   oom_victims_on(engine) if victims is None else victims, several=several)
-    system = recording.system
-    if len(system) and "file_nr" in system.columns:
-        peak, file_max = int(system["file_nr"].max()), int(system["file_max"].min())
-        needed = file_max_needed(peak, file_max)
-        if needed is not None:
-            advice.append(f"fs.file-max: file-nr peaked at {peak:,} of {file_max:,}; set it to at least {needed:,}: "
-                          f"{file_max_fix(needed)}.")
-    listen = listen_advice(system, engine)
-    if listen:
-        advice.append(listen)
-    advice += _thread_advice(engine)
-    advice += go_limit_advice(engine)
+    advice += system_advice(recording.system, engine)
+    advice += thread_advice(engine)
     if not advice:
         advice.append("No limit was approached in this recording: nothing to change.")
     return advice
@@ -96,6 +86,29 @@ def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
     return advice
 
 
+def system_advice(system: pd.DataFrame, engine: Engine) -> list[str]:
+    """The system's lines: fs.file-max (``advice.fixes.file_max_change``) and the listen queues
+    (``listen_advice``), the same in the report and ``info``."""
+    advice = []
+    if len(system) and "file_nr" in system.columns:
+        change = file_max_change(int(system["file_nr"].max()), int(system["file_max"].min()))
+        if change is not None:
+            advice.append(f"fs.file-max: {change.reason}; set it to at least {change.value:,}: {change.command}.")
+    listen = listen_advice(system, engine)
+    if listen:
+        advice.append(listen)
+    return advice
+
+
+def thread_advice(engine: Engine) -> list[str]:
+    """The thread limits' lines (``advice.fixes``' changes): each process near the limit binding
+    its threads, then each Go program that exceeded its own (said once: by the runtime's message,
+    not again by its peak at that limit); the same in the report and ``info``."""
+    said = engine.query("SELECT DISTINCT host, pid FROM events WHERE kind = 'go_thread_limit'")
+    exceeded = {(str(r.host), int(r.pid)) for r in said.itertuples()}
+    return _thread_advice(engine, exceeded) + go_limit_advice(engine)
+
+
 def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
     """One line when a listen queue overflowed during the recording; when a listener was failing
     accept() with EMFILE then, the overflow was its symptom and the FD limit is the fix."""
@@ -108,10 +121,12 @@ def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
     refused = engine.query(f"SELECT comm, pid, count(*) AS n FROM events WHERE kind = 'accept' AND errno IN "
                            f"({', '.join(quote(e) for e in sorted(FD_EXHAUSTION_ERRNOS))}) GROUP BY comm, pid "
                            "ORDER BY n DESC, pid LIMIT 3")
+    somaxconn = int(system["somaxconn"].min()) if "somaxconn" in system.columns and system["somaxconn"].notna().any() \
+        else None
     if len(refused):
         who = ", ".join(f"{r.comm} [{r.pid}] ({r.n:,} times)" for r in refused.itertuples())
-        return f"Listen queues: {moved} during the recording; {listen_fix(who)}."
-    return f"net.core.somaxconn: {moved} during the recording; {listen_fix(None)}."
+        return f"Listen queues: {moved} during the recording; {listen_fix(who, somaxconn)}."
+    return f"net.core.somaxconn: {moved} during the recording; {listen_fix(None, somaxconn)}."
 
 
 def go_limit_advice(engine: Engine) -> list[str]:
@@ -119,20 +134,42 @@ def go_limit_advice(engine: Engine) -> list[str]:
     the only place a limit set by debug.SetMaxThreads shows)."""
     said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit FROM events "
                         "WHERE kind = 'go_thread_limit' GROUP BY host, pid ORDER BY host, pid")
-    return [f"Go thread limit of {r.comm} [{r.pid}]: the runtime said {go_said(r.thread_limit)} and the program "
-            f"exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read from that message only); "
-            f"{thread_fix('Go default')}." for r in said.itertuples()]
+    lines = []
+    for r in said.itertuples():
+        change = None if pd.isna(r.thread_limit) else go_exceeded_change(int(r.thread_limit))
+        lines.append(f"Go thread limit of {r.comm} [{r.pid}]: the runtime said {go_said(r.thread_limit)} and the "
+                     "program exited 2 (its limit, from debug.SetMaxThreads or Go's default 10000, is read from that "
+                     f"message only); {change.command if change is not None else GO_THREADS_ADVICE}.")
+    return lines
 
 
-def _thread_advice(engine: Engine) -> list[str]:
+def _thread_advice(engine: Engine, exceeded: set[tuple[str, int]] | None = None) -> list[str]:
     """A line per process whose threads came within 20 % of the limit binding them."""
     fullest = headroom_module.least_headroom_on(engine, resource="threads")
+    named = pd.Series([isinstance(k, str) for k in fullest["thread_limit_kind"]], index=fullest.index, dtype=bool)
+    fullest = fullest[named & (fullest["thread_usage"] >= USAGE_WARN)]
+    if exceeded:  # a Go program that said it exceeded its limit: go_limit_advice's line says it
+        said = pd.Series([(str(h), int(p)) in exceeded and k in GO_THREAD_LIMITS for h, p, k in
+                          zip(fullest["host"], fullest["pid"], fullest["thread_limit_kind"], strict=True)],
+                         index=fullest.index, dtype=bool)
+        fullest = fullest[~said]
+    units = _units(engine, fullest[fullest["thread_limit_kind"] == "cgroup pids.max"])
     advice = []
     for row in fullest.itertuples():
-        if not isinstance(row.thread_limit_kind, str) or not row.thread_usage >= USAGE_WARN:
-            continue
-        need = with_margin(row.thread_count)
+        change = thread_change(row.thread_limit_kind, int(row.thread_count), int(row.thread_limit),
+                               units.get((str(row.host), int(row.pid))))
         counted = THREADS_COUNTED[row.thread_limit_kind]
         advice.append(f"{row.thread_limit_kind} of {row.comm} [{row.pid}]: peak {row.thread_count:.0f} {counted} of "
-                      f"{row.thread_limit:.0f}; {thread_fix(row.thread_limit_kind, need)}.")
+                      f"{row.thread_limit:.0f}; " + (f"{change.command}." if change is not None else
+                                                     "the limit in force holds it with the margin."))
     return advice
+
+
+def _units(engine: Engine, rows: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """The systemd unit of each of these processes (host, pid), where its samples name one."""
+    if rows.empty or "unit" not in engine.columns("samples"):
+        return {}
+    pids = ", ".join(str(int(p)) for p in sorted(set(rows["pid"])))
+    found = engine.query(f"SELECT host, pid, max(unit) AS unit FROM samples WHERE pid IN ({pids}) AND unit IS NOT NULL "
+                         "GROUP BY host, pid")
+    return {(str(r.host), int(r.pid)): str(r.unit) for r in found.itertuples()}
