@@ -186,7 +186,6 @@ def test_the_report_has_the_same_advice_and_the_kill(recorded: dict[str, Any], t
     assert "## Memory headroom and OOM kills" in text and "foreseen (fdtrace showed it at its cgroup" in text
 
 
-
 def test_the_oom_kill_is_counted_once_its_sigkill_is_no_crash(recorded: dict[str, Any]) -> None:
     """Issue 35: the OOM killer's victim ends by SIGKILL; that end is the kill's, not a crash of
     its own. failures(), incidents(), info's headline and the report's incidents count the
