@@ -27,19 +27,7 @@ from fdtrace.schema.owners import OWNERS
 from fdtrace.schema.records import PhaseNow
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
 
-#: (key, label, width) of the process table's columns, in order.
-COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("pid", "PID", 7), ("comm", "COMM", 15), ("fds", "FDS / SOFT LIMIT", 22), ("use", "USE", 4),
-    ("mem", "MEM / CGROUP", 12), ("sockets", "SOCK", 6), ("socket_s", "SOCK/s", 6), ("accept_s", "ACC/s", 6),
-    ("connect_s", "CONN/s", 6),
-    ("close_s", "CLOSE/s", 7), ("emfile", "EMFILE/ENFILE", 13), ("threads", "THR", 5),
-    ("threads_s", "THR/s", 5), ("tte", "FULL IN", 7), ("state", "ALERTS", 40),
-)
 BAR_WIDTH = 10
-
-#: What the sort orders are called on screen: their column's header (the other orders have none).
-SORT_LABELS: dict[str, str] = {key: label for key, label, _ in COLUMNS} | {
-    "headroom": "headroom", "emfile_s": "EMFILE/ENFILE per second"}
 
 #: The per-second rates and totals of a process's detail, named as everywhere else.
 RATE_LABELS: dict[str, str] = {"socket": "socket()", "accept": "accept()", "connect": "connect()",
@@ -107,45 +95,12 @@ def rate(value: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
-def _alert_style(view: ProcessView) -> str:
-    if view.oom_killed or view.fd_exhaustion_errors:
-        return "bold red"
-    return "dark_orange" if view.alerts else "dim"
-
-
-def _exhaustion_cell(view: ProcessView) -> Text | str:
+def exhaustion_cell(view: ProcessView) -> Text | str:
     """EMFILE/ENFILE of any call so far, and their rate now: "38679 12k/s"."""
     if not view.fd_exhaustion_errors:
         return "·"
     per_s = view.rates.get("fd_exhaustion", 0.0)
     return Text(f"{view.fd_exhaustion_errors}" + (f" {rate(per_s)}/s" if per_s > 0 else ""), style="bold red")
-
-
-def process_cells(view: ProcessView) -> dict[str, object]:
-    """The table cells of one process, by column key."""
-    usage = view.usage
-    alerts = view.alerts
-    parts = [", ".join(alerts)] if alerts else []
-    if view.ended:
-        parts.append(view.ended)
-    state = "; ".join(parts)
-    return {
-        "pid": str(view.pid),
-        "comm": Text(shown(view.comm), style="strike dim" if view.ended else ""),
-        "fds": fd_bar(view),
-        "use": Text("-" if usage is None else f"{usage:.0%}", style=usage_style(usage)),
-        "mem": memory_bar(view),
-        "sockets": "-" if view.sockets is None else str(view.sockets),
-        "socket_s": rate(view.rates.get("socket", 0.0)),
-        "accept_s": rate(view.rates.get("accept", 0.0)),
-        "connect_s": rate(view.rates.get("connect", 0.0)),
-        "close_s": rate(view.rates.get("close", 0.0)),
-        "emfile": _exhaustion_cell(view),
-        "threads": "-" if view.threads is None else str(view.threads),
-        "threads_s": rate(view.rates.get("thread_start", 0.0)),
-        "tte": duration(view.seconds_to_exhaustion()),
-        "state": Text(shown(state), style=_alert_style(view)),
-    }
 
 
 def fresh_status(status: str, age_s: float | None, interval_s: float) -> str:

@@ -14,21 +14,20 @@ from textual.widgets import DataTable, Footer, Input, RichLog, Static
 
 from fdtrace.display import shown
 from fdtrace.pipeline import Controls, Pipeline, SourceInfo, Stop, Update
+from fdtrace.tui import columns as registry
 from fdtrace.tui.adapters import (
-    COLUMNS,
-    SORT_LABELS,
     fresh_status,
     haproxy_line,
     log_line,
     phases_line,
     position_bar,
-    process_cells,
     round_note,
     system_line,
 )
+from fdtrace.tui.columns import Column, process_cells, sorts, top_columns
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
-from fdtrace.tui.state import SORT_KEYS, IncidentState, LogEntry, ProcessView
+from fdtrace.tui.state import IncidentState, LogEntry, ProcessView
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: The screen is redrawn at least this often from what has arrived, whether updates come or not
@@ -37,7 +36,6 @@ REDRAW_EVERY_S = 1.0
 #: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
 #: 5,000 rows took over 100 ms here, too slow for ten redraws a second.
 MAX_ROWS = 300
-SORTS = tuple(SORT_KEYS)
 #: Keys that act on a replay (hidden in the live view).
 REPLAY_ACTIONS = frozenset({"toggle_play", "faster", "slower", "next_problem", "previous_problem", "next_failed_call",
                             "previous_failed_call", "seek"})
@@ -119,8 +117,12 @@ class FdtraceApp(App[None]):
         Binding("right_curly_bracket", "seek(60)", "+60s", show=False),
     ]
 
-    def __init__(self, pipeline: Pipeline, controls: Controls, keep_exited_s: float = 300.0) -> None:
+    def __init__(self, pipeline: Pipeline, controls: Controls, keep_exited_s: float = 300.0,
+                 columns: tuple[Column, ...] | None = None) -> None:
         super().__init__()
+        #: The process table's columns (``columns.COLUMNS`` unless given) and the sorts they make.
+        self.columns = top_columns(registry.COLUMNS if columns is None else columns)
+        self.sorts = sorts(self.columns)
         self.keep_exited_ns = int(keep_exited_s * 1e9)
         self.pipeline = pipeline
         self.controls = controls
@@ -152,8 +154,8 @@ class FdtraceApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.query_one("#processes", DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(label, key=key, width=width)
+        for column in self.columns:
+            table.add_column(column.label, key=column.key, width=column.width)
         if self.controls.playback:
             self.sub_title = ("replay: space play/pause, +/- speed, n/N next/previous incident, < > failed call, "
                               "[ ] seek")
@@ -254,14 +256,14 @@ class FdtraceApp(App[None]):
             status += f", {self._round_note}"
         if self.state.forgotten:
             status += f", {self.state.forgotten:,} gone processes forgotten"
-        rows = self.state.rows(self.sort, self.text_filter, reverse=self.reverse)
+        rows = self.state.rows(self.sorts[self.sort].order, self.text_filter, reverse=self.reverse)
         if len(rows) > MAX_ROWS:
             status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
         try:
             header = self.query_one("#system", Static)
         except NoMatches:  # an update that arrived while the app was closing: nothing to draw on
             return
-        sort = SORT_LABELS.get(self.sort, self.sort) + (" reversed" if self.reverse else "")
+        sort = self.sorts[self.sort].label + (" reversed" if self.reverse else "")
         header.update(system_line(self.state.system, status, sort, self.frozen, self.text_filter))
         haproxy = self.query_one("#haproxy", Static)
         haproxy.display = bool(self.state.haproxy)
@@ -311,13 +313,13 @@ class FdtraceApp(App[None]):
     def _redraw_table(self, rows: list[ProcessView]) -> None:
         table = self.query_one("#processes", DataTable)
         keys = [str(view.pid) for view in rows]
-        cells = {str(view.pid): process_cells(view) for view in rows}
+        cells = {str(view.pid): process_cells(view, self.columns) for view in rows}
         with self.batch_update():
             if keys != self._shown_keys:
                 row = table.cursor_row
                 table.clear()
                 for key in keys:
-                    table.add_row(*(cells[key][c] for c, _, _ in COLUMNS), key=key)
+                    table.add_row(*(cells[key][c.key] for c in self.columns), key=key)
                 # The cursor keeps its row (the worst process stays under it as the order
                 # changes), unless a process is followed (f): then it stays on that process.
                 if self.followed_pid is not None and str(self.followed_pid) in keys:
@@ -355,14 +357,15 @@ class FdtraceApp(App[None]):
         self.redraw()
 
     def action_next_sort(self) -> None:
-        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        keys = tuple(self.sorts)
+        self.sort = keys[(keys.index(self.sort) + 1) % len(keys)]
         self.redraw()
 
     @on(DataTable.HeaderSelected)
     def sort_by_column(self, message: DataTable.HeaderSelected) -> None:
         """A click on a column's header sorts by it (USE and ALERTS: by headroom)."""
         key = str(message.column_key.value)
-        self.sort = key if key in SORT_KEYS else "headroom"
+        self.sort = key if key in self.sorts else "headroom"
         self.redraw()
 
     def action_filter(self) -> None:
@@ -415,7 +418,7 @@ class FdtraceApp(App[None]):
         self.redraw()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(self.columns))
 
     def action_record(self) -> None:
         """R: start recording what the view shows to a new directory, or stop (live)."""

@@ -15,22 +15,12 @@ from textual.widgets import DataTable, Footer, Static
 
 from fdtrace.display import shown
 from fdtrace.sources.prometheus_fleet import HostRow, ProcessRow, PrometheusFleet
-from fdtrace.tui.adapters import usage_style
+from fdtrace.tui import columns as registry
+from fdtrace.tui.columns import Column, count, fleet_cells, fleet_columns, share
 
 HOST_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("host", "HOST", 24), ("state", "STATE", 6), ("emfile", "EMFILE/ENFILE", 13), ("fds", "FULLEST FD TABLE", 40),
     ("threads", "NEAREST THREAD LIMIT", 44), ("oom", "OOM KILLS", 9), ("lost", "LOST", 8))
-PROCESS_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("pid", "PID", 8), ("comm", "COMM", 16), ("fds", "FDS / SOFT LIMIT", 16), ("use", "USE", 5),
-    ("emfile", "EMFILE/ENFILE", 13), ("threads", "THR", 7), ("limit", "THREAD LIMIT", 30), ("thr_use", "THR USE", 7))
-
-
-def _share(value: float | None) -> Text:
-    return Text("-" if value is None else f"{value:.0%}", style=usage_style(value))
-
-
-def _count(value: float) -> Text | str:
-    return Text(f"{value:,.0f}", style="bold red") if value >= 0.5 else "·"
 
 
 def host_cells(host: HostRow) -> dict[str, Any]:
@@ -39,28 +29,16 @@ def host_cells(host: HostRow) -> dict[str, Any]:
     fds: Text | str = "-"
     if fullest is not None:
         fds = Text(f"{shown(fullest.comm)} [{fullest.pid}] {fullest.open_fds:.0f}/{fullest.fd_soft_limit:.0f} ")
-        fds.append_text(_share(fullest.fd_usage))
+        fds.append_text(share(fullest.fd_usage))
     threads: Text | str = "-"
     if nearest is not None:
         threads = Text(f"{shown(nearest.comm)} [{nearest.pid}] {nearest.thread_used:.0f}/{nearest.thread_limit:.0f} "
                        f"({shown(nearest.thread_limit_kind)}) ")
-        threads.append_text(_share(nearest.thread_usage))
+        threads.append_text(share(nearest.thread_usage))
     state = Text("up", style="green") if host.up else Text("DOWN", style="bold red")
     return {"host": Text(shown(host.host)), "state": state,
-            "emfile": _count(host.emfile_recent), "fds": fds, "threads": threads,
-            "oom": _count(host.oom_kills_recent), "lost": _count(host.lost_recent)}
-
-
-def process_cells(process: ProcessRow) -> dict[str, Any]:
-    """One process's cells, by column key."""
-    limit = "-"
-    if process.thread_limit is not None:
-        limit = shown(f"{process.thread_used or 0:.0f}/{process.thread_limit:.0f} ({process.thread_limit_kind})")
-    fds = "-" if process.open_fds is None else (
-        f"{process.open_fds:.0f}/{process.fd_soft_limit:.0f}" if process.fd_soft_limit else f"{process.open_fds:.0f}")
-    return {"pid": str(process.pid), "comm": Text(shown(process.comm)), "fds": fds, "use": _share(process.fd_usage),
-            "emfile": _count(process.emfile_recent), "threads": "-" if process.threads is None else
-            f"{process.threads:.0f}", "limit": limit, "thr_use": _share(process.thread_usage)}
+            "emfile": count(host.emfile_recent), "fds": fds, "threads": threads,
+            "oom": count(host.oom_kills_recent), "lost": count(host.lost_recent)}
 
 
 def _process_key(process: ProcessRow) -> tuple[Any, ...]:
@@ -84,8 +62,10 @@ class HostScreen(Screen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one("#host-processes", DataTable)
-        for key, label, width in PROCESS_COLUMNS:
-            table.add_column(label, key=key, width=width)
+        app = self.app
+        assert isinstance(app, FleetApp)
+        for column in app.columns:
+            table.add_column(column.label, key=column.key, width=column.fleet_width or column.width)
         self.refresh_rows()
 
     def refresh_rows(self) -> None:
@@ -102,8 +82,8 @@ class HostScreen(Screen[None]):
         title.update(Text(f"{shown(self.host)}: {len(host.processes)} processes, "
                           f"{host.emfile_recent:,.0f} EMFILE/ENFILE in the last {app.fleet.window}", style="bold"))
         for process in sorted(host.processes.values(), key=_process_key):
-            cells = process_cells(process)
-            table.add_row(*(cells[key] for key, _, _ in PROCESS_COLUMNS), key=str(process.pid))
+            cells = fleet_cells(process, app.columns)
+            table.add_row(*(cells[column.key] for column in app.columns), key=str(process.pid))
 
 
 class FleetApp(App[None]):
@@ -113,8 +93,11 @@ class FleetApp(App[None]):
     CSS = "#status, #host-title {height: 1; padding: 0 1; background: $boost;} DataTable {height: 1fr;}"
     BINDINGS = [Binding("q", "quit", "Quit"), Binding("r", "refresh_now", "Refresh")]
 
-    def __init__(self, fleet: PrometheusFleet, interval_s: float = 5.0) -> None:
+    def __init__(self, fleet: PrometheusFleet, interval_s: float = 5.0,
+                 columns: tuple[Column, ...] | None = None) -> None:
         super().__init__()
+        #: A host's process columns (``columns.COLUMNS`` unless given).
+        self.columns = fleet_columns(registry.COLUMNS if columns is None else columns)
         self.fleet = fleet
         self.interval_s = interval_s
         self.polled_at: float | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
@@ -11,21 +12,19 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, Sparkline, Static
 
 from fdtrace.tui.adapters import chart_title, process_detail
+from fdtrace.tui.columns import Column, help_lines
 
 if TYPE_CHECKING:
     from fdtrace.tui.app import FdtraceApp
 
-HELP = """\
+HELP_HEAD = """\
 [b]fdtrace[/b]: who is closest to an FD limit, what fails, since when, how fast.
 
 [b]Process table[/b], sorted by headroom: those that failed first (EMFILE/ENFILE, an OOM kill,
 Go's thread limit, a kill), ended or not; then the live ones, nearest an FD or memory cgroup
 limit first; then those that ended without failing
-  FDS / SOFT LIMIT   open FDs against RLIMIT_NOFILE; the bar turns amber at 80 %, red at 95 %
-  MEM / CGROUP       its memory cgroup's usage against the limit (same colours); dim: RSS
-  SOCK/s ACC/s ...   calls per second;  EMFILE  EMFILE+ENFILE failures of any syscall
-  FULL IN            time until the soft limit at the FD growth of the last 30 s
-  ALERTS             FDs or memory over 80 %, EMFILE/ENFILE, OOM kill, thread bursts, its end
+"""
+HELP_KEYS = """\
 
 [b]Keys[/b]
   enter  details of the selected process     /  filter by name, pid, unit or container
@@ -39,6 +38,11 @@ limit first; then those that ended without failing
   space  pause/play    + -  faster/slower    n N  next/previous EMFILE, OOM kill, kill
   [ ]    10 s back/forward                  { }  60 s back/forward
 """
+
+
+def help_text(columns: Iterable[Column]) -> str:
+    """The help screen: what the table shows, a line for each column that has one, then the keys."""
+    return HELP_HEAD + help_lines(columns) + HELP_KEYS
 
 
 class DoctorScreen(Screen[None]):
@@ -124,5 +128,9 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "Close")]
 
+    def __init__(self, columns: Iterable[Column]) -> None:
+        super().__init__()
+        self.text = help_text(columns)
+
     def compose(self) -> ComposeResult:
-        yield Static(HELP, id="help")
+        yield Static(self.text, id="help")

@@ -5,6 +5,7 @@ alerts at the thresholds operators use. Pure Python: the TUI only draws it."""
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -828,8 +829,10 @@ class IncidentState:
             del self.processes[pid]
         self.forgotten += len(gone)
 
-    def rows(self, sort: str = "headroom", text_filter: str = "", reverse: bool = False) -> list[ProcessView]:
-        """The processes to show, filtered by name or pid and sorted (worst first; ``reverse``:
+    def rows(self, order: Callable[[ProcessView], Any] | None = None, text_filter: str = "",
+             reverse: bool = False) -> list[ProcessView]:
+        """The processes to show, filtered by name or pid and sorted by ``order`` (by default
+        ``headroom_key``; worst first; ``reverse``:
         best first) in three groups: those that failed (``ProcessView.failed``), ended or not;
         then the live ones; then those that ended without failing (a clean exit never ranks
         above a failure)."""
@@ -840,49 +843,15 @@ class IncidentState:
         groups: tuple[list[ProcessView], ...] = ([], [], [])
         for view in views:
             groups[0 if view.failed else 1 if view.ended is None else 2].append(view)
-        return [view for group in groups for view in sorted(group, key=SORT_KEYS[sort], reverse=reverse)]
+        return [view for group in groups for view in sorted(group, key=order or headroom_key, reverse=reverse)]
 
 
-def _headroom_key(view: ProcessView) -> tuple[Any, ...]:
+def headroom_key(view: ProcessView) -> tuple[Any, ...]:
     """Failed first, by harm (``ProcessView.harm``); then the nearest to a limit: its FD table's or
     its memory cgroup's."""
     usage = max((u for u in (view.usage, view.memory_usage) if u is not None), default=None)
     return (not view.failed, view.harm() if view.failed else (0, 0, 0), -(usage if usage is not None else -1.0),
             view.pid)
-
-
-def _memory_key(view: ProcessView) -> tuple[Any, ...]:
-    usage = view.memory_usage
-    return (usage is None, -(usage or 0.0), -(view.rss_kb or 0), view.pid)
-
-
-def _by_rate(kind: str) -> Any:
-    return lambda v: (-v.rates.get(kind, 0.0), v.pid)
-
-
-def _exhaustion_key(view: ProcessView) -> tuple[Any, ...]:
-    seconds = view.seconds_to_exhaustion()
-    return (seconds is None, seconds if seconds is not None else 0.0, view.pid)
-
-
-#: Sort orders, worst (or biggest) first; the keys are the process table's column keys.
-SORT_KEYS: dict[str, Any] = {
-    "headroom": _headroom_key,
-    "pid": lambda v: v.pid,
-    "comm": lambda v: (v.comm, v.pid),
-    "fds": lambda v: (-(v.open_fds or 0), v.pid),
-    "mem": _memory_key,
-    "sockets": lambda v: (-(v.sockets or 0), v.pid),
-    "socket_s": _by_rate("socket"),
-    "accept_s": _by_rate("accept"),
-    "connect_s": _by_rate("connect"),
-    "close_s": _by_rate("close"),
-    "emfile": lambda v: (-v.fd_exhaustion_errors, -sum(v.errors.values()), v.pid),
-    "emfile_s": _by_rate("fd_exhaustion"),
-    "threads": lambda v: (-(v.threads or 0), v.pid),
-    "threads_s": _by_rate("thread_start"),
-    "tte": _exhaustion_key,
-}
 
 
 def _ns(value: Any) -> int:
