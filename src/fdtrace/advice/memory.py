@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from fdtrace.advice.change import Change, near_limit, raised
 from fdtrace.advice.needs import is_known
-from fdtrace.policy import LIMIT_MARGIN, MIB, kib
+from fdtrace.policy import LIMIT_MARGIN
+from fdtrace.units import MIB, kib
 
 #: A memory-per-connection fit needs this many samples, over at least this many distinct socket
 #: counts spanning at least MIN_SOCKET_SPAN sockets.
