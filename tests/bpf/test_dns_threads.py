@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fdtrace.policy import DNS_LOOKUP_SITE
+from fdtrace.schema.site_names import DNS_LOOKUP_SITE
 from tests.helpers import FDTRACE, build_go
 
 LOOKUPS = 20

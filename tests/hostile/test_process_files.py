@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from fdtrace.integrations.haproxy import NotReadableError, ProcessFiles, read_process_configs
+from fdtrace.integrations.haproxy import read_process_configs
 from fdtrace.procfs import ProcFS
+from fdtrace.procfs.process_files import NotReadableError, ProcessFiles
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as another user: needs root")
 

@@ -23,7 +23,8 @@ from fdtrace.advice.fixes import (
 from fdtrace.advice.haproxy import MAX_COUNT, HaproxyShape, accepts, maxconn_change
 from fdtrace.advice.memory import MemoryFit, memory_change
 from fdtrace.advice.nginx import NginxShape
-from fdtrace.policy import LIMIT_MARGIN, MIB, with_margin
+from fdtrace.policy import LIMIT_MARGIN, with_margin
+from fdtrace.units import MIB
 
 CASES = 3000
 HUGE = (1 << 40, MAX_COUNT, (1 << 62) - 1)

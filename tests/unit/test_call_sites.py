@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fdtrace.analysis.call_sites import leaks, site_name
-from fdtrace.policy import DNS_LOOKUP_SITE, code_site, thread_reason, to_thread_start
+from fdtrace.analysis.call_sites import leaks
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.threads import describe_state, thread_census
 from fdtrace.schema.records import ThreadState
+from fdtrace.schema.site_names import DNS_LOOKUP_SITE, code_site, site_name, thread_reason, to_thread_start
 from fdtrace.tui.state import ProcessView
 
 S = 1_000_000_000

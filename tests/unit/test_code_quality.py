@@ -41,9 +41,6 @@ PROC_PATH = re.compile(r"/proc(/\S*)?")
 PROC_EXCEPTIONS = {
     "integrations/phases/_shim/sitecustomize.py":
         "runs inside the traced job's own Python (the standard library only, never fdtrace): its own start time",
-    "integrations/haproxy.py":
-        "reopens a descriptor it holds (/proc/self/fd/N) to read the very file it checked: "
-        "a safe-files technique on fdtrace's own descriptors, not a read of the observed /proc",
 }
 #: Calls that open a Parquet file, and the modules that hold them.
 PARQUET_OPENERS = {"read_parquet", "to_parquet", "ParquetFile", "ParquetDataset", "ParquetWriter"}

@@ -13,7 +13,8 @@ from fdtrace.advice.memory import (
     memory_fit_levels,
     memory_levels,
 )
-from fdtrace.policy import LIMIT_MARGIN, MIB
+from fdtrace.policy import LIMIT_MARGIN
+from fdtrace.units import MIB
 
 PER = 100 * 1024
 BASE = 12 * MIB

@@ -16,9 +16,10 @@ from contextlib import contextmanager
 import pytest
 
 from fdtrace.errors import FdtraceError
+from fdtrace.fits import theil_sen
 from fdtrace.rehearsal.connections import CLOSED, CLOSED_IN_HOLD, REFUSED, RankConnections
 from fdtrace.rehearsal.rank import ProcessRank, Rank, ThreadRank
-from fdtrace.rehearsal.result import Burst, RehearsalResult, fds_per_connection, fit_slope, held_and_failed_at
+from fdtrace.rehearsal.result import Burst, RehearsalResult, fds_per_connection, held_and_failed_at
 from fdtrace.rehearsal.runner import Rehearsal, own_need, start_ranks, stop_ranks
 from fdtrace.rehearsal.shape import Shape
 from fdtrace.rehearsal.target import Target, listening_inodes, local_addresses, split_target
@@ -63,8 +64,9 @@ def steps(*bursts: tuple[int, int, int, int, dict[str, int]]) -> list[Burst]:
 
 
 def test_the_slope_is_the_descriptors_per_connection() -> None:
-    assert fit_slope([(0, 13), (80, 173), (0, 13), (121, 255)]) == pytest.approx(2.0, abs=0.01)
-    assert fit_slope([(5, 1), (5, 3)]) is None
+    line = theil_sen([(0, 13), (80, 173), (0, 13), (121, 255)])
+    assert line is not None and line.slope == pytest.approx(2.0, abs=0.01)
+    assert theil_sen([(5, 1), (5, 3)]) is None
     ramp = steps((80, 80, 13, 173, {}), (160, 121, 13, 255, {"closed unanswered": 39}))
     assert fds_per_connection(ramp) == 2.0
     assert fds_per_connection(steps((80, 0, 13, 13, {"refused": 80}))) is None  # nothing held: no slope

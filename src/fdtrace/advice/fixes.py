@@ -6,7 +6,8 @@ these return; none words a change of its own."""
 from __future__ import annotations
 
 from fdtrace.advice.change import Change, near_limit
-from fdtrace.policy import GO_THREADS_ADVICE, THREADS_COUNTED, with_margin
+from fdtrace.advice.threads import GO_THREADS_ADVICE
+from fdtrace.policy import THREADS_COUNTED, with_margin
 
 #: Thread limits of the whole system: the number advised lets the peak double (as fs.file-max).
 SYSTEM_THREAD_LIMITS = ("threads-max", "pid_max")

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from fdtrace.advice.change import Change, near_limit, raised
 from fdtrace.advice.needs import is_known
-from fdtrace.policy import LIMIT_MARGIN, MIB, kib
+from fdtrace.fits import theil_sen
+from fdtrace.policy import LIMIT_MARGIN
+from fdtrace.units import MIB, kib
 
 #: A memory-per-connection fit needs this many samples, over at least this many distinct socket
 #: counts spanning at least MIN_SOCKET_SPAN sockets.
@@ -24,8 +26,8 @@ MEMORY_PLACES = "MemoryMax= of its unit (memory.max, memory.limit_in_bytes)"
 
 @dataclass(frozen=True)
 class MemoryFit:
-    """Memory against sockets, fitted over one process's samples (Theil-Sen: the median of the
-    slopes between every two samples, robust to the odd sample taken during a burst).
+    """Memory against sockets, fitted over one process's samples (``fits.theil_sen``: the median
+    of the slopes between every two samples, robust to the odd sample taken during a burst).
 
     Attributes:
         per_connection: bytes each socket held adds (the slope).
@@ -52,12 +54,6 @@ class MemoryFit:
         """"about 100 KiB per connection (± 3 KiB; 48 samples, 12 to 1,380 sockets, cgroup usage)"."""
         return (f"about {kib(self.per_connection)} per connection (± {kib(self.spread)}; {self.points} samples, "
                 f"{self.sockets_from:,} to {self.sockets_to:,} sockets, {self.measure})")
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def memory_levels(points: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
@@ -93,14 +89,10 @@ def memory_fit_levels(levels: Iterable[tuple[int, int, int]], measure: str) -> M
     if len(usable) > MAX_FIT_POINTS:
         step = len(usable) / MAX_FIT_POINTS
         usable = [usable[int(i * step)] for i in range(MAX_FIT_POINTS)]
-    slopes = [(b2 - b1) / (s2 - s1) for i, (s1, b1) in enumerate(usable) for s2, b2 in usable[i + 1:]]
-    slope = _median(slopes)
-    if slope <= 0:
+    line = theil_sen(usable)
+    if line is None or line.slope <= 0:
         return None
-    ordered = sorted(slopes)
-    spread = (ordered[3 * len(ordered) // 4] - ordered[len(ordered) // 4]) / 2
-    base = _median([b - slope * s for s, b in usable])
-    return MemoryFit(slope, base, spread, len(usable), low, high, measure)
+    return MemoryFit(line.slope, line.intercept, line.spread, len(usable), low, high, measure)
 
 
 def connections_to_hold(maxconn: int | None, fd_recommended: int | None) -> tuple[int | None, str]:

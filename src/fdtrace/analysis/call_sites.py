@@ -6,8 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.policy import site_name as site_name  # where it was first: the analyses' name for it too
-from fdtrace.policy import thread_reason, to_thread_start
+from fdtrace.schema.site_names import site_name, thread_reason, to_thread_start
 
 LEAK_COLUMNS = ["host", "pid", "comm", "site", "open", "opened", "closed", "oldest_age_s", "growth_per_min",
                 "stack_id", "frames", "truncated"]
@@ -97,7 +96,7 @@ def thread_sites(events: pd.DataFrame, stacks: pd.DataFrame | None, pid: int | N
     """Threads started per process and creating call site (thread_start events with a stack).
 
     Returns one row per (host, pid, creating stack up to the creating thread's own start:
-    ``policy.to_thread_start``): ``site``, the runtime's ``reason`` in words where its frames say
+    ``schema.site_names.to_thread_start``): ``site``, the runtime's ``reason`` in words where its frames say
     (Go: a goroutine blocked in a syscall, a cgo call, ...), ``threads`` started there, ``first``
     and ``last`` start times, and the ``frames``; most threads first."""
     columns = ["host", "pid", "comm", "site", "reason", "threads", "first", "last", "stack_id", "frames"]

@@ -17,7 +17,8 @@ from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.headroom_series import processes_where
 from fdtrace.analysis.needs import fd_needs_on
-from fdtrace.policy import USAGE_WARN, kib
+from fdtrace.policy import USAGE_WARN
+from fdtrace.units import kib
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable

@@ -15,7 +15,6 @@ from fdtrace.analysis.headroom_series import least_headroom_on
 from fdtrace.analysis.span import span_on
 from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
-from fdtrace.policy import kib
 from fdtrace.schema import STATS
 from fdtrace.schema.failures import (
     FD_SQL,
@@ -26,6 +25,7 @@ from fdtrace.schema.failures import (
     harm_order,
     oom_ends,
 )
+from fdtrace.units import kib
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable, Dataset

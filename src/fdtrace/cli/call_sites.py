@@ -247,9 +247,9 @@ def threads(pid: int | None, recording: str | None, stacks: bool, duration: floa
             fail(FdtraceError("--duration must be positive"))
         traced, window = _trace(pid, duration, 1.0, 16384, 1, sample=True, thread_starts=True)
         sites = traced.thread_sites(pid)
+    from fdtrace.advice.threads import dns_advice
     from fdtrace.kernel.stacks import BlockedCode
     from fdtrace.kernel.syscalls import syscall_name
-    from fdtrace.policy import dns_advice
     from fdtrace.procfs import ProcessAccessDeniedError, ProcessGoneError, ProcFS
     from fdtrace.procfs.sampler import ProcSampler
     from fdtrace.procfs.thread_limits import binding_limit

@@ -21,6 +21,7 @@ from fdtrace.advice.fixes import (
 from fdtrace.advice.haproxy import HaproxyShape, maxconn_change
 from fdtrace.advice.memory import memory_change, memory_max
 from fdtrace.advice.needs import need_of
+from fdtrace.advice.threads import GO_THREADS_ADVICE
 from fdtrace.analysis.report.advice import go_said
 from fdtrace.children import CHILD_CWD, child_environment, program
 from fdtrace.integrations.haproxy import (
@@ -34,13 +35,14 @@ from fdtrace.integrations.haproxy import (
     show_info,
 )
 from fdtrace.integrations.nginx import NginxConfig, read_nginx_config
-from fdtrace.policy import GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, kib, with_margin
+from fdtrace.policy import THREADS_COUNTED, USAGE_CRITICAL, USAGE_WARN, with_margin
 from fdtrace.procfs.golang import GO_DEFAULT_MAX_THREADS
 from fdtrace.procfs.reader import PROC_ROOT, ProcessAccessDeniedError, ProcessGoneError, ProcFS
 from fdtrace.procfs.room import refusal
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import threads_by_uid
 from fdtrace.schema.records import ProcessSample
+from fdtrace.units import kib
 
 #: systemd's systemctl, by absolute path: never the first one on a PATH someone else may have set.
 SYSTEMCTL = program("/usr/bin/systemctl", "/bin/systemctl")

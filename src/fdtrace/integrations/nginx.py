@@ -1,5 +1,5 @@
 """nginx: the limits of the configuration a master was started with (``-c``, else Debian's
-/etc/nginx/nginx.conf), read as that process could read it (``haproxy.ProcessFiles``: anyone can
+/etc/nginx/nginx.conf), read as that process could read it (``procfs.process_files.ProcessFiles``: anyone can
 start a process named nginx and name any file), and which of its processes accept (the workers:
 the master holds the listening sockets too but accepts nothing). No value read is shown as it is
 written."""
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from fdtrace.advice.haproxy import ModelError
 from fdtrace.advice.nginx import DEFAULT_WORKER_CONNECTIONS, NginxShape
-from fdtrace.integrations.haproxy import NotReadableError, ProcessFiles
+from fdtrace.procfs.process_files import NotReadableError, ProcessFiles
 from fdtrace.procfs.reader import READ_ERRORS, ProcFS
 
 #: The configuration nginx reads without -c (Debian's build).

@@ -12,7 +12,6 @@ import os
 import time
 from collections import Counter, OrderedDict
 
-from fdtrace.policy import THREAD_ENTRY_FUNCTIONS
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.elf import (
     BudgetSpentError,
@@ -27,6 +26,7 @@ from fdtrace.procfs.python_frames import MAX_WALK_SECONDS, PythonStackReader, Py
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.schema import STACK_DEPTH
 from fdtrace.schema.records import Stack
+from fdtrace.schema.site_names import THREAD_ENTRY_FUNCTIONS
 
 #: Why a binary's symbols or a process's Python stacks were left unread (counted).
 OVER_BUDGET = "over the round's budget"
@@ -425,7 +425,7 @@ class BlockedCode:
         return said
 
     def __call__(self, pid: int, tid: int, pc: int, sp: int) -> str | None:
-        from fdtrace.policy import code_site
+        from fdtrace.schema.site_names import code_site
 
         python = self.python_stacks(pid)
         if python is not None and python.stacks.get(tid):

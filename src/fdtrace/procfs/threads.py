@@ -137,7 +137,7 @@ def _inode(target: str | None) -> int | None:
 def dns_waiters(census: list[ThreadState]) -> int:
     """How many threads of a census wait on DNS: in the C library's resolver, or on a UDP socket to
     a name server."""
-    from fdtrace.policy import DNS_LOOKUP_SITE
+    from fdtrace.schema.site_names import DNS_LOOKUP_SITE
 
     return sum(s.threads for s in census if s.site == DNS_LOOKUP_SITE or s.fd_kind == "dns")
 

@@ -12,6 +12,7 @@ from fdtrace.analysis.needs import rehearsed_need
 from fdtrace.display import shown
 from fdtrace.doctor.checks import Check
 from fdtrace.doctor.report import as_table
+from fdtrace.fits import theil_sen
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.rehearsal.shape import Shape
 from fdtrace.rehearsal.target import Target
@@ -69,26 +70,16 @@ class Burst:
                 "listen_overflows": self.listen_overflows, "listen_drops": self.listen_drops, "settled": self.settled}
 
 
-def fit_slope(points: list[tuple[int, int]]) -> float | None:
-    """The least-squares slope of y against x; None without two distinct x."""
-    if len({x for x, _ in points}) < 2:
-        return None
-    mean_x = sum(x for x, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
-
-
 def fds_per_connection(bursts: list[Burst]) -> float | None:
-    """The descriptors the target took per connection held: the slope of its open descriptors
-    (before each burst, and while its answered connections were held) against the connections
-    held, rounded to hundredths; None when no connection was answered."""
+    """The descriptors the target took per connection held: the slope (``fits.theil_sen``) of its
+    open descriptors (before each burst, and while its answered connections were held) against
+    the connections held, rounded to hundredths; None when no connection was answered."""
     points = []
     for burst in bursts:
         if burst.fds_before is not None and burst.fds_held is not None and burst.answered:
             points += [(0, burst.fds_before), (burst.answered, burst.fds_held)]
-    slope = fit_slope(points)
-    return None if slope is None else round(slope, 2)
+    line = theil_sen(points)
+    return None if line is None else round(line.slope, 2)
 
 
 def held_and_failed_at(bursts: list[Burst]) -> tuple[int, int | None, Burst | None]:

@@ -11,8 +11,8 @@ import pandas as pd
 
 from fdtrace.analysis.call_sites import leaks
 from fdtrace.pipeline.update import SourceInfo, Update
-from fdtrace.policy import site_name, thread_reason, to_thread_start
 from fdtrace.schema.records import ThreadCensus
+from fdtrace.schema.site_names import site_name, thread_reason, to_thread_start
 
 
 @dataclass

@@ -12,20 +12,15 @@ from fdtrace.advice.change import AT_START, Change, LimitPlace, fd_limit_change,
 from fdtrace.advice.fixes import go_exceeded_change, thread_change
 from fdtrace.advice.memory import connections_to_hold, memory_change
 from fdtrace.advice.needs import need_of
+from fdtrace.advice.threads import dns_advice
 from fdtrace.display import shown
 from fdtrace.integrations.haproxy import NOT_ASKED
-from fdtrace.policy import (
-    FD_EXHAUSTION_ERRNOS,
-    USAGE_CRITICAL,
-    USAGE_WARN,
-    dns_advice,
-    kib,
-    with_margin,
-)
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_CRITICAL, USAGE_WARN, with_margin
 from fdtrace.procfs.threads import describe_state, dns_waiters
 from fdtrace.schema.owners import OWNERS
 from fdtrace.schema.records import PhaseNow
 from fdtrace.tui.state import HaproxyView, LogEntry, ProcessView, SystemView, duration
+from fdtrace.units import kib
 
 BAR_WIDTH = 10
 

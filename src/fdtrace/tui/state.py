@@ -16,13 +16,15 @@ import pyarrow.compute as pc
 from fdtrace.advice.memory import MemoryFit, memory_fit_levels
 from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.pipeline.update import Baseline
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN, kib, site_name
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
 from fdtrace.schema.failures import FAILURE_CLASSES, INCIDENT_CLASSES, failure_class, harm_order
 from fdtrace.schema.owners import CONNECTED_ERRNOS, OWNERS, owner_of
 from fdtrace.schema.records import PhaseNow, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
+from fdtrace.schema.site_names import site_name
+from fdtrace.units import kib
 
 #: Alert thresholds (USAGE_WARN and USAGE_CRITICAL are fdtrace.policy's).
 THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert

@@ -10,12 +10,13 @@ import pandas as pd
 
 from fdtrace.advice.change import LimitPlace, fd_hard_to_set, fd_limit_ways, near_limit
 from fdtrace.advice.fixes import GO_THREAD_LIMITS, file_max_change, go_exceeded_change, listen_fix, thread_change
+from fdtrace.advice.threads import GO_THREADS_ADVICE
 from fdtrace.analysis import headroom_series as headroom_module
 from fdtrace.analysis.engines import Engine, quote
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
 from fdtrace.analysis.needs import fd_needs_on
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, GO_THREADS_ADVICE, THREADS_COUNTED, USAGE_WARN
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS, THREADS_COUNTED, USAGE_WARN
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Dataset
