@@ -93,3 +93,32 @@ def test_without_the_extra_column_the_views_have_their_usual_columns() -> None:
                                          "connect_s", "close_s", "emfile", "emfile_s", "threads", "threads_s", "tte"]
     assert [c.key for c in registry.fleet_columns(registry.COLUMNS)] == [
         "pid", "comm", "fds", "use", "emfile", "threads", "limit", "thr_use"]
+
+
+def test_a_refresh_while_a_host_opens_and_while_it_is_shown_draws_it() -> None:
+    """A read of the fleet that ends between Enter and the host screen's mount, and one while it is
+    shown, redraw it (the first used to raise NoMatches from a table not yet composed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    app = FleetApp(PrometheusFleet(url, host_label="host"), interval_s=60.0)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(200, 30)) as pilot:
+            for _ in range(100):
+                if app.polled_at is not None:
+                    break
+                await pilot.pause(0.05)
+            app.fleet.hosts = {"alpha": HostRow("alpha", processes={
+                4242: ProcessRow(4242, "worker", open_fds=48, fd_soft_limit=64, threads=3)})}
+            app.push_screen(HostScreen("alpha"))
+            app.redraw()  # before the screen is mounted
+            await pilot.pause(0.2)
+            app.fleet.hosts["alpha"].processes[4343] = ProcessRow(4343, "other", open_fds=8, fd_soft_limit=64,
+                                                                  threads=1)
+            app.redraw()  # while it is shown
+            await pilot.pause(0.1)
+            table = app.screen.query_one("#host-processes", DataTable)
+            assert sorted(str(table.get_row_at(i)[0]) for i in range(table.row_count)) == ["4242", "4343"]
+
+    asyncio.run(scenario())

@@ -54,6 +54,7 @@ class HostScreen(Screen[None]):
     def __init__(self, host: str) -> None:
         super().__init__()
         self.host = host
+        self.drawn = False  # on_mount has made the table's columns
 
     def compose(self) -> ComposeResult:
         yield Static(id="host-title")
@@ -66,10 +67,14 @@ class HostScreen(Screen[None]):
         assert isinstance(app, FleetApp)
         for column in app.columns:
             table.add_column(column.label, key=column.key, width=column.fleet_width or column.width)
+        self.drawn = True
         self.refresh_rows()
 
     def refresh_rows(self) -> None:
-        """Redraw from what the app last read."""
+        """Redraw from what the app last read (once its table has its columns: a refresh that ends
+        between Enter and the screen's mount is drawn by ``on_mount``)."""
+        if not self.drawn:
+            return
         app = self.app
         assert isinstance(app, FleetApp)
         host = app.fleet.hosts.get(self.host)
