@@ -97,6 +97,7 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         haproxy.terminate()
         haproxy.wait(timeout=10)
         stop.set()
+        server.join(timeout=10)
         backend.close()
 
 

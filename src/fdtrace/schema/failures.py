@@ -53,6 +53,8 @@ def harm_order(failure_class: str | None, count: int, first_ns: int) -> tuple[in
     """The sort key of a program's (or process's) failures by harm: its class's rank, the most
     failures first, then who failed first. Unknown classes come last."""
     return HARM.get(failure_class or "", len(FAILURE_CLASSES)), -count, first_ns
+
+
 #: How long after an OOM kill the victim's SIGKILL exit is that kill's end (the kernel kills at
 #: once; a victim stuck in uninterruptible sleep takes longer, never minutes).
 OOM_END_NS = 60_000_000_000
