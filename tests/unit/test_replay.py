@@ -196,3 +196,20 @@ def test_a_jump_counts_exactly_what_stepping_there_counts() -> None:
     assert len(burst) == 1 and burst[0][3] > 0 and burst[0][7] < update.baseline.until_ns  # its EMFILE: from the index
     assert any(c[11] for c in counted.values())  # the Go thread limit, before the window too
     assert sum(len(c[12]) for c in counted.values()) > 100  # the charts' points compared
+
+
+def test_every_recorded_sampling_round_is_replayed_even_one_before_the_first_event() -> None:
+    """A round taken before the recording's first event (a quiet start, 0.3 s before it in
+    tests/data/emfile) is replayed first, and those after its last event at the end: the live
+    view's memory fit counts the samples the report's counts (a CI run found a process's first
+    sample, at 0 sockets, missing from the replay)."""
+    recorded = load(EMFILE).samples
+    assert recorded["time"].min() < load(EMFILE).events["time"].min()
+    clock = FakeClock()
+    source = ReplaySource(EMFILE, clock=clock)
+    replayed: list[int] = []
+    while not source.player.finished:
+        clock.ns += 100_000_000
+        replayed += [r.time_ns for r in source.poll().rounds for _ in r.samples]
+    assert len(replayed) == len(recorded) == 60
+    assert replayed == sorted(recorded["time"].astype("int64").tolist())

@@ -540,7 +540,13 @@ class ReplaySource:
         self._phases = recorded_phases.to_pandas() if recorded_phases is not None else None
         first = next((codecs.CLOCK.from_row(c.slice(0, 1).to_pylist()[0]) for c in tables["clock"] if c.num_rows), None)
         self._boot_wall_ns = None if first is None else first.realtime_offset_ns - first.boottime_offset_ns
-        self._shown_until = self.player.start_ns - 1
+        # Sampling rounds before the first event (a quiet start) or after the last are replayed
+        # too: a process's first sample, at 0 sockets, belongs to its memory fit as in the report.
+        self._rounds_start_ns = min([self.player.start_ns] + [int(times[0]) for times in (
+            self._sample_times, self._system_times, self._haproxy_times) if len(times)])
+        self._rounds_end_ns = max([self.player.end_ns] + [int(times[-1]) for times in (
+            self._sample_times, self._system_times, self._haproxy_times) if len(times)])
+        self._shown_until = self._rounds_start_ns - 1
         self._reset = False
         self._baseline: Baseline | None = None
 
@@ -563,9 +569,11 @@ class ReplaySource:
             update.stacks = list(self._stacks)
             self._stacks_given = True
         self._reset = False
-        if now > self._shown_until:
-            update.rounds = self._rounds_between(self._shown_until, now)
-            self._shown_until = now
+        # at the end, the rounds taken after the last event too (the recording's last state)
+        rounds_until = self._rounds_end_ns if self.player.finished else now
+        if rounds_until > self._shown_until:
+            update.rounds = self._rounds_between(self._shown_until, rounds_until)
+            self._shown_until = rounds_until
         if self._phases is not None:
             update.phases = phases_at(self._phases, now)
         return update
@@ -635,7 +643,7 @@ class ReplaySource:
         event since the start."""
         self.incident_note = ""
         self._baseline = self.player.replay_window(wall_ns)
-        self._shown_until = max(self.player.start_ns, self._baseline.until_ns - ROUNDS_BEFORE_NS) - 1
+        self._shown_until = max(self._rounds_start_ns, self._baseline.until_ns - ROUNDS_BEFORE_NS) - 1
         self._reset = True
 
     def next_problem(self, backwards: bool = False) -> bool:
