@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 
 from fdtrace.advice.memory import (
+    MAX_FIT_POINTS,
+    MemoryLevels,
     connections_to_hold,
     memory_change,
     memory_fit,
@@ -39,7 +41,9 @@ def test_no_fit_without_growth_in_connections() -> None:
 
 def test_many_samples_are_bounded_and_give_the_same_slope() -> None:
     fit = memory_fit([(n % 2000, BASE + PER * (n % 2000)) for n in range(100_000)], "RSS")
-    assert fit is not None and fit.points == 120 and fit.per_connection == PER
+    # 2,000 socket counts in buckets of 32 (the smallest power of two that keeps 64 at most)
+    assert fit is not None and fit.points == 63 and fit.per_connection == PER
+    assert (fit.sockets_from, fit.sockets_to) == (0, 1999)
 
 
 def test_what_connections_need_against_the_limit_and_what_to_change() -> None:
@@ -93,7 +97,7 @@ def test_the_same_samples_give_the_same_fit_however_they_are_collected() -> None
     rng.shuffle(levels)
     summed_elsewhere = memory_fit_levels(levels, "cgroup usage")
     assert as_they_come is not None and as_they_come == summed_elsewhere
-    assert as_they_come.points == 120  # of some 860 socket counts, evenly chosen
+    assert as_they_come.points == 57  # some 860 socket counts in buckets of 16
     said = [memory_change("haproxy", 100 * MIB, None, fit, 1728, "its maxconn") for fit in (as_they_come,
                                                                                             summed_elsewhere)]
     assert said[0] == said[1]
@@ -104,3 +108,23 @@ def test_the_connections_to_hold() -> None:
     assert connections_to_hold(None, 1728) == (1728, "the FD limit recommended for it")
     assert connections_to_hold(None, None) == (None, "")
     assert connections_to_hold(0, 0) == (None, "")
+
+
+def test_buckets_stay_bounded_and_do_not_depend_on_the_order_samples_come_in() -> None:
+    """The live view keeps at most MAX_FIT_POINTS buckets per process (issue 34: memory bounded by
+    what is shown): buckets double in width as socket counts spread, and whichever order the
+    samples come in, the same buckets hold the same integer sums."""
+    rng = random.Random(11)
+    samples = [(s, BASE + PER * s + rng.randrange(-4096, 4096)) for s in rng.choices(range(0, 5000), k=4000)]
+    rising, shuffled = MemoryLevels(), MemoryLevels()
+    for sockets, memory in sorted(samples):
+        rising.add(sockets, memory)
+    rng.shuffle(samples)
+    for sockets, memory in samples:
+        shuffled.add(sockets, memory)
+    assert rising.width == shuffled.width == 128 and len(rising.buckets) <= MAX_FIT_POINTS
+    assert rising.buckets == shuffled.buckets and (rising.low, rising.high) == (shuffled.low, shuffled.high)
+    assert sum(count for _, _, count in rising.buckets.values()) == 4000
+    one = MemoryLevels()
+    one.add(7, 100)
+    assert one.points() == [(7.0, 100.0)] and one.width == 1

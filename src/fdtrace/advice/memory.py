@@ -18,8 +18,9 @@ from fdtrace.units import MIB, kib
 #: A memory-per-connection fit needs this many samples, over at least this many distinct socket
 #: counts spanning at least MIN_SOCKET_SPAN sockets.
 MIN_FIT_POINTS, MIN_FIT_LEVELS, MIN_SOCKET_SPAN = 5, 3, 10
-#: At most this many points go into a fit (evenly chosen): its pairwise slopes stay bounded.
-MAX_FIT_POINTS = 120
+#: At most this many points go into a fit, each a bucket of socket counts: its pairwise slopes, and
+#: the live view's memory per process, stay bounded (``MemoryLevels``).
+MAX_FIT_POINTS = 64
 #: Where a memory cgroup's limit is set when its unit is not known.
 MEMORY_PLACES = "MemoryMax= of its unit (memory.max, memory.limit_in_bytes)"
 
@@ -56,6 +57,47 @@ class MemoryFit:
                 f"{self.sockets_from:,} to {self.sockets_to:,} sockets, {self.measure})")
 
 
+class MemoryLevels:
+    """(sockets, memory) samples summed per bucket of socket counts: at most ``MAX_FIT_POINTS``
+    buckets, each ``width`` counts wide; when one more would not fit, the width doubles and
+    neighbours merge. The width is then the smallest power of two that keeps the socket counts
+    seen within the bound, whatever their order, and the sums are integers: the live view (adding
+    samples as they come) and the report (adding its SQL sums per count) hold the same buckets."""
+
+    __slots__ = ("buckets", "high", "low", "width")
+
+    def __init__(self) -> None:
+        self.width = 1
+        self.buckets: dict[int, list[int]] = {}  # sockets // width -> [sum of sockets, sum of memory, samples]
+        self.low: int | None = None
+        self.high: int | None = None
+
+    def add(self, sockets: int, memory: int, samples: int = 1) -> None:
+        """Take ``samples`` samples at ``sockets`` sockets whose memory adds up to ``memory``."""
+        key = sockets // self.width
+        while key not in self.buckets and len(self.buckets) >= MAX_FIT_POINTS:
+            self.width *= 2
+            merged: dict[int, list[int]] = {}
+            for old_key, (socket_sum, memory_sum, count) in self.buckets.items():
+                bucket = merged.setdefault(old_key // 2, [0, 0, 0])
+                bucket[0] += socket_sum
+                bucket[1] += memory_sum
+                bucket[2] += count
+            self.buckets = merged
+            key = sockets // self.width
+        bucket = self.buckets.setdefault(key, [0, 0, 0])
+        bucket[0] += sockets * samples
+        bucket[1] += memory
+        bucket[2] += samples
+        self.low = sockets if self.low is None else min(self.low, sockets)
+        self.high = sockets if self.high is None else max(self.high, sockets)
+
+    def points(self) -> list[tuple[float, float]]:
+        """(mean sockets, mean memory) of each bucket, in the order of the socket counts."""
+        return [(socket_sum / count, memory_sum / count)
+                for _key, (socket_sum, memory_sum, count) in sorted(self.buckets.items())]
+
+
 def memory_levels(points: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
     """(sockets, total bytes, samples) per distinct socket count of (sockets, bytes) samples, in
     the order of the socket counts: what a fit is made of, whoever collected the samples (the
@@ -77,22 +119,28 @@ def memory_fit(points: Iterable[tuple[int, int]], measure: str) -> MemoryFit | N
 
 def memory_fit_levels(levels: Iterable[tuple[int, int, int]], measure: str) -> MemoryFit | None:
     """The memory a connection costs, from (sockets, total bytes, samples) per socket count of
-    one process, each count's mean memory one point; None unless the points cover enough
-    distinct socket counts (its memory must have been seen growing with its connections) and the
-    slope is positive. The same levels give the same fit in any order."""
-    usable = sorted((int(s), total / n) for s, total, n in levels if is_known(s) and is_known(total) and n > 0)
-    if len(usable) < MIN_FIT_POINTS or len(usable) < MIN_FIT_LEVELS:
+    one process (``memory_fit_buckets`` over their ``MemoryLevels``). The same levels give the
+    same fit in any order."""
+    buckets = MemoryLevels()
+    for sockets, total, count in levels:
+        if is_known(sockets) and is_known(total) and count > 0:
+            buckets.add(int(sockets), int(total), int(count))
+    return memory_fit_buckets(buckets, measure)
+
+
+def memory_fit_buckets(levels: MemoryLevels, measure: str) -> MemoryFit | None:
+    """The memory a connection costs, each bucket's mean memory against its mean socket count one
+    point; None unless the points cover enough socket counts (its memory must have been seen
+    growing with its connections) and the slope is positive."""
+    usable = levels.points()
+    if len(usable) < MIN_FIT_POINTS or len(usable) < MIN_FIT_LEVELS or levels.low is None or levels.high is None:
         return None
-    low, high = usable[0][0], usable[-1][0]
-    if high - low < MIN_SOCKET_SPAN:
+    if levels.high - levels.low < MIN_SOCKET_SPAN:
         return None
-    if len(usable) > MAX_FIT_POINTS:
-        step = len(usable) / MAX_FIT_POINTS
-        usable = [usable[int(i * step)] for i in range(MAX_FIT_POINTS)]
     line = theil_sen(usable)
     if line is None or line.slope <= 0:
         return None
-    return MemoryFit(line.slope, line.intercept, line.spread, len(usable), low, high, measure)
+    return MemoryFit(line.slope, line.intercept, line.spread, len(usable), levels.low, levels.high, measure)
 
 
 def connections_to_hold(maxconn: int | None, fd_recommended: int | None) -> tuple[int | None, str]:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fdtrace.advice.memory import MemoryFit, memory_fit_levels
+from fdtrace.advice.memory import MemoryFit, MemoryLevels, memory_fit_buckets
 from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.pipeline.update import Baseline
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN
@@ -30,9 +30,6 @@ from fdtrace.units import kib
 THREAD_BURST_PER_S = 50.0  # thread starts per second in one process that make a log line and an alert
 THREAD_LIMIT_ALERT_S = 3600.0  # steady thread growth that reaches its limit within this alerts
 HISTORY_POINTS = 600
-#: Distinct socket counts whose memory a process's view sums for its memory fit (a bound: a count
-#: past it is not fitted, the counts already seen go on being summed).
-MAX_MEMORY_LEVELS = 4096
 MAX_SITES = 10_000  # call-site names kept for the detail screen (--stacks)
 RATE_KINDS = ("socket", "accept", "connect", "close", "thread_start")
 
@@ -76,7 +73,7 @@ class ProcessView:
     memcg_peak: int | None = None  # its cgroup's highest usage seen, bytes (the report's memcg_peak_bytes)
     peak_fds: int | None = None  # its most open FDs in any sample (the report's peak_fds; history forgets)
     # sockets -> [total memory, samples] over every sample: the memory fit's levels, as the report sums them
-    memory_levels: dict[int, list[int]] = field(default_factory=dict)
+    memory_levels: MemoryLevels = field(default_factory=MemoryLevels)
     memory_in_cgroup: bool = False  # a sample's memory was its cgroup's usage (the fit's measure)
     last_state: str | None = None  # an OOM victim as its last sample saw it
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
@@ -152,10 +149,10 @@ class ProcessView:
         return room / ((end_v - start_v) / ((end_t - start_t) / 1e9))
 
     def memory_fit(self) -> MemoryFit | None:
-        """The memory a connection costs, fitted over every sample's memory per socket count
-        (``advice.memory.memory_fit_levels``, as the report fits a recording's)."""
+        """The memory a connection costs, fitted over every sample's memory per bucket of socket
+        counts (``advice.memory.memory_fit_buckets``, as the report fits a recording's)."""
         measure = "cgroup usage" if self.memory_in_cgroup else "RSS"
-        return memory_fit_levels([(s, total, n) for s, (total, n) in self.memory_levels.items()], measure)
+        return memory_fit_buckets(self.memory_levels, measure)
 
     def descriptors_by_owner(self) -> dict[str, int]:
         """A training rank's descriptors by owner (the ledger's, live): its sockets followed
@@ -651,11 +648,8 @@ class IncidentState:
                 sample.rss_kb * 1024 if sample.rss_kb is not None else None)
             if memory is not None:
                 view.memory_history.append((time_ns, sample.sockets, memory))
-                if sample.sockets is not None and (sample.sockets in view.memory_levels
-                                                   or len(view.memory_levels) < MAX_MEMORY_LEVELS):
-                    level = view.memory_levels.setdefault(sample.sockets, [0, 0])
-                    level[0] += memory
-                    level[1] += 1
+                if sample.sockets is not None:
+                    view.memory_levels.add(sample.sockets, memory)
             if sample.memcg_usage_bytes is not None:
                 view.memory_in_cgroup = True
                 view.memcg_peak = max(view.memcg_peak or 0, sample.memcg_usage_bytes)
