@@ -19,6 +19,7 @@ from fdtrace.recording.summaries import summarize
 from fdtrace.schema.failures import (
     FAILURE_SQL,
     INCIDENT_CLASSES,
+    OOM_END_NS,
     INCIDENT_SQL,
     failure_class,
     incident_mask,
@@ -45,7 +46,12 @@ def edge_rows(like: pd.DataFrame) -> pd.DataFrame:
                            "time": base["time"] + pd.Timedelta(i + 1, "ns"), "anon_rss_kb": 1000, "file_rss_kb": 10,
                            "oom_score_adj": 0}
                           for i, (kind, errno, signal, code) in enumerate(rows)])
-    return frame.astype({"exit_code": "Int64"})
+    # an OOM kill whose victim's SIGKILL comes past OOM_END_NS (61 s later): a crash of its own, for
+    # every reader, the live view's rule included
+    late = frame.iloc[[-2, -1]].assign(pid=900_020, comm="edge-late")
+    late.loc[late.index[-1], ["ts_ns", "time"]] = [int(late["ts_ns"].iloc[0]) + OOM_END_NS + 1_000_000_000,
+                                                   late["time"].iloc[0] + pd.Timedelta(OOM_END_NS + 10**9, "ns")]
+    return pd.concat([frame, late], ignore_index=True).astype({"exit_code": "Int64"})
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +95,5 @@ def test_every_rendering_of_the_rule_agrees(events: pd.DataFrame) -> None:
     state.apply_events(table.sort_by("ts_ns"))
     failing = {pid for pid, is_incident in zip(events["pid"], incident, strict=True) if is_incident}
     assert {pid for pid, view in state.processes.items() if view.failed} == failing
+    assert state.processes[900_020].failures == {"OOM kill", "killed by a signal"}  # the late SIGKILL
+    assert state.processes[900_007].failures == {"OOM kill"}  # its end within OOM_END_NS: no failure

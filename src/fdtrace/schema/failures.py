@@ -60,6 +60,12 @@ def harm_order(failure_class: str | None, count: int, first_ns: int) -> tuple[in
 OOM_END_NS = 60_000_000_000
 
 
+def is_oom_end(kill_ns: int | None, exit_ns: int, signal: str | None) -> bool:
+    """Whether a process_exit at ``exit_ns`` by ``signal`` is the end of the OOM kill of the same
+    process at ``kill_ns`` (None: it had none): a SIGKILL at most ``OOM_END_NS`` after it."""
+    return signal == "SIGKILL" and kill_ns is not None and 0 <= exit_ns - kill_ns <= OOM_END_NS
+
+
 def oom_ends(pids: Any, times: Any, kinds: Any, signals: Any, hosts: Any = None) -> Any:
     """Which rows (numpy bool array) are the SIGKILL exit of a process the OOM killer chose: a
     process_exit by SIGKILL with an oom_kill of the same pid (and host, when given) at most
@@ -79,7 +85,7 @@ def oom_ends(pids: Any, times: Any, kinds: Any, signals: Any, hosts: Any = None)
     ends = np.flatnonzero((kinds == "process_exit") & (np.asarray(signals, dtype=object) == "SIGKILL"))
     for i in ends:
         at = int(times[i])
-        found[i] = any(0 <= at - kill <= OOM_END_NS for kill in kills.get((hosts[i], int(pids[i])), ()))
+        found[i] = any(is_oom_end(kill, at, "SIGKILL") for kill in kills.get((hosts[i], int(pids[i])), ()))
     return found
 
 

@@ -20,7 +20,7 @@ from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
-from fdtrace.schema.failures import FAILURE_CLASSES, INCIDENT_CLASSES, failure_class, harm_order
+from fdtrace.schema.failures import FAILURE_CLASSES, INCIDENT_CLASSES, failure_class, harm_order, is_oom_end
 from fdtrace.schema.owners import CONNECTED_ERRNOS, OWNERS, owner_of
 from fdtrace.schema.records import PhaseNow, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
 from fdtrace.schema.site_names import site_name
@@ -82,6 +82,7 @@ class ProcessView:
     # connect() calls by destination ("10.0.0.5:8080", "[::1]:443"): (calls, failed)
     destinations: dict[str, list[int]] = field(default_factory=dict)
     oom_killed: bool = False
+    oom_kill_ns: int | None = None  # when (its latest): its SIGKILL exit soon after is that kill's end
     sampled: bool = False  # whether a /proc round saw it (its limits are known only then)
     failures: set[str] = field(default_factory=set)  # its failure classes (schema.failures.failure_class)
     first_failure_ns: int | None = None  # when it first failed as an incident does (wall)
@@ -580,15 +581,17 @@ class IncidentState:
     def _lifecycle(self, row: dict[str, Any]) -> None:
         view = self.processes[row["pid"]]
         found = failure_class(row)
-        if view.oom_killed and row["kind"] == "process_exit" and row.get("signal") == "SIGKILL":
-            found = None  # the OOM kill's end, not a crash of its own (schema.failures.oom_ends)
         time_ns = _ns(row["time"])
+        after_oom = row["kind"] == "process_exit" and is_oom_end(view.oom_kill_ns, time_ns, row.get("signal"))
+        if after_oom:
+            found = None  # the OOM kill's end, not a crash of its own (schema.failures.oom_ends)
         if found is not None:
             view.failures.add(found)
             if found in INCIDENT_CLASSES:
                 view._failed_at(time_ns)
         if row["kind"] == "oom_kill":
             view.oom_killed = True
+            view.oom_kill_ns = time_ns
             self._oom_kills += 1
             text = (f"OOM kill: anon-rss {row['anon_rss_kb']} kB, file-rss {row['file_rss_kb']} kB, "
                     f"oom_score_adj {row['oom_score_adj']}")
@@ -611,7 +614,6 @@ class IncidentState:
             return
         if row["signal"]:
             view.ended = row["signal"]
-            after_oom = view.oom_killed and row["signal"] == "SIGKILL"
             self._log(LogEntry(time_ns, view.pid, view.comm,
                                f"killed by {row['signal']}" + (" (the OOM kill)" if after_oom else ""),
                                "error" if found == "killed by a signal" and not after_oom else "exit"))
