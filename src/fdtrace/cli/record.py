@@ -32,7 +32,9 @@ from fdtrace.errors import FdtraceError
 @duration_option
 @pid_option
 @follow_option
-@click.option("--comm", "comms", multiple=True, help="Only events of tasks with this name (repeatable).")
+@click.option("--comm", "comms", multiple=True,
+              help="Only events of tasks with this name (repeatable); /proc samples still cover the host's "
+                   "fullest processes (--top), the postmortem's context.")
 @click.option("--errors-only", is_flag=True, help="Record only failure events (counters stay complete).")
 @click.option("--interval", type=float, default=1.0, show_default=True,
               help="Seconds between samples and flushes to disk (what a crash can lose).")
