@@ -19,8 +19,8 @@ from fdtrace.recording.summaries import summarize
 from fdtrace.schema.failures import (
     FAILURE_SQL,
     INCIDENT_CLASSES,
-    OOM_END_NS,
     INCIDENT_SQL,
+    OOM_END_NS,
     failure_class,
     incident_mask,
     oom_ends,

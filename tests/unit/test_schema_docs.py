@@ -75,9 +75,20 @@ def test_version_1_phases_are_the_shims() -> None:
     assert set(ddp.phases["source"]) == {"shim"}
 
 
-def test_prometheus_counters_are_declared_counters() -> None:
-    from fdtrace.schema import COUNTERS
-    from fdtrace.sinks.prometheus import COUNTER_METRICS
+def test_prometheus_metrics_are_declared_from_the_schemas_columns() -> None:
+    """Issue 38: the exporter's per-process families are generated from schema.metrics, each
+    reading a declared column (a samples column or ProcessSample's rss_kb; a counters column)."""
+    from dataclasses import fields
 
-    assert {counter for counter, _, _ in COUNTER_METRICS} <= set(COUNTERS)
-    assert all(name.startswith("fdtrace_") and name.endswith("_total") for _, name, _ in COUNTER_METRICS)
+    from fdtrace.schema import COUNTERS
+    from fdtrace.schema.metrics import PROCESS_COUNTERS, PROCESS_GAUGES
+    from fdtrace.schema.records import ProcessSample
+    from fdtrace.schema.tables import SAMPLES
+
+    sample_columns = {f.name for f in SAMPLES.fields}
+    assert {f.name for f in fields(ProcessSample)} - {"cmdline"} <= sample_columns | {"go_limit_unread"}
+    assert all(g.column in sample_columns | {"rss_kb"} for g in PROCESS_GAUGES)
+    assert {c.column for c in PROCESS_COUNTERS} <= set(COUNTERS)
+    assert all(c.name.startswith("fdtrace_") and c.name.endswith("_total") for c in PROCESS_COUNTERS)
+    names = [m.name for m in (*PROCESS_GAUGES, *PROCESS_COUNTERS)]
+    assert len(names) == len(set(names))

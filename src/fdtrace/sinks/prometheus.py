@@ -24,22 +24,17 @@ from fdtrace.pipeline.update import HaproxyRow, SourceInfo, SystemFigures, Updat
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.schema.failures import FAILURE_CLASSES, HARM, INCIDENT_CLASSES, failure_class, incident_mask
+from fdtrace.schema.metrics import PROCESS_COUNTERS, PROCESS_GAUGES
 from fdtrace.schema.records import ProcessSample
 from fdtrace.sinks.metrics_server import DESCRIPTORS, MetricsServer
 
-#: Exact counters exported per process: (counter name in schema.COUNTERS, metric name, help).
+#: Where the limit a gauge shows is set, added to its help (``schema.metrics`` declares the rest).
+_WHERE_SET = {"process_max_fds": f"; {fd_limit_places()}.",
+              "fdtrace_process_memory_cgroup_limit_bytes": f"; set with {MEMORY_PLACES}."}
+
 #: Labels of the per-process gauges: the process, its systemd unit and its container (the id's first
 #: 12 characters; empty, so absent, when none). The series are bounded by ``max_processes``.
 PROCESS_LABELS = ["pid", "comm", "unit", "container"]
-
-COUNTER_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("sockets", "fdtrace_sockets_total", "socket() calls"),
-    ("accepts", "fdtrace_accepts_total", "accept() and accept4() calls"),
-    ("connects", "fdtrace_connects_total", "connect() calls"),
-    ("closes", "fdtrace_closes_total", "close() calls"),
-    ("threads_started", "fdtrace_threads_started_total", "threads started"),
-)
-
 
 def parse_listen(text: str) -> tuple[str, int]:
     """'127.0.0.1:9877' or ':9877' (loopback) to (address, port)."""
@@ -137,10 +132,8 @@ class PrometheusSink:
         """Called by prometheus_client on each scrape."""
         with self._lock:
             snap = self._snapshot
-        open_fds = GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", labels=PROCESS_LABELS)
-        max_fds = GaugeMetricFamily("process_max_fds", f"Maximum number of open file descriptors (soft limit); "
-                                    f"{fd_limit_places()}.", labels=PROCESS_LABELS)
-        threads = GaugeMetricFamily("fdtrace_process_threads", "Threads of the process.", labels=PROCESS_LABELS)
+        gauges = [GaugeMetricFamily(g.name, g.help + _WHERE_SET.get(g.name, ""), labels=PROCESS_LABELS)
+                  for g in PROCESS_GAUGES]
         thread_limit = GaugeMetricFamily(
             "fdtrace_process_thread_limit", "The thread limit that leaves the process the fewest threads to spare "
             f"(Go default, RLIMIT_NPROC, cgroup pids.max); set where each is set: {thread_limit_places()}.",
@@ -148,30 +141,17 @@ class PrometheusSink:
         thread_used = GaugeMetricFamily(
             "fdtrace_process_thread_limit_used", "What that limit counts now (the process's threads, its user's "
             "threads, or its cgroup's tasks).", labels=[*PROCESS_LABELS, "limit"])
-        resident = GaugeMetricFamily("process_resident_memory_bytes", "Resident memory size in bytes.",
-                                     labels=PROCESS_LABELS)
-        memcg_limit = GaugeMetricFamily(
-            "fdtrace_process_memory_cgroup_limit_bytes", "The memory cgroup limit that leaves the process the least "
-            f"to spare (its own cgroup's or an ancestor's); set with {MEMORY_PLACES}.", labels=PROCESS_LABELS)
-        memcg_usage = GaugeMetricFamily("fdtrace_process_memory_cgroup_usage_bytes",
-                                        "That cgroup's memory usage (memory.current, memory.usage_in_bytes).",
-                                        labels=PROCESS_LABELS)
         for sample in snap.processes:
             labels = [str(sample.pid), sample.comm, sample.unit or "", (sample.container_id or "")[:12]]
-            if sample.rss_kb is not None:
-                resident.add_metric(labels, sample.rss_kb * 1024)
-            if sample.memcg_limit_bytes is not None and sample.memcg_usage_bytes is not None:
-                memcg_limit.add_metric(labels, sample.memcg_limit_bytes)
-                memcg_usage.add_metric(labels, sample.memcg_usage_bytes)
-            open_fds.add_metric(labels, sample.open_fds)
-            if sample.fd_soft_limit is not None:
-                max_fds.add_metric(labels, sample.fd_soft_limit)
-            threads.add_metric(labels, sample.threads)
+            for gauge, family in zip(PROCESS_GAUGES, gauges, strict=True):
+                value = getattr(sample, gauge.column)
+                if value is not None:
+                    family.add_metric(labels, value * gauge.scale)
             binding = binding_limit(sample)
             if binding is not None:
                 thread_limit.add_metric([*labels, binding[0]], binding[2])
                 thread_used.add_metric([*labels, binding[0]], binding[1])
-        yield from (open_fds, max_fds, threads, thread_limit, thread_used, resident, memcg_limit, memcg_usage)
+        yield from (*gauges, thread_limit, thread_used)
         conns = GaugeMetricFamily("fdtrace_haproxy_curr_conns", "HAProxy's current connections (show info CurrConns).",
                                   labels=["socket"])
         maxconn = GaugeMetricFamily("fdtrace_haproxy_maxconn", "HAProxy's connection limit (show info Maxconn); set "
@@ -184,11 +164,11 @@ class PrometheusSink:
             if row.get("maxconn") is not None:
                 maxconn.add_metric([str(row["socket"])], float(row["maxconn"] or 0))
         yield from (conns, maxconn)
-        for counter, name, help_text in COUNTER_METRICS:
-            family = CounterMetricFamily(name, f"Exact count of {help_text}, per process.", labels=["pid", "comm"])
+        for counter in PROCESS_COUNTERS:
+            counted = CounterMetricFamily(counter.name, counter.help, labels=["pid", "comm"])
             for totals in snap.counters:
-                family.add_metric([str(totals.pid), totals.comm], totals.counts[counter])
-            yield family
+                counted.add_metric([str(totals.pid), totals.comm], totals.counts[counter.column])
+            yield counted
         errors = CounterMetricFamily("fdtrace_failed_calls_total", "Failed calls by syscall and errno, per process.",
                                      labels=["pid", "comm", "syscall", "errno"])
         for totals in snap.counters:
