@@ -11,7 +11,7 @@ from typing import Any
 from rich.text import Text
 
 from fdtrace.display import shown
-from fdtrace.sources.prometheus_fleet import ProcessRow
+from fdtrace.sources.prometheus_fleet import HostRow, ProcessRow
 from fdtrace.tui.adapters import exhaustion_cell, fd_bar, memory_bar, rate, usage_style
 from fdtrace.tui.state import ProcessView, duration, headroom_key
 
@@ -188,3 +188,44 @@ def help_lines(columns: Iterable[Column]) -> str:
         else:
             lines.append(f"  {label:<18} {column.help}")
     return "".join(line + "\n" for line in lines)
+
+
+@dataclass(frozen=True)
+class HostColumn:
+    """One column of the fleet view's host table: key, header, width and cell."""
+
+    key: str
+    label: str
+    width: int
+    cell: Callable[[HostRow], object]
+
+
+def _fullest_cell(host: HostRow) -> Text | str:
+    fullest = host.fullest()
+    if fullest is None:
+        return "-"
+    cell = Text(f"{shown(fullest.comm)} [{fullest.pid}] {fullest.open_fds:.0f}/{fullest.fd_soft_limit:.0f} ")
+    cell.append_text(share(fullest.fd_usage))
+    return cell
+
+
+def _nearest_thread_limit_cell(host: HostRow) -> Text | str:
+    nearest = host.nearest_thread_limit()
+    if nearest is None:
+        return "-"
+    cell = Text(f"{shown(nearest.comm)} [{nearest.pid}] {nearest.thread_used:.0f}/{nearest.thread_limit:.0f} "
+                f"({shown(nearest.thread_limit_kind)}) ")
+    cell.append_text(share(nearest.thread_usage))
+    return cell
+
+
+#: The fleet view's host table, declared once (its order is the table's).
+HOST_COLUMNS: tuple[HostColumn, ...] = (
+    HostColumn("host", "HOST", 24, lambda h: Text(shown(h.host))),
+    HostColumn("state", "STATE", 6, lambda h: Text("up", style="green") if h.up else Text("DOWN", style="bold red")),
+    HostColumn("emfile", "EMFILE/ENFILE", 13, lambda h: count(h.emfile_recent)),
+    HostColumn("fds", "FULLEST FD TABLE", 40, _fullest_cell),
+    HostColumn("threads", "NEAREST THREAD LIMIT", 44, _nearest_thread_limit_cell),
+    HostColumn("oom", "OOM KILLS", 9, lambda h: count(h.oom_kills_recent)),
+    HostColumn("lost", "LOST", 8, lambda h: count(h.lost_recent)),
+)

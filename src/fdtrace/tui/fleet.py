@@ -14,31 +14,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from fdtrace.display import shown
-from fdtrace.sources.prometheus_fleet import HostRow, ProcessRow, PrometheusFleet
+from fdtrace.sources.prometheus_fleet import ProcessRow, PrometheusFleet
 from fdtrace.tui import columns as registry
-from fdtrace.tui.columns import Column, count, fleet_cells, fleet_columns, share
-
-HOST_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("host", "HOST", 24), ("state", "STATE", 6), ("emfile", "EMFILE/ENFILE", 13), ("fds", "FULLEST FD TABLE", 40),
-    ("threads", "NEAREST THREAD LIMIT", 44), ("oom", "OOM KILLS", 9), ("lost", "LOST", 8))
-
-
-def host_cells(host: HostRow) -> dict[str, Any]:
-    """One host's cells, by column key."""
-    fullest, nearest = host.fullest(), host.nearest_thread_limit()
-    fds: Text | str = "-"
-    if fullest is not None:
-        fds = Text(f"{shown(fullest.comm)} [{fullest.pid}] {fullest.open_fds:.0f}/{fullest.fd_soft_limit:.0f} ")
-        fds.append_text(share(fullest.fd_usage))
-    threads: Text | str = "-"
-    if nearest is not None:
-        threads = Text(f"{shown(nearest.comm)} [{nearest.pid}] {nearest.thread_used:.0f}/{nearest.thread_limit:.0f} "
-                       f"({shown(nearest.thread_limit_kind)}) ")
-        threads.append_text(share(nearest.thread_usage))
-    state = Text("up", style="green") if host.up else Text("DOWN", style="bold red")
-    return {"host": Text(shown(host.host)), "state": state,
-            "emfile": count(host.emfile_recent), "fds": fds, "threads": threads,
-            "oom": count(host.oom_kills_recent), "lost": count(host.lost_recent)}
+from fdtrace.tui.columns import HOST_COLUMNS, Column, fleet_cells, fleet_columns
 
 
 def _process_key(process: ProcessRow) -> tuple[Any, ...]:
@@ -114,8 +92,8 @@ class FleetApp(App[None]):
 
     def on_mount(self) -> None:
         table = self.query_one("#hosts", DataTable)
-        for key, label, width in HOST_COLUMNS:
-            table.add_column(label, key=key, width=width)
+        for column in HOST_COLUMNS:
+            table.add_column(column.label, key=column.key, width=column.width)
         self.query_one("#status", Static).update(f"reading {self.fleet.url} ...")
         self.poll_fleet()
 
@@ -150,8 +128,7 @@ class FleetApp(App[None]):
         row = table.cursor_row
         table.clear()
         for host in hosts:
-            cells = host_cells(host)
-            table.add_row(*(cells[key] for key, _, _ in HOST_COLUMNS), key=host.host)
+            table.add_row(*(column.cell(host) for column in HOST_COLUMNS), key=host.host)
         if hosts:
             table.move_cursor(row=min(row, len(hosts) - 1))
         if isinstance(self.screen, HostScreen):
