@@ -10,7 +10,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,28 +32,7 @@ from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carr
 from fdtrace.kernel.stacks import Symbolizer, symbolize
 from fdtrace.procfs import ProcFS, StartTimeResolver
 from fdtrace.schema import RAW_EVENT_DTYPE, Kind, arrow_schema
-from fdtrace.schema.records import SiteRow, Stack
-
-
-@dataclass
-class EventBatch:
-    """Events read in one poll, in the column layout of ``schema.EVENT_FIELDS``.
-
-    Attributes:
-        events: a ``pyarrow.Table`` with the schema of ``schema.arrow_schema()``.
-        mono_ns: the time of the poll (CLOCK_MONOTONIC).
-        losses: cumulative loss and overflow counters (``schema.STATS``) at the poll.
-        stacks: --stacks: the stacks these events name that no earlier batch gave.
-    """
-
-    events: Any
-    mono_ns: int
-    losses: dict[str, int] = field(default_factory=dict)
-    stacks: list[Stack] = field(default_factory=list)
-    connections: Any = None  # rows of the connections table (TraceOptions.connections), or None
-
-    def __len__(self) -> int:
-        return int(self.events.num_rows)
+from fdtrace.schema.records import EventBatch, SiteRow, Stack
 
 
 def raise_nofile_limit() -> tuple[int, int]:

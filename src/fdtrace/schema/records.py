@@ -7,7 +7,8 @@ the live view shows them. None of those consumers needs to import the producer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -166,3 +167,26 @@ class ThreadCensus:
     pid: int
     comm: str
     states: list[ThreadState]
+
+
+@dataclass
+class EventBatch:
+    """Events handed out by one poll of a source, in the column layout of ``schema.EVENT_FIELDS``:
+    read from the kernel (``kernel.session``) or played back from a recording (``sources.replay``).
+
+    Attributes:
+        events: a ``pyarrow.Table`` with the schema of ``schema.arrow_schema()``.
+        mono_ns: the time of the poll (CLOCK_MONOTONIC; a replay's virtual wall clock).
+        losses: cumulative loss and overflow counters (``schema.STATS``) then.
+        stacks: --stacks: the stacks these events name that no earlier batch gave.
+        connections: rows of the connections table (``TraceOptions.connections``), or None.
+    """
+
+    events: Any
+    mono_ns: int
+    losses: dict[str, int] = field(default_factory=dict)
+    stacks: list[Stack] = field(default_factory=list)
+    connections: Any = None
+
+    def __len__(self) -> int:
+        return int(self.events.num_rows)

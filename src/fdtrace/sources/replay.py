@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from fdtrace.recording.fleet import Fleet
 from fdtrace.recording.reader import HostSnapshot
 from fdtrace.schema import STATS, arrow_schema, codecs
 from fdtrace.schema.failures import incident_mask
+from fdtrace.schema.records import EventBatch
 from fdtrace.schema.tables import PARTITION_COLUMN
 
 
@@ -176,19 +177,6 @@ class TotalsIndex:
         rare = self.lifecycle[self.times[self.lifecycle] < until_ns]
         found.lifecycle = self.events.take(pa.array(rare)) if len(rare) else None
         return found
-
-
-@dataclass
-class EventBatch:
-    """The events a poll of the player hands out, at ``mono_ns`` (the virtual wall clock), with
-    the recording's cumulative losses then."""
-
-    events: pa.Table
-    mono_ns: int
-    losses: dict[str, int] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return int(self.events.num_rows)
 
 
 class EventPlayer:
