@@ -142,6 +142,37 @@ def carries_close_fd(options: TraceOptions) -> bool:
     return not options.errors_only or options.stacks
 
 
+def syscall_probes(features: KernelFeatures, options: TraceOptions) -> list[tuple[str, str]]:
+    """The syscall tracepoints ``BpfTracer`` attaches for these options on this kernel, each with
+    its program, in attach order: entries first, so that no exit is seen without the entry that
+    carries its fd. The one declaration of the plan (``session.planned_probes`` counts it)."""
+    probes = []
+    for name in features.syscall_enters:
+        if name == "close" and not carries_close_fd(options):
+            continue
+        fn = {"exit_group": "fdt_enter_exit_group", "connect": "fdt_enter_connect"}.get(name, "fdt_enter_fd_syscall")
+        probes.append((f"syscalls:sys_enter_{name}", fn))
+    if carries_accept_peer(options, features):
+        probes += [(f"syscalls:sys_enter_{name}", "fdt_enter_accept") for name in ("accept", "accept4")
+                   if name in features.syscall_exits]
+    if options.stacks:
+        for name in features.descriptor_enters:
+            fn = {"socketpair": "fdt_enter_socketpair", "fcntl": "fdt_enter_fcntl"}.get(name, "fdt_enter_pipe")
+            probes.append((f"syscalls:sys_enter_{name}", fn))
+        if features.close_range:
+            probes.append(("syscalls:sys_exit_close_range", "fdt_exit_close_range"))
+    probes += [(f"syscalls:sys_enter_{name}", f"fdt_enter_{name}") for name in features.limit_syscalls]
+    probes += [(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}") for name in features.syscall_exits]
+    probes += [(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}") for name in features.limit_syscalls]
+    return probes
+
+
+def lifecycle_probes(features: KernelFeatures, options: TraceOptions) -> list[str]:
+    """The lifecycle tracepoints (their programs attach themselves: bcc's TRACEPOINT_PROBE) for
+    these options: inet_sock_set_state for recordings only."""
+    return [name for name in features.lifecycle if name != "sock:inet_sock_set_state" or options.connections]
+
+
 class BpfTracer:
     """The loaded programs: attach on construction, then poll and read maps until close().
 
@@ -181,9 +212,7 @@ class BpfTracer:
             self._attach_syscalls()
             auto, failed = self._programs.autoload_tracepoints()
             self.skipped += failed
-            for name in features.lifecycle:
-                if name == "sock:inet_sock_set_state" and not options.connections:
-                    continue  # asked for by recordings only
+            for name in lifecycle_probes(features, options):
                 if name in auto:
                     self.attached.append(name)
                 elif name not in self.attached and not any(s.startswith(name + " ") for s in failed):
@@ -207,29 +236,8 @@ class BpfTracer:
             self.skipped.append(f"{tracepoint} ({_one_line(exc)})")
 
     def _attach_syscalls(self) -> None:
-        # Entries first, so that no exit is seen without the entry that carries its fd.
-        for name in self.features.syscall_enters:
-            if name == "close" and not carries_close_fd(self.options):
-                continue
-            fn = {"exit_group": "fdt_enter_exit_group", "connect": "fdt_enter_connect"}.get(
-                name, "fdt_enter_fd_syscall")
-            self._attach(f"syscalls:sys_enter_{name}", fn)
-        if carries_accept_peer(self.options, self.features):
-            for name in ("accept", "accept4"):
-                if name in self.features.syscall_exits:
-                    self._attach(f"syscalls:sys_enter_{name}", "fdt_enter_accept")
-        if self.options.stacks:
-            for name in self.features.descriptor_enters:
-                fn = {"socketpair": "fdt_enter_socketpair", "fcntl": "fdt_enter_fcntl"}.get(name, "fdt_enter_pipe")
-                self._attach(f"syscalls:sys_enter_{name}", fn)
-            if self.features.close_range:
-                self._attach("syscalls:sys_exit_close_range", "fdt_exit_close_range")
-        for name in self.features.limit_syscalls:
-            self._attach(f"syscalls:sys_enter_{name}", f"fdt_enter_{name}")
-        for name in self.features.syscall_exits:
-            self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
-        for name in self.features.limit_syscalls:
-            self._attach(f"syscalls:sys_exit_{name}", f"fdt_exit_{name}")
+        for tracepoint, fn_name in syscall_probes(self.features, self.options):
+            self._attach(tracepoint, fn_name)
 
     def _on_event(self, data: Any, size: int) -> None:
         self._chunks.append(ctypes.string_at(data, size))

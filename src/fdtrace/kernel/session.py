@@ -28,7 +28,7 @@ from fdtrace.kernel.features import (
     has_task_pt_regs,
     probe_kernel,
 )
-from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, carries_accept_peer, carries_close_fd
+from fdtrace.kernel.loader import MAX_GO_BINARIES, BpfTracer, TraceOptions, lifecycle_probes, syscall_probes
 from fdtrace.kernel.stacks import Symbolizer, symbolize
 from fdtrace.procfs import ProcFS, StartTimeResolver
 from fdtrace.schema import RAW_EVENT_DTYPE, Kind, arrow_schema
@@ -79,18 +79,7 @@ def release_descriptors(owner: object) -> None:
 
 def planned_probes(features: KernelFeatures, options: TraceOptions) -> list[str]:
     """The tracepoints ``BpfTracer`` attaches for these options on this kernel (in its order)."""
-    probes = [f"syscalls:sys_enter_{name}" for name in features.syscall_enters
-              if name != "close" or carries_close_fd(options)]
-    if carries_accept_peer(options, features):
-        probes += [f"syscalls:sys_enter_{name}" for name in ("accept", "accept4") if name in features.syscall_exits]
-    if options.stacks:
-        probes += [f"syscalls:sys_enter_{name}" for name in features.descriptor_enters]
-        probes += ["syscalls:sys_exit_close_range"] if features.close_range else []
-    probes += [f"syscalls:sys_enter_{name}" for name in features.limit_syscalls]
-    probes += [f"syscalls:sys_exit_{name}" for name in features.syscall_exits]
-    probes += [f"syscalls:sys_exit_{name}" for name in features.limit_syscalls]
-    return probes + [name for name in features.lifecycle
-                     if name != "sock:inet_sock_set_state" or options.connections]
+    return [tracepoint for tracepoint, _ in syscall_probes(features, options)] + lifecycle_probes(features, options)
 
 
 @dataclass(frozen=True)
