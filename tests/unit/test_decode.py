@@ -159,6 +159,24 @@ def test_each_row_carries_its_process_placement_read_once_a_second_and_again_aft
         == "later.service"
 
 
+def test_a_process_whose_exit_is_in_the_batch_takes_its_parents_placement_unread(tmp_path: Path) -> None:
+    """Issue 34: a child that started and exited in the batch is not looked up in /proc (gone,
+    or its pid already another process's: here a file under its pid says another unit): it takes
+    its parent's placement, read once."""
+    for pid, unit in ((77, "parent.service"), (78, "reused.service")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(f"0::/system.slice/{unit}\n")
+    resolver = StartTimeResolver(ProcFS(tmp_path))
+    socket = {"syscall": SYSCALL_IDS["socket"], "ret": 3, "fd": 3}
+    rows = decode(np.concatenate([
+        record(Kind.SOCKET, pid=77, **socket),
+        record(Kind.PROCESS_START, pid=78, extra=[77, 0, 0, 0]),
+        record(Kind.PROCESS_EXIT, pid=78, extra=[1, 0, 0, 0]),
+    ]).tobytes(), "h", OFFSETS, resolver).to_pylist()
+    assert [(r["pid"], r["unit"]) for r in rows] == [(77, "parent.service"), (78, "parent.service"),
+                                                     (78, "parent.service")]
+
+
 def test_empty_input_gives_an_empty_table() -> None:
     assert decode(b"", "h", OFFSETS, StartTimeResolver()).num_rows == 0
 

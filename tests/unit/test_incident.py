@@ -215,3 +215,25 @@ def test_the_fd_advice_keeps_a_peak_older_than_the_views_history() -> None:
     assert max(fds for _, fds in view.history) == 100 and view.peak_fds == 900
     said = fd_recommendation(view)
     assert said is not None and said.startswith("RLIMIT_NOFILE soft limit 1080 (needed 900: peak 900 open")
+
+
+def test_a_host_that_forks_thousands_keeps_only_the_latest_brief_lives_and_every_failure() -> None:
+    """Issue 34: processes whose whole life is in one update and that ended cleanly are counted as
+    forgotten past ``max_ended`` (the latest kept), not made rows to be dropped at the next roll;
+    one that exited 1 and one that failed (EMFILE) in the same update are kept, with exact counts."""
+    state = IncidentState(max_ended=3)
+    lives = []
+    for number, pid in enumerate(range(1000, 1012)):
+        ts = 1_000_000 * (number + 1)
+        lives.append(record(Kind.PROCESS_START, pid=pid, ts=ts, extra=[1, 0, 0, 0]))
+        if pid == 1011:
+            lives += [record(Kind.SOCKET, pid=pid, ts=ts + 1, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24)] * 2
+        lives.append(record(Kind.PROCESS_EXIT, pid=pid, ts=ts + 2, extra=[1, 1 if pid == 1010 else 0, 0, 0]))
+    events = decode_table(*lives)
+    state.apply_events(events)
+    assert set(state.processes) == {1007, 1008, 1009, 1010, 1011} and state.forgotten == 7
+    assert state.processes[1011].failed and state.processes[1011].emfile == 2
+    assert state.processes[1010].ended == "exit 1" and state.processes[1009].ended == "exit 0"
+    assert state._window_events == events.num_rows  # every event is in the rate
+    rows, matching = state.top_rows(limit=2)
+    assert [view.pid for view in rows] == [1011, 1007] and matching == 5  # the failed first

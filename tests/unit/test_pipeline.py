@@ -165,3 +165,26 @@ def test_a_poll_on_another_thread_ends_when_its_owner_closes_the_pipeline() -> N
     polling.join(timeout=30)
     assert not polling.is_alive()
     assert sink.updates[-1].final and sum(u.final for u in sink.updates) == 1 and sink.closed == [False]
+
+
+def test_the_view_quitting_alone_skips_the_final_poll_but_a_recorder_beside_it_gets_it() -> None:
+    """Issue 34: `q` in `top` on a flooded host: the view is the only sink, nothing would take the
+    final update, so the source stops without its last poll (its decode took seconds); with a
+    recorder attached (R), the recorder has its final update as ever."""
+    for with_recorder in (False, True):
+        source = replay()
+        pipeline = Pipeline(source, source_started=True)
+        view, recorder = RecordingOfCalls(), RecordingOfCalls()
+        pipeline.attach(view)
+        if with_recorder:
+            pipeline.attach(recorder)
+        pipeline.step()
+        polls = len(view.updates)
+        pipeline.close(quitting=view)
+        assert view.closed == [False]
+        if with_recorder:
+            assert recorder.updates[-1].final and recorder.closed == [False] and view.updates[-1].final
+        else:
+            assert len(view.updates) == polls and not any(u.final for u in view.updates)
+        pipeline.close(quitting=view)  # a second close does nothing
+        assert view.closed == [False]

@@ -9,6 +9,7 @@ import click
 from fdtrace.cli.common import (
     DrawnOn,
     check_trace_options,
+    end_now,
     fail,
     follow_option,
     live_without_pandas,
@@ -88,9 +89,11 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
     pipeline = Pipeline(source, source_started=True)
     controls = LiveControls(pipeline, Path(record_dir) if record_dir else None)
     with DrawnOn(terminal):
-        make_app(pipeline, controls, keep_exited_s=keep_exited).run()
+        app = make_app(pipeline, controls, keep_exited_s=keep_exited)
+        app.run()
     for text in source.notes:
         note(text)
+    end_now(app.return_code or 0)
 
 
 @click.command()

@@ -244,11 +244,13 @@ def _placements(raw: np.ndarray, resolver: StartTimeResolver, unique: np.ndarray
         ppids = _slot(raw["extra"], Kind.PROCESS_START, "ppid")[started]
         parents = dict(zip(pids[started].tolist(), ppids.tolist(), strict=True))
     execed = set(pids[kinds == Kind.PROCESS_EXEC].tolist())
+    exited = set(pids[kinds == Kind.PROCESS_EXIT].tolist())  # not read: gone, or their pid reused
     per_pid: dict[int, Placement | None] = {}
     # Parents before the children they started, so that a child already gone takes theirs.
     now_ns = resolver.clock()
     for pid in sorted(unique.tolist(), key=lambda pid: pid in parents):
-        per_pid[pid] = resolver.placement_of(pid, parents.get(pid), reread=pid in execed, now_ns=now_ns)
+        per_pid[pid] = resolver.placement_of(pid, parents.get(pid), reread=pid in execed, now_ns=now_ns,
+                                             gone=pid in exited)
     placed = [per_pid[pid] for pid in unique.tolist()]
     n = len(raw)
     columns = {}

@@ -183,11 +183,26 @@ class Pipeline:
             self._closed = True
             self.source.stop()
 
-    def close(self) -> None:
-        """Finish if still running (the live view quitting)."""
-        if not self._closed:
-            try:
-                self.finish()
-            except BaseException:
-                self._abort()
-                raise
+    def close(self, quitting: Sink | None = None) -> None:
+        """Finish if still running (the live view quitting). When ``quitting`` (the view) is the
+        only sink left, nothing would take a final update: the source stops without its last
+        poll, whose decode took seconds on a flooded host (a recorder the view attached, R, gets
+        its final update as ever)."""
+        if self._closed:
+            return
+        if quitting is not None:
+            with self._lock:
+                if self._closed:
+                    return
+                if self._opened == [quitting]:
+                    self._opened.clear()
+                    self.sinks.clear()
+                    quitting.close()
+                    self._closed = True
+                    self.source.stop()
+                    return
+        try:
+            self.finish()
+        except BaseException:
+            self._abort()
+            raise

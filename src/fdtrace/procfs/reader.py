@@ -525,13 +525,19 @@ class StartTimeResolver:
         return start
 
     def placement_of(self, pid: int, parent: int | None = None, reread: bool = False,
-                     now_ns: int | None = None) -> Placement | None:
+                     now_ns: int | None = None, gone: bool = False) -> Placement | None:
         """Where a live (or recently seen) process runs; None when it cannot be read. ``parent``:
         the process it was seen starting from, whose placement a gone child takes; ``reread``:
         read it again (after an exec); ``now_ns``: the resolver's clock, read once by a caller
-        that asks for many processes."""
+        that asks for many processes; ``gone``: it has exited (its exit was seen), so /proc is
+        not read (a reused pid would be another process): its known placement, else its parent's."""
         now = self.clock() if now_ns is None else now_ns
         known = self._placements.get(pid)
+        if gone:
+            if known is not None:
+                return known[0]
+            inherited = self._placements.get(parent) if parent is not None else None
+            return inherited[0] if inherited is not None else None
         if known is not None and not reread:
             if now - known[1] < self.placement_max_age_ns:
                 return known[0]

@@ -34,8 +34,10 @@ POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: (a poll stuck on a busy host must show as data getting old, not as a frozen "live").
 REDRAW_EVERY_S = 1.0
 #: Rows drawn at most: the worst by the current sort; the filter reaches the others. Drawing
-#: 5,000 rows took over 100 ms here, too slow for ten redraws a second.
-MAX_ROWS = 300
+#: 5,000 rows took over 100 ms here, too slow for ten redraws a second; on a host that forks
+#: thousands a second the rows change at every redraw, and 300 of them cost the UI thread
+#: about 100 ms of CPU a redraw (its table laid out again): a screenful and more is kept.
+MAX_ROWS = 100
 #: Keys that act on a replay (hidden in the live view).
 REPLAY_ACTIONS = frozenset({"toggle_play", "faster", "slower", "next_problem", "previous_problem", "next_failed_call",
                             "previous_failed_call", "seek"})
@@ -183,7 +185,7 @@ class FdtraceApp(App[None]):
         return time.monotonic() - self._applied_mono + self._applied_lag_s
 
     def on_unmount(self) -> None:
-        self.pipeline.close()  # the poll below stops at its next turn
+        self.pipeline.close(quitting=getattr(self, "view_sink", None))  # the poll below stops at its next turn
 
     # The pipeline, polled on a thread; updates come back as messages.
 
@@ -256,9 +258,10 @@ class FdtraceApp(App[None]):
             status += f", {self._round_note}"
         if self.state.forgotten:
             status += f", {self.state.forgotten:,} gone processes forgotten"
-        rows = self.state.rows(self.sorts[self.sort].order, self.text_filter, reverse=self.reverse)
-        if len(rows) > MAX_ROWS:
-            status += f", showing {MAX_ROWS} of {len(rows)} processes (/ filters)"
+        rows, matching = self.state.top_rows(self.sorts[self.sort].order, self.text_filter, reverse=self.reverse,
+                                             limit=MAX_ROWS)
+        if matching > MAX_ROWS:
+            status += f", showing {MAX_ROWS} of {matching} processes (/ filters)"
         try:
             header = self.query_one("#system", Static)
         except NoMatches:  # an update that arrived while the app was closing: nothing to draw on
@@ -273,7 +276,7 @@ class FdtraceApp(App[None]):
         phases.display = bool(self.state.phases)
         if self.state.phases:
             phases.update(phases_line(self.state.phases, self.state.now_ns))
-        self._redraw_table(rows[:MAX_ROWS])
+        self._redraw_table(rows)
         position = self.query_one("#position", Static)
         where = self.controls.position()
         position.display = where is not None

@@ -4,6 +4,7 @@ alerts at the thresholds operators use. Pure Python: the TUI only draws it."""
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ THREAD_LIMIT_ALERT_S = 3600.0  # steady thread growth that reaches its limit wit
 HISTORY_POINTS = 600
 MAX_SITES = 10_000  # call-site names kept for the detail screen (--stacks)
 RATE_KINDS = ("socket", "accept", "connect", "close", "thread_start")
+NO_RATES = dict.fromkeys((*RATE_KINDS, "fd_exhaustion"), 0.0)
 
 
 #: HAProxy processes whose demands are kept (their views may come later).
@@ -370,6 +372,14 @@ def exact_counts(losses: dict[str, int]) -> str:
 #: How long an exited process stays in the table, by default; and how many processes it holds.
 KEEP_EXITED_NS = 300_000_000_000
 MAX_PROCESSES = 20_000
+#: Processes that ended without failing kept at most (the latest): on a host that starts
+#: thousands a second they would otherwise fill ``MAX_PROCESSES`` and every round's work.
+MAX_ENDED = 1_000
+#: The kinds ``apply_events`` folds in row by row (each an end, or a failure by itself), and the
+#: columns those rows are read with.
+RARE_KINDS = frozenset({"oom_kill", "process_exit", "go_thread_limit"})
+LIFECYCLE_COLUMNS = ("pid", "kind", "time", "errno", "signal", "exit_code", "ret", "anon_rss_kb", "file_rss_kb",
+                     "oom_score_adj")
 
 
 class IncidentState:
@@ -377,14 +387,15 @@ class IncidentState:
 
     Memory stays bounded over days: a process that ended is forgotten ``keep_exited_ns`` after
     its end, one that was not seen for as long (no events, not among the sampled) and has no
-    alert too, and past ``max_processes`` the least recently seen go first; ``forgotten``
-    counts them all.
+    alert too; past ``max_ended`` processes that ended without failing, the earliest ended go;
+    and past ``max_processes`` the least recently seen go first; ``forgotten`` counts them all.
     """
 
     def __init__(self, log_size: int = 2000, keep_exited_ns: int = KEEP_EXITED_NS,
-                 max_processes: int = MAX_PROCESSES) -> None:
+                 max_processes: int = MAX_PROCESSES, max_ended: int = MAX_ENDED) -> None:
         self.keep_exited_ns = keep_exited_ns
         self.max_processes = max_processes
+        self.max_ended = max_ended
         self.forgotten = 0
         self.processes: dict[int, ProcessView] = {}
         self.log: deque[LogEntry] = deque(maxlen=log_size)
@@ -437,33 +448,56 @@ class IncidentState:
 
     def apply_events(self, events: pa.Table) -> None:
         """Fold in an events table (the event model, in time order), in bulk: counts per
-        (process, kind) and (process, syscall, errno) with numpy; rows only for the rare kinds."""
-        n = events.num_rows
+        (process, kind) and (process, syscall, errno) grouped with numpy over the columns'
+        dictionary codes, so Python sees each group once; rows only for the failed calls and the
+        rare kinds (ends, OOM kills, Go's thread limit), and only the columns they need. The
+        processes of ``_brief_lives`` are counted as forgotten, not folded in."""
+        if not events.num_rows:
+            return
+        self._window_events += events.num_rows
+        kind_codes, kind_names = _codes(events["kind"])
+        errno_codes, errno_names = _codes(events["errno"])
+        failing = [code for code, name in enumerate(errno_names) if name and name not in NOT_FAILURES]
+        failed_row = np.isin(errno_codes, failing) if failing else np.zeros(events.num_rows, dtype=bool)
+        all_pids = events["pid"].to_numpy().astype(np.int64)
+        brief = self._brief_lives(all_pids, kind_codes, kind_names, failed_row, events)
+        # The rows folded in (as indices of the table: filtering the table itself cost more than
+        # all the rest under a flood).
+        index = np.flatnonzero(~np.isin(all_pids, brief)) if len(brief) else np.arange(events.num_rows)
+        self.forgotten += len(brief)
+        n = len(index)
         if not n:
             return
-        self._window_events += n
-        pids = events["pid"].to_numpy()
+        pids = all_pids[index]
+        kinds = kind_codes[index]
         # Each process's identity from its last row in the batch.
-        _, first_from_end = np.unique(pids[::-1], return_index=True)
-        last_rows = events.take(pa.array(n - 1 - first_from_end)).select(["pid", "comm", "start_ns", "time"])
-        for row in plain_rows(last_rows):
-            view = self._process(row["pid"], row["comm"], row["start_ns"])
-            view.last_seen_ns = _ns(row["time"])
-        kinds = _strings(events["kind"])
-        for (pid, kind), count in _count_pairs(pids, kinds).items():
-            view = self.processes[pid]
-            view.totals[kind] += count
-            if kind in RATE_KINDS:
-                self._window[(pid, kind)] += count
+        distinct, first_from_end = np.unique(pids[::-1], return_index=True)
+        last = index[n - 1 - first_from_end]
+        comm_codes, comm_names = _codes(events["comm"])
+        starts = events["start_ns"].take(pa.array(last)).to_pylist()
+        seen = events["time"].take(pa.array(last)).cast(pa.int64()).to_pylist()
+        for pid, comm, start_ns, seen_ns in zip(distinct.tolist(), comm_codes[last].tolist(), starts, seen,
+                                                strict=True):
+            view = self._process(pid, comm_names[comm] or "", start_ns)
+            view.last_seen_ns = seen_ns
+        width = len(kind_names)
+        pairs, counts = np.unique(pids * width + kinds, return_counts=True)
+        for pair, count in zip(pairs.tolist(), counts.tolist(), strict=True):
+            pid, kind = divmod(pair, width)
+            label = kind_names[kind] or ""
+            self.processes[pid].totals[label] += count
+            if label in RATE_KINDS:
+                self._window[(pid, label)] += count
         # Failed calls: an errno but those of a non-blocking socket's normal answers (NOT_FAILURES).
-        failed = pc.invert(pc.is_in(pc.fill_null(events["errno"].cast(pa.string()), ""),
-                                    value_set=pa.array(list(NOT_FAILURES))))
-        if pc.any(failed).as_py():
-            errors = events.filter(failed).select(["pid", "syscall", "errno", "time", "comm"])
-            keys = list(zip(errors["pid"].to_pylist(), _strings(errors["syscall"]), _strings(errors["errno"]),
-                            strict=True))
-            times = errors["time"].cast(pa.int64()).to_pylist()
-            for key, when, comm in zip(keys, times, _strings(errors["comm"]), strict=True):
+        failed_rows = index[failed_row[index]]
+        if len(failed_rows):
+            syscall_codes, syscall_names = _codes(events["syscall"])
+            keys = list(zip(all_pids[failed_rows].tolist(),
+                            [syscall_names[c] or "" for c in syscall_codes[failed_rows].tolist()],
+                            [errno_names[c] or "" for c in errno_codes[failed_rows].tolist()], strict=True))
+            times = events["time"].take(pa.array(failed_rows)).cast(pa.int64()).to_pylist()
+            comms = [comm_names[c] or "" for c in comm_codes[failed_rows].tolist()]
+            for key, when, comm in zip(keys, times, comms, strict=True):
                 if key not in self._window_error_first:
                     self._window_error_first[key] = when
                     self._window_error_comm[key] = comm
@@ -477,11 +511,41 @@ class IncidentState:
                     self._window_errors[(pid, syscall, errno)] += count
         self._destinations(events)
         self._rank_sockets(events)
-        rare = pc.is_in(events["kind"].cast(pa.string()),
-                        value_set=pa.array(["oom_kill", "process_exit", "go_thread_limit"]))
-        if pc.any(rare).as_py():
-            for row in plain_rows(events.filter(rare)):
+        rare_codes = [code for code, name in enumerate(kind_names) if name in RARE_KINDS]
+        rare = index[np.isin(kinds, rare_codes)] if rare_codes else index[:0]
+        if len(rare):
+            wanted = [name for name in LIFECYCLE_COLUMNS if name in events.schema.names]
+            for row in plain_rows(events.select(wanted).take(pa.array(rare))):
                 self._lifecycle(row)
+
+    def _brief_lives(self, pids: np.ndarray, kind_codes: np.ndarray, kind_names: list[str | None],
+                     failed_row: np.ndarray, events: pa.Table) -> np.ndarray:
+        """The pids of processes not shown yet whose whole life is in this table and ended
+        cleanly (started, exited 0 or unknown, no signal, no failed call), but the last
+        ``max_ended`` of them: on a host that forks thousands a second the view would make each
+        a row only for ``_forget`` to drop it, the earliest ended first, at the next roll."""
+        exit_codes = [code for code, name in enumerate(kind_names) if name == "process_exit"]
+        start_codes = [code for code, name in enumerate(kind_names) if name == "process_start"]
+        none = np.empty(0, dtype=np.int64)
+        if not exit_codes or not start_codes:
+            return none
+        exits = np.isin(kind_codes, exit_codes)
+        if int(exits.sum()) <= self.max_ended:
+            return none
+        clean = exits & ~events["signal"].is_valid().to_numpy(zero_copy_only=False)
+        clean &= ~pc.fill_null(pc.not_equal(events["exit_code"], 0), False).to_numpy(zero_copy_only=False)
+        spoiled = set(pids[failed_row].tolist())
+        started = set(pids[np.isin(kind_codes, start_codes)].tolist())
+        _, first_from_end = np.unique(pids[::-1], return_index=True)
+        last = len(pids) - 1 - first_from_end
+        ended = last[clean[last]]  # each pid's last row, where it is a clean exit
+        unknown = np.array([pid in started and pid not in spoiled and pid not in self.processes
+                            for pid in pids[ended].tolist()], dtype=bool)
+        ended = ended[unknown] if len(ended) else ended
+        if len(ended) <= self.max_ended:
+            return none
+        brief: np.ndarray = pids[np.sort(ended)[:len(ended) - self.max_ended]]
+        return brief
 
     def apply_baseline(self, baseline: Baseline) -> None:
         """Fold in what the events before a replay's window added up to (``Baseline``), as
@@ -534,6 +598,8 @@ class IncidentState:
         groups = keys.group_by(["pid", "address", "port", "errno"]).aggregate([([], "count_all")])
         for pid, address, port, errno, count in zip(*(groups[c].to_pylist() for c in
                                                       ("pid", "address", "port", "errno", "count_all")), strict=True):
+            if pid not in self.processes:  # a brief life (``_brief_lives``), not kept
+                continue
             known = self.processes[pid].destinations
             where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
             if where not in known and len(known) >= MAX_DESTINATIONS:
@@ -557,6 +623,8 @@ class IncidentState:
             return
         rows = events.filter(mask).select(["pid", "comm", "kind", "fd", "errno", "family", "peer_port"])
         for row in plain_rows(rows):
+            if row["pid"] not in self.processes:  # a brief life (``_brief_lives``), not kept
+                continue
             view, now = self.processes[row["pid"]], self.phases[row["pid"]]
             if now.phase == "init_process_group" and now.name.rsplit(":", 1)[-1].isdigit():
                 view.store_port = int(now.name.rsplit(":", 1)[-1])
@@ -783,7 +851,11 @@ class IncidentState:
         for (pid, _syscall, _errno), count in self._window_errors.items():
             if not first:  # its errors are logged below, but they are no rate
                 exhaustion[pid] += count
-        for view in self.processes.values():
+        active = {pid for pid, _kind in self._window} | set(exhaustion)
+        for view in self.processes.values():  # most had no event in the window: no rates to work out
+            if view.pid not in active:
+                view.rates = dict(NO_RATES)
+                continue
             view.rates = {kind: self._window.get((view.pid, kind), 0) / seconds for kind in RATE_KINDS}
             view.rates["fd_exhaustion"] = exhaustion.get(view.pid, 0) / seconds
         for key, count in sorted(self._window_errors.items(), key=lambda item: self._window_error_first[item[0]]):
@@ -812,11 +884,18 @@ class IncidentState:
 
     def _forget(self, now_ns: int) -> None:
         """Drop the processes that ended (or were not seen, with nothing to alert on) longer than
-        ``keep_exited_ns`` ago, then the least recently seen past ``max_processes``."""
+        ``keep_exited_ns`` ago, the earliest ended without failing past ``max_ended``, then the
+        least recently seen past ``max_processes``."""
         old = now_ns - self.keep_exited_ns
         gone = [pid for pid, view in self.processes.items()
                 if (view.ended_ns is not None and view.ended_ns < old)
                 or (view.ended_ns is None and view.last_seen_ns < old and not view.alerts)]
+        leaving = set(gone)
+        ended = [(view.ended_ns, pid) for pid, view in self.processes.items()
+                 if view.ended_ns is not None and not view.failed and pid not in leaving]
+        if len(ended) > self.max_ended:  # a churning host: the ends that did not fail, the latest kept
+            ended.sort()
+            gone += [pid for _, pid in ended[:len(ended) - self.max_ended]]
         excess = len(self.processes) - len(gone) - self.max_processes
         if excess > 0:  # the ended that did not fail go first, then the least recently seen; the failed last
             leaving = set(gone)
@@ -834,6 +913,12 @@ class IncidentState:
         best first) in three groups: those that failed (``ProcessView.failed``), ended or not;
         then the live ones; then those that ended without failing (a clean exit never ranks
         above a failure)."""
+        return self.top_rows(order, text_filter, reverse)[0]
+
+    def top_rows(self, order: Callable[[ProcessView], Any] | None = None, text_filter: str = "",
+                 reverse: bool = False, limit: int | None = None) -> tuple[list[ProcessView], int]:
+        """The first ``limit`` of ``rows()`` (all when None), and how many ``rows()`` has: only the
+        groups that reach into the first ``limit`` are ordered, and only as far as needed."""
         wanted = text_filter.strip().lower()
         views = [v for v in self.processes.values()
                  if not wanted or wanted in v.comm.lower() or wanted == str(v.pid)
@@ -841,7 +926,17 @@ class IncidentState:
         groups: tuple[list[ProcessView], ...] = ([], [], [])
         for view in views:
             groups[0 if view.failed else 1 if view.ended is None else 2].append(view)
-        return [view for group in groups for view in sorted(group, key=order or headroom_key, reverse=reverse)]
+        key = order or headroom_key
+        shown: list[ProcessView] = []
+        for group in groups:
+            room = len(group) if limit is None else min(len(group), limit - len(shown))
+            if room <= 0:
+                continue
+            if room == len(group):
+                shown += sorted(group, key=key, reverse=reverse)
+            else:  # as sorted(...)[:room], by the standard library's word
+                shown += (heapq.nlargest if reverse else heapq.nsmallest)(room, group, key=key)
+        return shown, len(views)
 
 
 def headroom_key(view: ProcessView) -> tuple[Any, ...]:
@@ -861,12 +956,24 @@ def _ns(value: Any) -> int:
     return int(value.timestamp() * 1e9)
 
 
-def _strings(column: Any) -> list[str]:
-    return list(column.cast(pa.string()).to_pylist())
-
-
-def _count_pairs(pids: np.ndarray, labels: list[str]) -> Counter[tuple[int, str]]:
-    return Counter(zip(pids.tolist(), labels, strict=True))
+def _codes(column: Any) -> tuple[np.ndarray, list[str | None]]:
+    """A text column as (a code per row, the text of each code): its dictionary's indices when it
+    is one (chunks' dictionaries unified), else dictionary-encoded; a null's code is the last,
+    whose text is None."""
+    if isinstance(column, pa.ChunkedArray):
+        if not pa.types.is_dictionary(column.type):
+            column = pc.dictionary_encode(column)
+        chunks = column.unify_dictionaries().chunks
+        if not chunks:
+            return np.zeros(0, dtype=np.int64), [None]
+        dictionary = chunks[0].dictionary
+        indices = pa.chunked_array([chunk.indices for chunk in chunks], type=chunks[0].indices.type)
+    else:
+        array = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+        dictionary, indices = array.dictionary, array.indices
+    names: list[str | None] = [*dictionary.to_pylist(), None]
+    codes = pc.fill_null(indices, len(names) - 1).to_numpy().astype(np.int64)
+    return codes, names
 
 
 
