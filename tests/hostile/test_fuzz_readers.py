@@ -18,14 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fdtrace.analysis import load as load_any
+from fdtrace.analysis import load
 from fdtrace.analysis.chrome_trace import chrome_trace
 from fdtrace.analysis.report import build, to_html, to_markdown
 from fdtrace.analysis.summary import summary
 from fdtrace.doctor import report as doctor_report
 from fdtrace.doctor.checks import Doctor
 from fdtrace.errors import FdtraceError
-from fdtrace.recording import load
 from fdtrace.sources.replay import ReplaySource
 from tests.hostile import mutations as damage
 
@@ -187,7 +186,7 @@ def readers(path: Path) -> list[tuple[str, Callable[[], object]]]:
         return loaded[0]
 
     def duckdb() -> None:
-        recording = load_any(path, engine="duckdb")
+        recording = load(path, engine="duckdb")
         try:
             summary(recording)
             content = build(recording)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from fdtrace.analysis import load
 from fdtrace.errors import FdtraceError
-from fdtrace.recording import load
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import HeldDirectory, check_directory, write_atomically
 from fdtrace.schema import SCHEMA_VERSION

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from fdtrace.analysis import align, failures, headroom, incidents, least_headroom, load, phase_stats, rates, spikes
+from fdtrace.analysis.engines.dataset import Recording
 from fdtrace.analysis.report import SECTIONS, build, recommendations, to_html, to_markdown
 from fdtrace.display import markdown_shown
-from fdtrace.recording import Recording
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 T0 = pd.Timestamp("2026-01-01T00:00:00Z")

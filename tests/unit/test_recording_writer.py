@@ -11,10 +11,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from fdtrace.analysis import load
 from fdtrace.analysis.summary import incident_window_lines
 from fdtrace.cli.common import parse_size
 from fdtrace.errors import FdtraceError
-from fdtrace.recording import host_dir, load, part_files
+from fdtrace.recording import host_dir, part_files
 from fdtrace.recording import writer as writer_module
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.schema import SCHEMA_VERSION

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fdtrace.recording import load
+from fdtrace.analysis import load
 from fdtrace.recording.upgrade import upgrade
 from fdtrace.schema import EVENT_FIELDS, EXTRA_SLOTS, SCHEMA_VERSION, TABLES, bpf_cflags, slot
 

@@ -18,11 +18,11 @@ from fdtrace.advice.fixes import (
     thread_change,
 )
 from fdtrace.analysis import least_headroom, load
+from fdtrace.analysis.engines.dataset import Recording
 from fdtrace.analysis.needs import fd_needs
 from fdtrace.analysis.report import build, recommendations
 from fdtrace.doctor.checks import Doctor, Status
 from fdtrace.doctor.report import apply_recording
-from fdtrace.recording import Recording
 from tests import fakeproc
 from tests.fakeproc import write_files
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from fdtrace.analysis import load
 from fdtrace.pipeline import Pipeline, Stop
-from fdtrace.recording import load
 from fdtrace.sinks.text import HEADER, TextLinesSink
 from fdtrace.sources.replay import ReplaySource
 

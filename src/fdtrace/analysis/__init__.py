@@ -23,12 +23,12 @@ from fdtrace.analysis.engines.dataset import (
     Analyzable,
     Dataset,
     EngineRecording,
+    Recording,
     engine_for,
     open_dataset,
     thread_starts,
 )
 from fdtrace.analysis.memory import memory_needs, oom_victims
-from fdtrace.recording import Recording
 
 __all__ = ["Dataset", "EngineRecording", "Recording", "align", "cascade", "destinations", "failures", "fleet_heat",
            "headroom", "incidents", "least_headroom", "leaks", "load", "memory_needs", "oom_victims", "open_dataset",
@@ -39,13 +39,14 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
          phases: list[str | Path] | None = None, engine: str = "pandas", spark_master: str | None = None,
          memory_limit: str | None = None, clock_correction: bool = True) -> Recording | EngineRecording:
     """Open recordings: one recording directory, several, or a fleet (any directory holding
-    recordings, up to 4 levels down).
+    recordings, up to 4 levels down). ``open_dataset`` with pandas as the default engine: the
+    same way in.
 
     Args:
-        columns: with ``engine="pandas"``, only these columns of these tables
-            (``{"events": ["time", "pid", ...]}``).
-        phases: with ``engine="pandas"``, phase files to add (``fdtrace run --phases-out`` files
-            or PyTorch profiler traces).
+        columns: when the tables go into pandas, only these columns of these tables
+            (``{"events": ["time", "pid", ...]}``); an engine reads what each query needs.
+        phases: phase files to add (``fdtrace run --phases-out`` files or PyTorch profiler
+            traces); they need pandas.
         engine: ``"pandas"`` loads every table into DataFrames (a ``Recording``); ``"duckdb"``
             leaves them in Parquet and queries them out of core; ``"spark"`` queries them in
             Apache Spark; ``"auto"``: pandas below 5 M rows of events and samples (their
@@ -61,12 +62,8 @@ def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | N
             (``fdtrace.analysis.clock``; the estimates are in ``clock_offsets``). False: each
             host's times as its clock gave them.
     """
-    if engine not in ("pandas", "auto") and columns:
-        raise ValueError(f"load(engine={engine!r}) reads columns as queries need them (load with "
-                         "engine='pandas' for columns=)")
-    return open_dataset(paths, "pandas" if engine == "auto" and (columns or phases) else engine, columns=columns,
-                        phases=phases, spark_master=spark_master, memory_limit=memory_limit,
-                        clock_correction=clock_correction)
+    return open_dataset(paths, engine, columns=columns, phases=phases, spark_master=spark_master,
+                        memory_limit=memory_limit, clock_correction=clock_correction)
 
 
 def rates(recording: Analyzable, kind: str | list[str] | None = None, freq: str = "1s", by: str | None = "comm",
@@ -231,7 +228,7 @@ def phase_stats(recording: Recording) -> pd.DataFrame:
 
 def _end_ns(recording: Dataset) -> int | None:
     """CLOCK_MONOTONIC ns of a recording's last round (its losses table has one row per round)."""
-    losses = getattr(recording, "losses", None)
+    losses = recording.table("losses")
     if losses is not None and len(losses):
         return int(losses["ts_ns"].max())
     return None

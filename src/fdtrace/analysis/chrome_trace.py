@@ -67,7 +67,8 @@ def chrome_trace(recording: Dataset, top: int = 20, base_ns: int | None = None, 
             f"WHERE errno IN ({', '.join(repr(e) for e in sorted(FD_EXHAUSTION_ERRNOS))}) "
             "GROUP BY host, pid, time_ns // 1000000000")
         first = engine.query("SELECT min(time_ns) AS t FROM events")
-        phases = getattr(recording, "phases", pd.DataFrame())
+        phases = recording.table("phases")
+        phases = pd.DataFrame() if phases is None else phases
         hosts = sorted({str(h) for h in recording.meta})
         if host is not None:
             if host not in hosts:

@@ -110,6 +110,13 @@ def corrections(offsets: pd.DataFrame | None) -> dict[str, int]:
     return {str(r.host): int(r.offset_ns) for r in offsets.itertuples() if int(r.offset_ns)}
 
 
+def time_shifts(hosts: Any, shifts: dict[str, int]) -> np.ndarray:
+    """What to subtract from each row's times, from its host (``hosts``: a column of host names):
+    the clock correction, written once for the loaded tables, the footer summaries and replay."""
+    found: np.ndarray = pd.Series(hosts).astype(str).map(shifts).fillna(0).astype("int64").to_numpy()
+    return found
+
+
 def corrected(frames: dict[str, Any], shifts: dict[str, int]) -> dict[str, Any]:
     """DataFrames of a loaded recording with each host's ``time`` moved onto the reference clock."""
     if not shifts:
@@ -117,8 +124,24 @@ def corrected(frames: dict[str, Any], shifts: dict[str, int]) -> dict[str, Any]:
     moved = {}
     for table, frame in frames.items():
         if isinstance(frame, pd.DataFrame) and "time" in frame.columns and "host" in frame.columns and len(frame):
-            delta = frame["host"].astype(str).map(shifts).fillna(0).astype("int64")
-            frame = frame.assign(time=frame["time"] - pd.to_timedelta(delta.to_numpy(), unit="ns"))
+            delta = time_shifts(frame["host"], shifts)
+            frame = frame.assign(time=frame["time"] - pd.to_timedelta(delta, unit="ns"))
             frame = frame.sort_values("time", kind="stable", ignore_index=True)
         moved[table] = frame
     return moved
+
+
+def corrected_part(table: Any, host: str, shifts: dict[str, int]) -> Any:
+    """One host's rows as a ``pyarrow.Table`` (what replay reads) with ``time`` moved onto the
+    reference clock, as ``corrected`` moves a loaded table's."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table is None or "time" not in table.column_names or not table.num_rows:
+        return table
+    delta = int(time_shifts([host], shifts)[0])
+    if not delta:
+        return table
+    column = table["time"]
+    moved = pc.subtract(column.cast(pa.int64()), pa.scalar(delta, pa.int64())).cast(column.type)
+    return table.set_column(table.column_names.index("time"), "time", moved)

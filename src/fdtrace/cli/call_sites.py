@@ -185,7 +185,7 @@ def leaks(pid: int | None, recording: str | None, duration: float, interval: flo
     """
     if recording is not None:
         from fdtrace.analysis import leaks as recorded_leaks
-        from fdtrace.recording import load
+        from fdtrace.analysis import load
 
         try:
             loaded = load(recording, columns={"events": ["ts_ns"]})
@@ -320,10 +320,9 @@ def _print_thread_sites(sites: Any, window: Window, pid: int) -> None:
 
 
 def _recorded_threads(recording: str, pid: int | None, as_json: bool) -> None:
-    from fdtrace.analysis import thread_sites
+    from fdtrace.analysis import load, thread_sites
     from fdtrace.analysis import threads as census_over_time
     from fdtrace.procfs.threads import describe_state
-    from fdtrace.recording import load
     from fdtrace.schema.records import ThreadState
 
     try:

@@ -17,8 +17,7 @@ from fdtrace.errors import FdtraceError
 from fdtrace.pipeline import Pipeline, Stop, Update
 
 if TYPE_CHECKING:
-    from fdtrace.analysis.engines.dataset import EngineRecording
-    from fdtrace.recording import Recording
+    from fdtrace.analysis.engines.dataset import EngineRecording, Recording
     from fdtrace.sources.live import LiveSource
 
 

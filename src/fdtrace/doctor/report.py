@@ -105,7 +105,7 @@ def apply_recording(directory: Path, doctor: Doctor, pids: list[int], engine: st
         memory = memory_needs_on(runner, needs)
         victims = oom_victims_on(runner)
     system = recording.system
-    getattr(recording, "close", lambda: None)()
+    recording.close()
     found = FromRecording(problems=named_problems(recording))
     refused = ended[(ended["kind"].astype(str) == "accept") & ended["failure"].str.endswith("EMFILE")]
     doctor.accept_failures = [f"{comm} [{pid}]" for (comm, pid), _ in

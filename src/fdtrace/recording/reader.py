@@ -1,5 +1,6 @@
-"""Reading recordings back: metadata, part files upgraded to the current tables, and ``load()``
-into pandas.
+"""Reading recordings back: metadata, and part files upgraded to the current tables (the way in
+for analyses and replay is ``fdtrace.analysis.engines.dataset.open_dataset``, which reads through
+this module).
 
 Nothing in a recording is trusted. Metadata is parsed within a size and a nesting bound; a part
 file's footer is checked before its pages are read (how much each column chunk takes once
@@ -33,66 +34,11 @@ from typing import Any, BinaryIO
 
 from fdtrace.display import shown
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.layout import TABLES, UNBOUNDED, host_dir, lock_path, part_name, part_names, part_range
+from fdtrace.recording.layout import UNBOUNDED, host_dir, lock_path, part_name, part_names, part_range
 from fdtrace.recording.upgrade import stored_names, upgrade
 from fdtrace.safe_files import read_regular
 from fdtrace.schema import COUNTERS, META_FIELDS, SCHEMA_VERSION, STATS, VERSIONS
 from fdtrace.schema import TABLES as TABLES_DECLARED
-
-
-@dataclass
-class Recording:
-    """A loaded recording: one pandas DataFrame per table, all hosts together.
-
-    Attributes:
-        events: the event model of docs/format.md (``host`` categorical, ``time`` UTC).
-        samples: per-process FD headroom samples.
-        system: system-wide samples (file-nr, file-max, ...).
-        losses: per-interval loss counts.
-        counters: exact per-process counters, cumulative, at each flush.
-        clock: CLOCK_REALTIME/BOOTTIME - CLOCK_MONOTONIC offsets sampled during the recording.
-        haproxy: HAProxy `show info` samples (with --haproxy-socket).
-        phases: training phases per rank (recordings made by `fdtrace run --record`).
-        stacks: user stacks of failures, descriptors and thread creations (--stacks).
-        fd_sites: open descriptors per process and call site, when they changed (--stacks).
-        thread_census: threads of the processes nearest a thread limit, by blocking syscall.
-        connections: TCP connections becoming established, for clock offsets between hosts.
-        clock_offsets: each host's clock offset from a reference host's (``fdtrace.analysis.load``
-            estimates them; ``time`` columns are then corrected by them).
-        meta: run metadata by host.
-        skipped: part files and hosts that could not be read, with the reason (the rest was
-            loaded).
-        notes: part files read in part (values cut, impossible rows left out, a footer summary
-            or a merged file not believed, a second copy of a host read once), with what and why.
-    """
-
-    events: Any
-    samples: Any
-    system: Any
-    losses: Any
-    counters: Any
-    clock: Any
-    haproxy: Any
-    phases: Any
-    stacks: Any = None
-    fd_sites: Any = None
-    thread_census: Any = None
-    connections: Any = None
-    clock_offsets: Any = None
-    clock_corrected: bool = False
-    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def close(self) -> None:
-        """Nothing to let go of (the frames are this object's): the Dataset protocol's."""
-
-    def __enter__(self) -> Recording:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
 
 #: A metadata file is read up to this size.
 MAX_META_BYTES = 4 << 20
@@ -1201,59 +1147,3 @@ def read_table(root: Path, table: str, hosts: dict[str, int], skipped: list[str]
     if order:
         result = result.sort_values(order, kind="stable", ignore_index=True)
     return result
-
-
-def load(paths: str | Path | list[str | Path], columns: dict[str, list[str]] | None = None,
-         phases: list[str | Path] | None = None) -> Recording:
-    """Load one recording directory, or several, or a fleet (any directory holding recordings up
-    to 4 levels down), into DataFrames.
-
-    Part files that cannot be read (truncated, corrupt) are skipped and named in ``skipped``,
-    and so is a host whose metadata cannot be used when other hosts can be read; a second copy
-    of a host's recording is read once (named in ``notes``). A directory that is not a
-    recording, or one of another schema version, raises FdtraceError. ``columns`` reads only
-    some columns of some tables (``{"events": ["time", "pid", ...]}``), for recordings too large
-    to hold whole. ``phases`` adds phase files to the phases table: what `fdtrace run
-    --phases-out` wrote, or PyTorch profiler (Kineto) traces, which are put on the recording's
-    clock (see ``fdtrace.integrations.phases.kineto``).
-    """
-    from fdtrace.recording.fleet import find_fleet
-
-    fleet = find_fleet(paths)
-    return load_fleet(fleet, columns, phases)
-
-
-def load_fleet(fleet: Any, columns: dict[str, list[str]] | None = None,
-               phases: list[str | Path] | None = None) -> Recording:
-    """``load()`` of a fleet already found (``fdtrace.recording.fleet.find_fleet``): every table
-    of a host read from one state of it (``HostSnapshot``), let go of once read."""
-    import pandas as pd
-
-    tables: dict[str, list[Any]] = {t: [] for t in TABLES}
-    roots = list(dict.fromkeys(h.root for h in fleet.hosts))
-    try:
-        snapshots = {(h.root, h.host): fleet.snapshot(h) for h in fleet.hosts}
-        skipped: list[str] = list(fleet.skipped)
-        notes: list[str] = list(fleet.notes)
-        for root in roots:
-            versions = {h.host: h.version for h in fleet.hosts if h.root == root}
-            mine = {host: snapshots[(root, host)] for host in versions}
-            for table in TABLES:
-                tables[table].append(read_table(root, table, versions, skipped, (columns or {}).get(table), notes,
-                                                mine))
-    finally:
-        fleet.close()
-    frames = {}
-    for table, parts in tables.items():
-        frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-        if "host" in frame.columns:
-            frame["host"] = frame["host"].astype("category")
-        if len(parts) > 1 and "time" in frame.columns:  # several recordings: one wall-clock timeline
-            frame = frame.sort_values("time", kind="stable", ignore_index=True)
-        frames[table] = frame
-    recording = Recording(meta=fleet.meta, skipped=skipped, notes=notes, **frames)
-    if phases:
-        from fdtrace.integrations.phases.files import with_phase_files
-
-        recording = with_phase_files(recording, list(phases))
-    return recording

@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fdtrace.analysis.clock import corrected_part
+from fdtrace.analysis.engines.dataset import replay_fleet
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.live import phases_at
 from fdtrace.pipeline import Notice, Pipeline, Position
@@ -186,22 +188,26 @@ class EventPlayer:
     with the recording's cumulative losses at that time, exactly as the live source does.
 
     Args:
-        paths: one recording directory or several (several hosts, merged on wall time).
+        paths: one recording directory or several (several hosts, merged on wall time, each
+            host's times on the reference host's clock: ``fdtrace.analysis.engines.dataset.fleet_clock``).
         speed: virtual seconds per real second (0 < speed).
         clock: the real clock, in ns (tests pass a fake one).
+        shifts: with ``hosts``, what to subtract from each host's times (the fleet's clock
+            correction, which ``ReplaySource`` found).
     """
 
     def __init__(self, paths: str | Path | list[str | Path] | list[Path], speed: float = 1.0,
                  clock: Callable[[], int] = time.monotonic_ns, skipped: list[str] | None = None,
                  hosts: list[tuple[Path, str, int]] | None = None, notes: list[str] | None = None,
-                 snapshots: dict[tuple[Path, str], HostSnapshot] | None = None) -> None:
+                 snapshots: dict[tuple[Path, str], HostSnapshot] | None = None,
+                 shifts: dict[str, int] | None = None) -> None:
         roots = _roots(paths)
         self.skipped: list[str] = skipped if skipped is not None else []
         self.notes: list[str] = notes if notes is not None else []
         events, losses = [], []
         fleet = None
         if hosts is None:
-            fleet = recorded_fleet(roots, self.skipped, self.notes)
+            fleet, shifts = recorded_fleet(roots, self.skipped, self.notes)
             hosts = [(h.root, h.host, h.version) for h in fleet.hosts]
             snapshots = {(h.root, h.host): fleet.snapshot(h) for h in fleet.hosts}
         try:
@@ -210,11 +216,11 @@ class EventPlayer:
                 part = read_parts(root, "events", host, self.skipped, version=version, notes=self.notes,
                                   snapshot=state)
                 if part is not None:
-                    events.append(_with_host(part, host))
+                    events.append(_with_host(corrected_part(part, host, shifts or {}), host))
                 loss = read_parts(root, "losses", host, self.skipped, version=version, notes=self.notes,
                                   snapshot=state)
                 if loss is not None:
-                    losses.append(codecs.with_host(loss, host))
+                    losses.append(codecs.with_host(corrected_part(loss, host, shifts or {}), host))
         finally:
             if fleet is not None:
                 fleet.close()
@@ -457,17 +463,18 @@ def _in_span(events: pa.Table, losses: list[pa.Table], notes: list[str]) -> pa.T
     return events.filter(pc.and_(pc.greater_equal(stamps, span.first_ns), pc.less_equal(stamps, span.last_ns)))
 
 
-def recorded_fleet(roots: list[Path], skipped: list[str], notes: list[str] | None = None) -> Fleet:
-    """Every readable host of the recordings, its metadata read once; a host whose metadata
-    cannot be used is named in ``skipped`` (the others are replayed), a second copy of a host's
-    recording in ``notes``. Close it once read (``Fleet.close``)."""
-    from fdtrace.recording.fleet import find_fleet
-
-    fleet = find_fleet(list[str | Path](roots))
+def recorded_fleet(roots: list[Path], skipped: list[str],
+                   notes: list[str] | None = None) -> tuple[Fleet, dict[str, int]]:
+    """Every readable host of the recordings, opened as ``open_dataset`` opens them
+    (``fdtrace.analysis.engines.dataset.replay_fleet``), and what to subtract from each host's
+    times to put it on the reference host's clock; a host whose metadata cannot be used is named
+    in ``skipped`` (the others are replayed), a second copy of a host's recording in ``notes``.
+    Close the fleet once read (``Fleet.close``)."""
+    fleet, clock = replay_fleet(list[str | Path](roots))
     skipped += [s for s in fleet.skipped if s not in skipped]
     if notes is not None:
-        notes += fleet.notes
-    return fleet
+        notes += [n for n in fleet.notes if n not in notes]
+    return fleet, clock.shifts
 
 
 def _roots(paths: str | Path | list[str | Path] | list[Path]) -> list[Path]:
@@ -492,7 +499,7 @@ class ReplaySource:
         self.incident_note = ""  # where the last n/N went: "incident 3 of 12: haproxy accept4 EMFILE ×1,891"
         # Every table of a host from one state of its recording, held until all are read: a
         # recorder still writing it merges and rotates out meanwhile without changing what is read.
-        fleet = recorded_fleet(roots, self.skipped, self.notes)
+        fleet, shifts = recorded_fleet(roots, self.skipped, self.notes)
         tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock",
                                                                    "fd_sites", "thread_census", "stacks")}
         try:
@@ -501,13 +508,13 @@ class ReplaySource:
             self.skipped += [s for s in fleet.skipped if s not in self.skipped]
             self.notes += [n for n in fleet.notes if n not in self.notes]
             self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts,
-                                      notes=self.notes, snapshots=snapshots)
+                                      notes=self.notes, snapshots=snapshots, shifts=shifts)
             for root, host, version in hosts:
                 for name, bucket in tables.items():
                     part = read_parts(root, name, host, self.skipped, version=version, notes=self.notes,
                                       snapshot=snapshots[(root, host)])
                     if part is not None:
-                        bucket.append(part)
+                        bucket.append(corrected_part(part, host, shifts))
         finally:
             fleet.close()
         self.player.totals_index()  # once, with the recording: no jump waits for it

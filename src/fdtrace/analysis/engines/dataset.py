@@ -1,5 +1,7 @@
-"""A recording or fleet held by an engine rather than in memory: what ``load(..., engine="duckdb")``
-and ``load(..., engine="spark")`` return, and the choice of engine."""
+"""The one way into recordings (``open_dataset``): the fleet found once, the engine chosen once
+(``engine_rule``), the hosts put on one clock once (``fleet_clock``), the tables then loaded into
+pandas (a ``Recording``) or left in Parquet behind DuckDB or Spark (an ``EngineRecording``).
+Replay (``fdtrace.sources.replay``) opens its recordings here too (``replay_fleet``)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,12 @@ from typing import Any, Protocol, TypeAlias
 
 import pandas as pd
 
-from fdtrace.analysis.clock import corrected, corrections, host_offsets
+from fdtrace.analysis.clock import corrected, corrections, host_offsets, time_shifts
 from fdtrace.analysis.engines import ENGINES, Engine
 from fdtrace.errors import FdtraceError
-from fdtrace.recording import Recording
 from fdtrace.recording.fleet import Fleet, find_fleet
 from fdtrace.recording.layout import TABLES
-from fdtrace.recording.reader import load_fleet, open_part, part_rows, read_table
+from fdtrace.recording.reader import open_part, part_rows, read_table
 
 #: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly),
 #: and only while they fit in a quarter of the memory this process may use (``memory_available``:
@@ -31,6 +32,86 @@ PANDAS_BYTES_PER_ROW = 520
 #: and host, or bounded per host).
 SMALL_TABLES = ("system", "losses", "clock", "haproxy", "phases", "stacks", "fd_sites", "thread_census",
                 "connections")
+
+
+@dataclass
+class Recording:
+    """A loaded recording: one pandas DataFrame per table, all hosts together.
+
+    Attributes:
+        events: the event model of docs/format.md (``host`` categorical, ``time`` UTC).
+        samples: per-process FD headroom samples.
+        system: system-wide samples (file-nr, file-max, ...).
+        losses: per-interval loss counts.
+        counters: exact per-process counters, cumulative, at each flush.
+        clock: CLOCK_REALTIME/BOOTTIME - CLOCK_MONOTONIC offsets sampled during the recording.
+        haproxy: HAProxy `show info` samples (with --haproxy-socket).
+        phases: training phases per rank (recordings made by `fdtrace run --record`).
+        stacks: user stacks of failures, descriptors and thread creations (--stacks).
+        fd_sites: open descriptors per process and call site, when they changed (--stacks).
+        thread_census: threads of the processes nearest a thread limit, by blocking syscall.
+        connections: TCP connections becoming established, for clock offsets between hosts.
+        clock_offsets: each host's clock offset from a reference host's (``open_dataset``
+            estimates them; ``time`` columns are then corrected by them).
+        meta: run metadata by host.
+        skipped: part files and hosts that could not be read, with the reason (the rest was
+            loaded).
+        notes: part files read in part (values cut, impossible rows left out, a footer summary
+            or a merged file not believed, a second copy of a host read once), with what and why.
+    """
+
+    events: pd.DataFrame
+    samples: pd.DataFrame
+    system: pd.DataFrame
+    losses: pd.DataFrame
+    counters: pd.DataFrame
+    clock: pd.DataFrame
+    haproxy: pd.DataFrame
+    phases: pd.DataFrame
+    stacks: pd.DataFrame | None = None
+    fd_sites: pd.DataFrame | None = None
+    thread_census: pd.DataFrame | None = None
+    connections: pd.DataFrame | None = None
+    clock_offsets: pd.DataFrame | None = None
+    clock_corrected: bool = False
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        """One table by name (one of ``fdtrace.recording.layout.TABLES``): the Dataset protocol's.
+        Raises FdtraceError for a name that is no table."""
+        if name not in TABLES:
+            raise FdtraceError(f"no table {name!r} in a recording: one of {', '.join(TABLES)}")
+        frame: pd.DataFrame | None = getattr(self, name)
+        return frame
+
+    def query(self, sql: str) -> pd.DataFrame:
+        """Any query (DuckDB's dialect) over the tables' views (``events``, ``samples``, ... with
+        ``host`` and ``time_ns``, UTC ns), run by DuckDB over the DataFrames."""
+        with engine_for(self) as engine:
+            return engine.query(sql)
+
+    def close(self) -> None:
+        """Nothing to let go of (the frames are this object's): the Dataset protocol's."""
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class _SmallTable:
+    """A small table of an ``EngineRecording`` as an attribute of its name: ``table(name)``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, recording: EngineRecording | None, owner: type | None = None) -> pd.DataFrame:
+        if recording is None:  # looked up on the class: no table to give
+            raise AttributeError(self.name)
+        return recording.table(self.name)
 
 
 @dataclass
@@ -70,21 +151,19 @@ class EngineRecording:
             raise FdtraceError(f"the {name} table of a recording in the {self.engine.name} engine is not read "
                                "into memory: query it (recording.sql(...)) or load it with engine='pandas'")
         if name not in self._small:
-            frames: list[pd.DataFrame] = []
             problems: list[str] = []
             notes: list[str] = []
-            for root in sorted({h.root for h in self.fleet.hosts}):
-                hosts = {h.host: h.version for h in self.fleet.hosts if h.root == root}
-                states = {h.host: self.fleet.snapshot(h) for h in self.fleet.hosts if h.root == root}
-                frames.append(read_table(root, name, hosts, problems, notes=notes, snapshots=states))
+            frame = fleet_table(self.fleet, name, problems, notes)
             self.skipped += [p for p in problems if p not in self.skipped]  # the views may have named them
             self.notes += [n for n in notes if n not in self.notes]
-            frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-            frame["host"] = frame["host"].astype(str).astype("category")
             if self.clock_corrected:  # on the views' clock
                 frame = corrected({name: frame}, corrections(self.clock_offsets))[name]
             self._small[name] = frame
         return self._small[name]
+
+    def query(self, sql: str) -> pd.DataFrame:
+        """Any query (DuckDB's dialect) over the views (the same as ``sql``)."""
+        return self.engine.query(sql)
 
     def part_summaries(self) -> dict[str, pd.DataFrame] | None:
         """The events' part summaries (``fdtrace.recording.summaries``) of every host, as frames
@@ -95,9 +174,7 @@ class EngineRecording:
         if self._summaries:
             return self._summaries[0]
         found: dict[str, list[list[Any]]] = {"kinds": [], "failed": [], "connects": []}
-        shifts = {}
-        if self.clock_corrected and self.clock_offsets is not None:
-            shifts = {str(r.host): int(r.offset_ns) for r in self.clock_offsets.itertuples()}
+        shifts = corrections(self.clock_offsets) if self.clock_corrected else {}
         complete = True
         for recording, path in self.fleet.parts("events"):
             if path in self.fleet.doubted:  # fdtrace's reader may leave rows out that its summary counts
@@ -127,15 +204,21 @@ class EngineRecording:
             frame = pd.DataFrame(rows, columns=["host", *columns[name]])
             for column in ("first", "last", "at"):
                 if column in frame.columns:
-                    frame[column] = frame[column] - frame["host"].map(shifts).fillna(0).astype("int64")
+                    frame[column] = frame[column] - time_shifts(frame["host"], shifts)
             frames[name] = frame
         self._summaries.append(module.merge_frames(frames))
         return self._summaries[0]
 
-    def __getattr__(self, name: str) -> Any:
-        if name in TABLES:
-            return self.table(name)
-        raise AttributeError(name)
+    # The small tables by name, as ``table(name)`` reads them (the Dataset protocol's).
+    system = _SmallTable()
+    clock = _SmallTable()
+    losses = _SmallTable()
+    phases = _SmallTable()
+    haproxy = _SmallTable()
+    stacks = _SmallTable()
+    fd_sites = _SmallTable()
+    thread_census = _SmallTable()
+    connections = _SmallTable()
 
     def close(self) -> None:
         """Stop the engine, and let go of the recordings' states (their recorders may then delete
@@ -165,11 +248,23 @@ def _rows(fleet: Fleet) -> int:
     return total
 
 
-def _chosen(fleet: Fleet, engine: str) -> str:
+def engine_rule(fleet: Fleet, engine: str, phases: list[str | Path] | None = None) -> str:
+    """The engine that opens ``fleet`` when ``engine`` is asked for: the one rule. Phase files need
+    pandas (refused with another engine); ``auto`` is pandas when the rows of events and samples
+    (their footers' counts) fit (``pandas_fits``), DuckDB above; pandas asked for is refused when
+    they cannot fit in the memory this process may use. Raises FdtraceError (one line)."""
     if engine not in (*ENGINES, "auto"):
         raise FdtraceError(f"unknown engine {engine!r}: one of auto, {', '.join(ENGINES)}")
+    if phases and engine not in ("auto", "pandas"):
+        raise FdtraceError(f"phase files need the pandas engine (the {engine} engine reads phases from the "
+                           "recordings)")
+    if engine == "pandas":
+        refused = _pandas_refused(_rows(fleet), memory_available())
+        if refused is not None:
+            raise refused
+        return engine
     if engine == "auto":
-        return "pandas" if pandas_fits(_rows(fleet), memory_available()) else "duckdb"
+        return "pandas" if phases or pandas_fits(_rows(fleet), memory_available()) else "duckdb"
     return engine
 
 
@@ -203,12 +298,13 @@ def _pandas_refused(rows: int, available: int | None) -> FdtraceError | None:
 
 
 def choose_engine(paths: str | Path | list[str | Path], engine: str = "auto") -> str:
-    """The engine ``engine`` stands for with these recordings (``auto`` chooses by size)."""
+    """The engine ``engine`` stands for with these recordings (``engine_rule``; ``auto`` chooses by
+    size)."""
     if engine != "auto":
         return engine
     fleet = find_fleet(paths)
     try:
-        return _chosen(fleet, engine)
+        return engine_rule(fleet, engine)
     finally:
         fleet.close()
 
@@ -225,14 +321,14 @@ class Dataset(Protocol):
     clock_offsets: pd.DataFrame | None
     clock_corrected: bool
 
-    # The tables as DataFrames: all of them in pandas; in an engine, the small ones (the events and
-    # samples stay behind the engine: ``engine_for`` queries them).
-    @property
-    def events(self) -> pd.DataFrame: ...
+    def table(self, name: str) -> pd.DataFrame | None:
+        """One table as a DataFrame: any in pandas; in an engine, the small ones (the events and
+        samples stay behind the engine: ``engine_for`` queries them)."""
 
-    @property
-    def samples(self) -> pd.DataFrame: ...
+    def query(self, sql: str) -> pd.DataFrame:
+        """Any query (DuckDB's dialect) over the tables' views, its result as a DataFrame."""
 
+    # The small tables, as ``table(name)`` gives them.
     @property
     def system(self) -> pd.DataFrame: ...
 
@@ -254,6 +350,9 @@ class Dataset(Protocol):
     @property
     def thread_census(self) -> pd.DataFrame | None: ...
 
+    @property
+    def connections(self) -> pd.DataFrame | None: ...
+
     def close(self) -> None:
         """Let go of what it holds (an engine's connection, its temporary files)."""
 
@@ -272,72 +371,131 @@ def open_dataset(paths: str | Path | list[str | Path], engine: str = "auto", *,
                  spark_master: str | None = None, memory_limit: str | None = None,
                  clock_correction: bool = True) -> Recording | EngineRecording:
     """The one way into recordings: the fleet found once (one walk), the engine chosen once
-    (``auto``: by the rows the Parquet footers count against the memory available, never by
-    bytes on disk), the hosts put on one clock once. ``columns`` reads only those columns when
-    the tables go into pandas (an engine reads what each query needs); ``phases`` (phase files
-    to add) need pandas. Raises FdtraceError for recordings that cannot be opened and for an
-    engine that cannot do what is asked."""
+    (``engine_rule``: ``auto`` by the rows the Parquet footers count against the memory
+    available, never by bytes on disk), the hosts put on one clock once (``fleet_clock``).
+    ``columns`` reads only those columns when the tables go into pandas (an engine reads what
+    each query needs); ``phases`` (phase files to add) need pandas. Raises FdtraceError for
+    recordings that cannot be opened and for an engine that cannot do what is asked."""
     fleet = find_fleet(paths)
-    if phases and engine not in ("auto", "pandas"):
-        raise FdtraceError(f"phase files need the pandas engine (the {engine} engine reads phases from the "
-                           "recordings)")
     try:
-        chosen = "pandas" if phases else _chosen(fleet, engine)
-        if chosen == "pandas" and engine == "pandas":  # asked for: refused when it cannot fit (auto chose by it)
-            refused = _pandas_refused(_rows(fleet), memory_available())
-            if refused is not None:
-                raise refused
+        chosen = engine_rule(fleet, engine, phases)
+        if chosen == "pandas" and engine == "auto" and not phases:
+            fleet.refresh()  # a recording without a manifest is listed again when read
+        clock = fleet_clock(fleet, clock_correction)
         if chosen == "pandas":
-            if engine == "auto" and not phases:
-                fleet.refresh()  # a recording without a manifest is listed again when read
-            return on_one_clock(load_fleet(fleet, columns, phases), clock_correction)
-        return _over_engine(fleet, chosen, spark_master, memory_limit, clock_correction)
+            return _into_pandas(fleet, clock, columns, phases)
+        return _over_engine(fleet, chosen, clock, spark_master, memory_limit)
     except BaseException:
         fleet.close()
         raise
 
 
-def on_one_clock(recording: Recording, correct: bool) -> Recording:
-    """A loaded recording of several hosts with its clock offsets, and its times corrected."""
-    connections = recording.connections
-    if len(recording.meta) < 2 or connections is None or not len(connections):
-        return recording
-    with engine_for(recording) as engine:
+def fleet_table(fleet: Fleet, name: str, skipped: list[str], notes: list[str],
+                columns: list[str] | None = None) -> pd.DataFrame:
+    """One table of every host of ``fleet`` as a DataFrame, read by fdtrace's reader from the
+    state of each host the fleet holds (``host`` categorical; several recordings in wall-time
+    order, on each host's own clock); unreadable parts are named in ``skipped``, parts read in
+    part in ``notes``."""
+    frames = []
+    for root in dict.fromkeys(h.root for h in fleet.hosts):
+        versions = {h.host: h.version for h in fleet.hosts if h.root == root}
+        states = {h.host: fleet.snapshot(h) for h in fleet.hosts if h.root == root}
+        frames.append(read_table(root, name, versions, skipped, columns, notes, states))
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    if "host" in frame.columns:
+        frame["host"] = frame["host"].astype("category")
+    if len(frames) > 1 and "time" in frame.columns:  # several recordings: one wall-clock timeline
+        frame = frame.sort_values("time", kind="stable", ignore_index=True)
+    return frame
+
+
+@dataclass
+class FleetClock:
+    """The hosts of a fleet on one clock: each host's offset from the reference host's
+    (``offsets``, ``fdtrace.analysis.clock.host_offsets``; None for one host or no connection
+    between hosts), what to subtract from each host's times (``shifts``: empty when the times
+    stay as each host's clock gave them), and the connections table they came from (each host's
+    own clock; None for one host: not read)."""
+
+    offsets: pd.DataFrame | None
+    shifts: dict[str, int]
+    connections: pd.DataFrame | None
+
+
+def fleet_clock(fleet: Fleet, correct: bool = True) -> FleetClock:
+    """The clock correction of ``fleet``, written once for every engine and for replay: the
+    offsets the TCP connections between its hosts bound; ``correct``: whether times are to be
+    moved by them. Problems reading the connections are named in the fleet's ``skipped`` and
+    ``notes``."""
+    if len(fleet.names) < 2:  # one host: one clock already
+        return FleetClock(None, {}, None)
+    connections = fleet_table(fleet, "connections", fleet.skipped, fleet.notes)
+    if not len(connections):
+        return FleetClock(None, {}, connections)
+    from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
+
+    engine = DuckDBEngine.over_frames({"connections": connections})
+    try:
         offsets = host_offsets(engine)
-    recording.clock_offsets = offsets
-    shifts = corrections(offsets)
-    if correct and shifts:
-        tables = {name: getattr(recording, name) for name in TABLES}
-        for name, frame in corrected(tables, shifts).items():
-            setattr(recording, name, frame)
-        recording.clock_corrected = True
+    finally:
+        engine.close()
+    return FleetClock(offsets, corrections(offsets) if correct else {}, connections)
+
+
+def _into_pandas(fleet: Fleet, clock: FleetClock, columns: dict[str, list[str]] | None,
+                 phases: list[str | Path] | None) -> Recording:
+    """Every table of ``fleet`` in DataFrames, each host read from one state of it
+    (``HostSnapshot``), let go of once read; times on the reference clock when ``clock`` says."""
+    try:
+        skipped: list[str] = list(fleet.skipped)
+        notes: list[str] = list(fleet.notes)
+        wanted = columns or {}
+        frames = {table: clock.connections if table == "connections" and clock.connections is not None
+                  and table not in wanted else fleet_table(fleet, table, skipped, notes, wanted.get(table))
+                  for table in TABLES}
+    finally:
+        fleet.close()
+    recording = Recording(meta=fleet.meta, skipped=skipped, notes=notes, clock_offsets=clock.offsets,
+                          clock_corrected=bool(clock.shifts), **corrected(frames, clock.shifts))
+    if phases:
+        from fdtrace.integrations.phases.files import with_phase_files
+
+        recording = with_phase_files(recording, list(phases))
     return recording
 
 
-def _over_engine(fleet: Fleet, engine: str, spark_master: str | None, memory_limit: str | None,
-                 clock_correction: bool) -> EngineRecording:
-    """The fleet's tables as views of DuckDB or Spark, on the reference host's clock."""
+def _over_engine(fleet: Fleet, engine: str, clock: FleetClock, spark_master: str | None,
+                 memory_limit: str | None) -> EngineRecording:
+    """The fleet's tables as views of DuckDB or Spark, on the reference host's clock when ``clock``
+    says."""
+    shifts = clock.shifts or None
+    runner: Engine
+    if engine == "duckdb":
+        from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
 
-    def views(shifts: dict[str, int] | None) -> Engine:
-        if engine == "duckdb":
-            from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
-
-            return DuckDBEngine.over_fleet(fleet, memory_limit=memory_limit, offsets=shifts)
+        runner = DuckDBEngine.over_fleet(fleet, memory_limit=memory_limit, offsets=shifts)
+    else:
         from fdtrace.analysis.engines.spark_engine import SparkEngine
 
-        return SparkEngine.over_fleet(fleet, master=spark_master, offsets=shifts)
+        runner = SparkEngine.over_fleet(fleet, master=spark_master, offsets=shifts)
+    found = EngineRecording(runner, fleet, fleet.meta, fleet.skipped, fleet.notes, clock_offsets=clock.offsets,
+                            clock_corrected=bool(clock.shifts))
+    if clock.connections is not None:
+        found._small["connections"] = corrected({"connections": clock.connections}, clock.shifts)["connections"]
+    return found
 
-    runner = views(None)
-    offsets = host_offsets(runner) if len(fleet.names) > 1 else None
-    shifts = corrections(offsets) if clock_correction else {}
-    if shifts:  # the same files, their times moved onto the reference host's clock
-        if engine == "duckdb":
-            runner.close()
-        seen = len(fleet.skipped)
-        runner = views(shifts)
-        del fleet.skipped[seen:]  # named once already
-    return EngineRecording(runner, fleet, fleet.meta, fleet.skipped, fleet.notes, clock_offsets=offsets,
-                           clock_corrected=bool(shifts))
+
+def replay_fleet(paths: str | Path | list[str | Path]) -> tuple[Fleet, FleetClock]:
+    """Recordings opened for replay (``fdtrace.sources.replay``), which reads each host's tables
+    from the fleet's states itself: the fleet found as ``open_dataset`` finds it, and its hosts'
+    clock correction (``fleet_clock``: replay moves each host's times by ``shifts``). Close the
+    fleet once read. Raises FdtraceError (one line)."""
+    fleet = find_fleet(paths)
+    try:
+        return fleet, fleet_clock(fleet)
+    except BaseException:
+        fleet.close()
+        raise
 
 
 @contextmanager
@@ -349,8 +507,8 @@ def engine_for(data: Analyzable) -> Iterator[Engine]:
     if isinstance(data, EngineRecording):
         yield data.engine
         return
-    frames = {"events": data} if isinstance(data, pd.DataFrame) else \
-        {t: getattr(data, t) for t in TABLES if isinstance(getattr(data, t, None), pd.DataFrame)}
+    tables = {"events": data} if isinstance(data, pd.DataFrame) else {t: data.table(t) for t in TABLES}
+    frames = {t: frame for t, frame in tables.items() if isinstance(frame, pd.DataFrame)}
     engine = DuckDBEngine.over_frames(frames)
     try:
         yield engine

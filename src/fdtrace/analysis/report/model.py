@@ -271,7 +271,8 @@ def _build(recording: Dataset, engine: Engine, top: int) -> Report:
         summary.append(("files read in part", f"{len(notes)} (values cut, rows left out or copies read once: "
                                               "fdtrace report names them on stderr)"))
     spike_table = spikes(pivot_rates(spike_calls(counted), by="comm", top=SPIKE_COLUMNS))
-    phases = getattr(recording, "phases", pd.DataFrame())
+    phases = recording.table("phases")
+    phases = pd.DataFrame() if phases is None else phases
     stats = pd.DataFrame()
     if len(phases):
         stats = phase_stats_on(engine, phases)
@@ -370,7 +371,7 @@ def _memory_series(engine: Engine, chosen: pd.DataFrame, several: bool) -> dict[
 
 
 def _leaks(recording: Dataset) -> pd.DataFrame:
-    sites = getattr(recording, "fd_sites", None)
+    sites = recording.table("fd_sites")
     if sites is None or not len(sites):
         return pd.DataFrame(columns=SITE_COLUMNS)
     end = int(recording.losses["ts_ns"].max()) if len(recording.losses) else None
@@ -380,7 +381,7 @@ def _leaks(recording: Dataset) -> pd.DataFrame:
 
 def _census_at_peak(recording: Dataset) -> pd.DataFrame:
     """Each process's thread census at the round where it had the most threads."""
-    census = call_sites.thread_census(getattr(recording, "thread_census", None))
+    census = call_sites.thread_census(recording.table("thread_census"))
     if not len(census):
         return census
     totals = census.groupby(["host", "pid", "time"], observed=True)["threads"].sum().reset_index()
@@ -393,5 +394,5 @@ def _thread_sites(engine: Engine, recording: Dataset) -> pd.DataFrame:
     started = thread_starts(engine)
     if not len(started):
         return pd.DataFrame()
-    return call_sites.thread_sites(started, getattr(recording, "stacks", None))[
+    return call_sites.thread_sites(started, recording.table("stacks"))[
         ["pid", "comm", "site", "threads", "first", "last"]].head(20)
