@@ -205,6 +205,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 TRACEPOINT_PROBE(oom, mark_victim)
 {
     u32 victim = args->pid;
+    if (fdt_skip(victim)) /* with --pid, another process's OOM kill is not one of the traced */
+        return 0;
     struct fdt_event *e = fdt_reserve(FDT_KIND_OOM_KILL, 0, victim, victim);
     if (!e)
         return 0;

@@ -77,7 +77,8 @@ def test_prometheus_fires_fdtraces_alerts_for_a_process_out_of_descriptors(tmp_p
         child.stdin.flush()
         started = time.monotonic()
         firing: dict[str, dict[str, Any]] = {}
-        while time.monotonic() - started < 120 and len(firing) < 2:
+        expected = {"FdtraceFdExhausted", "FdtraceFdUsageHigh"}
+        while time.monotonic() - started < 120 and not expected <= set(firing):
             time.sleep(1)
             try:
                 current = alerts(prometheus_port)
@@ -86,7 +87,7 @@ def test_prometheus_fires_fdtraces_alerts_for_a_process_out_of_descriptors(tmp_p
             for alert in current:
                 if alert["state"] == "firing":
                     firing.setdefault(alert["labels"]["alertname"], alert)
-        assert set(firing) == {"FdtraceFdExhausted", "FdtraceFdUsageHigh"}, firing
+        assert set(firing) == expected, firing  # no other (an OOM kill elsewhere is not the --pid's)
         for alert in firing.values():
             assert alert["labels"]["pid"] == str(child.pid)
             assert alert["labels"]["instance"] == f"127.0.0.1:{exporter_port}"
