@@ -56,3 +56,30 @@ def test_the_report_has_the_ledger_and_the_job_at_scale() -> None:
     page = to_markdown(build(load(DDP)))
     assert "## Each rank's descriptors by owner, and the job at scale" in page
     assert "- at 512 ranks rank 0 needs 1,046 descriptors; its limit is 20,000" in page
+
+
+def test_scale_says_when_the_recording_lost_events(tmp_path: Path) -> None:
+    """A recording that lost events (a full ring buffer on a busy host: a CI run's projection
+    counted no store connections on rank 0) is projected with a warning naming what was lost,
+    never silently; the same recording without losses has none."""
+    import shutil
+
+    import pyarrow as pa
+
+    from fdtrace.recording.writer import append_part
+    from fdtrace.schema import STATS, codecs
+
+    quiet = subprocess.run([FDTRACE, "scale", str(DDP), "--world", "8"], capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and "lost" not in quiet.stderr, quiet.stderr
+    busy = tmp_path / "ddp"
+    shutil.copytree(DDP, busy)
+    row: dict[str, list[int]] = {"ts_ns": [10**18]}
+    for name in STATS:
+        row[name] = [1234 if name == "ringbuf_full" else 5 if name == "peers_full" else 0]
+        row[f"{name}_total"] = row[name]
+    append_part(busy, "losses", "vm", pa.table(codecs.declared_rows("losses", row, 0)))
+    said = subprocess.run([FDTRACE, "scale", str(busy), "--world", "8"], capture_output=True, text=True,
+                          timeout=120)
+    assert said.returncode == 0, said.stderr
+    assert f"warning: {busy} lost 1,239 events or connect() destinations while recording" in said.stderr
+    assert said.stdout == quiet.stdout  # the same projection, said to be a floor

@@ -35,6 +35,10 @@ import pandas as pd
 from fdtrace.analysis.engines.dataset import engine_for, select_events
 from fdtrace.schema.owners import CONNECTED_ERRNOS, OWNERS, STORE_THREADS, owner_of
 
+#: The losses that cost the ledger what it counts from: events (a full ring buffer) and the
+#: destinations of connect() calls (the table of calls in flight full).
+EVENT_LOSSES = ("ringbuf_full", "peers_full")
+
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Dataset
 
@@ -59,6 +63,8 @@ class JobLedger:
         ranks: one row per rank: RANK_COLUMNS (fds: the most it held; fd_limit: its soft RLIMIT_NOFILE).
         system: the host limits the recording saw (somaxconn, threads_max, file_max).
         source: the recording it came from.
+        events_lost: events the recording lost (``schema.STATS``: a full ring buffer, ...): sockets
+            made by lost calls are counted as other sockets (unseen), so the owners may be low.
     """
 
     job: str
@@ -70,6 +76,7 @@ class JobLedger:
     ranks: pd.DataFrame
     system: dict[str, int] = field(default_factory=dict)
     source: str = ""
+    events_lost: int = 0
 
     def by_owner(self) -> pd.DataFrame:
         """Descriptors per rank (rows) and owner (columns, every owner)."""
@@ -202,6 +209,9 @@ def job_ledgers(recording: Dataset, source: str = "") -> list[JobLedger]:
                                f"WHERE pid IN ({pids})")
         system = engine.query("SELECT max(somaxconn) AS somaxconn, max(threads_max) AS threads_max, "
                               "max(file_max) AS file_max FROM system")
+        lost_columns = [name for name in EVENT_LOSSES if name in engine.columns("losses")]
+        lost = engine.query(f"SELECT {' + '.join(f'coalesce(sum({c}), 0)' for c in lost_columns)} AS n "
+                            "FROM losses") if lost_columns else None
     for column in ("kind", "errno", "comm", "family"):
         if column in events.columns:
             events[column] = events[column].astype(object)
@@ -211,8 +221,10 @@ def job_ledgers(recording: Dataset, source: str = "") -> list[JobLedger]:
     samples["host"] = samples["host"].astype(str)
     limits = {k: int(v) for k, v in system.iloc[0].items() if pd.notna(v)} if len(system) else {}
     found = []
+    events_lost = int(lost["n"].iloc[0]) if lost is not None and len(lost) and pd.notna(lost["n"].iloc[0]) else 0
     for job in _jobs(ranks):
         found.append(_ledger_of(job, events, samples, phases, limits, source))
+        found[-1].events_lost = events_lost
     return found
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from fdtrace.cli.common import fail, open_recordings, say
+from fdtrace.cli.common import fail, note, open_recordings, say
 from fdtrace.errors import FdtraceError
 
 
@@ -45,6 +45,11 @@ def scale(recordings: tuple[str, ...], world: int, ranks_per_host: int | None, a
         projection = project(jobs, world, ranks_per_host)
     except FdtraceError as error:
         fail(error)
+    for source in dict.fromkeys(job.source for job in jobs if job.events_lost):
+        lost = max(job.events_lost for job in jobs if job.source == source)
+        note(f"warning: {source} lost {lost:,} events or connect() destinations while recording (a full ring "
+             "buffer: a busy host): the ranks' sockets made by lost calls count as other sockets, so the "
+             "owners' laws may be low; record the job again on a quieter host")
     if as_json:
         say(json.dumps(projection.to_json(), indent=1))
         return
