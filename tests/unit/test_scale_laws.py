@@ -67,16 +67,13 @@ def test_scale_says_when_the_recording_lost_events(tmp_path: Path) -> None:
     import pyarrow as pa
 
     from fdtrace.recording.writer import append_part
-    from fdtrace.schema import STATS, codecs
+    from fdtrace.schema import codecs
 
     quiet = subprocess.run([FDTRACE, "scale", str(DDP), "--world", "8"], capture_output=True, text=True, timeout=120)
     assert quiet.returncode == 0 and "lost" not in quiet.stderr, quiet.stderr
     busy = tmp_path / "ddp"
     shutil.copytree(DDP, busy)
-    row: dict[str, list[int]] = {"ts_ns": [10**18]}
-    for name in STATS:
-        row[name] = [1234 if name == "ringbuf_full" else 5 if name == "peers_full" else 0]
-        row[f"{name}_total"] = row[name]
+    row = codecs.loss_columns(10**18, {"ringbuf_full": 1234, "peers_full": 5}, {})
     append_part(busy, "losses", "vm", pa.table(codecs.declared_rows("losses", row, 0)))
     said = subprocess.run([FDTRACE, "scale", str(busy), "--world", "8"], capture_output=True, text=True,
                           timeout=120)

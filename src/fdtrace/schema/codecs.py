@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from fdtrace.schema.events import STATS
 from fdtrace.schema.fields import arrow_type
 from fdtrace.schema.records import ClockOffsets, ClockQuality, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
 from fdtrace.schema.tables import PARTITION_COLUMN, TABLES
@@ -179,6 +180,16 @@ def _dict_row(table: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def from_row(row: dict[str, Any]) -> dict[str, Any]:
         return {name: row.get(name) for name in names}
     return from_row
+
+
+def loss_columns(ts_ns: int, totals: dict[str, int], before: dict[str, int]) -> dict[str, list[Any]]:
+    """One ``losses`` row at ``ts_ns``: each counter of ``schema.STATS`` lost since ``before`` and
+    in all (``NAME_total``), from cumulative counts (``declared_rows`` adds its time)."""
+    row: dict[str, list[Any]] = {"ts_ns": [ts_ns]}
+    for name in STATS:
+        row[name] = [totals.get(name, 0) - before.get(name, 0)]
+        row[f"{name}_total"] = [totals.get(name, 0)]
+    return row
 
 
 SAMPLES: RoundCodec[ProcessSample] = RoundCodec("samples", ProcessSample, _by_field(ProcessSample),

@@ -243,12 +243,9 @@ class ParquetSink:
             writer.add("thread_census", codecs.THREAD_CENSUS.encode(sample_round.threads, now, offset))
         if update.counters is not None:
             self._counters(now, update.counters)
-        row: dict[str, list[Any]] = {"ts_ns": [now]}
-        for name in STATS:
-            row[name] = [update.losses.get(name, 0) - self.losses.get(name, 0)]
-            row[f"{name}_total"] = [update.losses.get(name, 0)]
+        writer.add("losses", codecs.declared_rows("losses", codecs.loss_columns(now, update.losses, self.losses),
+                                                  offset))
         self.losses = dict(update.losses)
-        writer.add("losses", codecs.declared_rows("losses", row, offset))
 
     def _counters(self, now: int, store: CounterStore) -> None:
         rows: list[ProcessTotals] = list(store.newly_exited)  # final values, written once
