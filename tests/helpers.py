@@ -137,6 +137,15 @@ def wait_recorded(out: Path, ready: Callable[[Any], bool], what: str, timeout: f
     return eventually(read, what, timeout, every=0.25)
 
 
+async def shown(pilot: Any, ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Let a Textual app under test run until ``ready()`` (``timeout`` s at most: a loaded host
+    draws late, not never); fails naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await pilot.pause(0.05)
+
+
 class Lines:
     """The lines of a child's output stream, read by a thread as they come (``lines``), so a test
     can wait for one without blocking past a deadline; ``rest()`` joins the reader at end of file."""

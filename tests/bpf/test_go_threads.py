@@ -17,7 +17,7 @@ from fdtrace.analysis import failures, headroom, least_headroom, load, thread_si
 from fdtrace.analysis.report import recommendations
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import binding_limit
-from tests.helpers import FDTRACE, build_go, started
+from tests.helpers import FDTRACE, build_go, started, wait_recorded
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
 GOROUTINES = 300
@@ -210,13 +210,17 @@ def test_a_go_program_past_its_thread_limit_is_flagged_with_the_limit_it_printed
     program = subprocess.Popen([str(binary), str(GOROUTINES), "wait", str(limit)], stdin=subprocess.PIPE,
                                stderr=subprocess.PIPE)
     try:
-        time.sleep(1.5)  # the recorder's rounds see its first threads: a Go binary, watched from now on
+        # a round sees its first threads (its sample is on disk): a Go binary, watched from now on
+        wait_recorded(out, lambda rec: bool((rec.samples["pid"] == program.pid).any()),
+                      "a round's sample of the program")
         assert program.stdin is not None
         program.stdin.write(b"x")
         program.stdin.flush()
         _, said = program.communicate(timeout=60)
         assert program.returncode == 2 and f"runtime: program exceeds {limit}-thread limit".encode() in said
-        time.sleep(1.0)
+        wait_recorded(out, lambda rec: {"go_thread_limit", "process_exit"}
+                      <= set(rec.events[rec.events["pid"] == program.pid]["kind"].astype(str)),
+                      "the program's go_thread_limit and its exit recorded")
     finally:
         program.kill()
         recorder.send_signal(signal.SIGINT)
