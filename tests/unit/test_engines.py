@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,9 @@ CLOCK_ERRORS = {1: 2_000_000, 2: -1_500_000_000}
 def _spark_jvm_stopped() -> Iterator[None]:
     """Spark's ``session.stop()`` leaves the JVM that pyspark started (its py4j gateway) running
     until Python exits, and the rest of the suite ran beside it. After this module the gateway is
-    shut down and the JVM ended (its stdin closed: PythonGatewayServer exits at end of file)."""
+    shut down, the JVM ended (its stdin closed: PythonGatewayServer exits at end of file) and
+    py4j's threads joined (its finalizer worker looks for its shutdown once a second)."""
+    before = set(threading.enumerate())
     yield
     context = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
     gateway = getattr(getattr(context, "SparkContext", None), "_gateway", None)
@@ -57,6 +60,11 @@ def _spark_jvm_stopped() -> Iterator[None]:
         jvm.kill()
         jvm.wait()
         raise AssertionError("Spark's JVM did not end when its gateway's stdin closed") from None
+    for thread in set(threading.enumerate()) - before:
+        target = getattr(thread, "_target", None)
+        if type(thread).__module__.startswith("py4j") or getattr(target, "__module__", "").startswith("py4j"):
+            thread.join(timeout=30)
+            assert not thread.is_alive(), f"py4j's thread {thread.name} outlived its gateway"
 
 
 @pytest.fixture(scope="module")
