@@ -44,6 +44,19 @@ async def until_at_its_limit(app: Any, pilot: Any, pid: int) -> None:
             return
 
 
+async def press_r_until_recording(app: Any, pilot: Any, recording: bool) -> None:
+    """Press R until the status says the view records (or no longer does): under load the feed may
+    hold its lock past R's wait, and R then says "press R again" and changes nothing."""
+    for _ in range(20):
+        await pilot.press("R")
+        try:
+            await shown(pilot, lambda: ("recording to" in app.status()) == recording, "R taken", timeout=3)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"R never {'started' if recording else 'stopped'} the recording: {app.status()}")
+
+
 def cell(app: Any, pid: int, column: str) -> str:
     """The processes table's ``column`` of ``pid`` ("" while it has no row of it)."""
     table = app.query_one("#processes", DataTable)
@@ -62,8 +75,7 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
 
     async def scenario() -> None:
         async with app.run_test(size=(180, 40)) as pilot:
-            await pilot.press("R")  # start recording
-            await shown(pilot, lambda: "recording to" in app.status(), "the status says it records")
+            await press_r_until_recording(app, pilot, True)  # start recording
             assert "recording to" in app.status()
             child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
             child_pid.append(child.pid)
@@ -89,8 +101,8 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
                 lines = logged()
                 assert any(f"top-emfile[{child.pid}] socket failed with EMFILE x3" in line for line in lines)
                 assert any(f"top-emfile[{child.pid}] openat failed with EMFILE" in line for line in lines)
-                await pilot.press("R")  # stop recording
-                await shown(pilot, lambda: app.status() == "live", "the status says it stopped recording")
+                await press_r_until_recording(app, pilot, False)  # stop recording
+                await shown(pilot, lambda: app.status() == "live", "the status says live")
                 assert app.status() == "live"
             finally:
                 child.kill()
