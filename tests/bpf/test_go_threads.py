@@ -58,7 +58,7 @@ func main() {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	time.Sleep(30 * time.Second)
+	time.Sleep(300 * time.Second) // until the test kills it (30 s ran out on two busy cores)
 }
 """
 
@@ -85,14 +85,17 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
         return samples[samples["pid"] == program.pid]
     try:
         # Growth is judged from the samples: one round sees the program before its threads start,
-        # then it starts 300 (200 a second) and rounds see them; a busy machine takes longer.
+        # then it starts 300 (200 a second) and rounds see them; a busy machine takes longer (each
+        # wait has its own deadline: on two busy cores the three together took more than 60 s).
         deadline = time.monotonic() + 60
         while mine().empty and time.monotonic() < deadline:
             time.sleep(0.2)
         program.stdin.write(b"x")
         program.stdin.flush()
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (mine()["threads"] >= GOROUTINES).any():
             time.sleep(0.3)
+        deadline = time.monotonic() + 60
         while True:
             result = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--from", str(out), "--json"],
                                     capture_output=True, text=True, timeout=60)
