@@ -66,7 +66,9 @@ class LiveTracer:
         return self.collect(proc.pid, proc.returncode, start_ns, stdout)
 
     def collect(self, pid: int, returncode: int, start_ns: int, stdout: str = "") -> ChildRun:
-        deadline = time.monotonic() + 10
+        # 60 s: the tracer watches the whole host, and a busy one (a flood of another test beside
+        # it) kept its poll thread decoding for seconds: a run beside other suites saw none in 10 s
+        deadline = time.monotonic() + 60
         while True:
             with self.lock:
                 mine = [e for e in self.events if e["pid"] == pid and e["ts_ns"] >= start_ns]

@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: The fdtrace command of this environment.
@@ -103,6 +105,80 @@ def started(argv: list[str], says: str) -> subprocess.Popen[str]:
         if says in line:
             break
     return process
+
+
+def eventually(condition: Callable[[], T], what: str, timeout: float = 60, every: float = 0.1) -> T:
+    """What ``condition()`` returns once it is true, asked every ``every`` s; fails naming ``what``
+    after ``timeout`` s. The wait for a readiness signal (a figure reaching its value, a line, a
+    file) that replaces a fixed sleep before counting: a busy machine takes longer, not fails."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = condition()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(every)
+
+
+def wait_recorded(out: Path, ready: Callable[[Any], bool], what: str, timeout: float = 60) -> Any:
+    """The live recording ``out`` (its recorder still writing), once ``ready(recording)``: what a
+    test counts has reached the disk, and not merely the kernel. A read that meets a part file
+    being written is asked again."""
+    from fdtrace.analysis import load
+    from fdtrace.errors import FdtraceError
+
+    def read() -> Any:
+        try:
+            recording = load(out)
+        except (FdtraceError, OSError):
+            return None
+        return recording if ready(recording) else None
+
+    return eventually(read, what, timeout, every=0.25)
+
+
+async def shown(pilot: Any, ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Let a Textual app under test run until ``ready()`` (``timeout`` s at most: a loaded host
+    draws late, not never); fails naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await pilot.pause(0.05)
+
+
+class Lines:
+    """The lines of a child's output stream, read by a thread as they come (``lines``), so a test
+    can wait for one without blocking past a deadline; ``rest()`` joins the reader at end of file."""
+
+    def __init__(self, stream: Any) -> None:
+        import threading
+
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True, name="tests.Lines")
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def until(self, done: Callable[[list[str]], bool], what: str, timeout: float = 60) -> list[str]:
+        """The lines so far, once ``done(lines)``."""
+        eventually(lambda: done(list(self.lines)), what, timeout, every=0.05)
+        return list(self.lines)
+
+    def rest(self, timeout: float = 60) -> str:
+        """Every line, once the stream is at its end (the child has exited or closed it)."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream did not end"
+        return "".join(self.lines)
+
+
+def exit_recorded(out: Path, pid: int, timeout: float = 60) -> Any:
+    """The live recording ``out`` once the exit of ``pid`` is on disk, and so every event of
+    ``pid`` before it (a recorder stopped then has nothing of it left to write)."""
+    def exited(rec: Any) -> bool:
+        return bool(((rec.events["pid"] == pid) & (rec.events["kind"] == "process_exit")).any())
+    return wait_recorded(out, exited, f"the exit of {pid} recorded", timeout)
 
 
 def replay_app(feed: Any, keep_exited_s: float = 300.0) -> Any:

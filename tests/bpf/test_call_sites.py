@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from fdtrace.analysis import leaks, load
-from tests.helpers import FDTRACE, replay_app, replay_to_end
+from tests.helpers import FDTRACE, Lines, eventually, replay_app, replay_to_end, wait_recorded
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")]
 SOURCE = Path(__file__).parents[1] / "data" / "call_sites" / "sites.c"
@@ -130,7 +130,10 @@ def test_emfile_failures_carry_the_stack_of_the_function_that_failed(sites_binar
     try:
         program.go()
         made, failed = (int(part.split("=")[1]) for part in program.line().split())
-        time.sleep(1)  # stacks are symbolized while their process lives: within a poll or a round
+        # stacks are symbolized while their process lives: it ends once they are on disk
+        wait_recorded(out, lambda rec: _failures_with_stacks(rec, program.pid) == failed
+                      and _most_open_at(rec, program.pid, "exhaust_descriptors+") == made,
+                      "the EMFILE failures with their stacks, and the open sockets by site, recorded")
         program.finish()
     finally:
         recorder.send_signal(signal.SIGINT)
@@ -159,6 +162,24 @@ def test_emfile_failures_carry_the_stack_of_the_function_that_failed(sites_binar
     assert exhausted["open"].max() == made  # every socket it made, while it lived
     assert leaks(rec, pid=program.pid)["site"].tolist() == []  # its exit closed them all
     assert int(rec.losses["stacks_full_total"].max()) == 0 and int(rec.losses["fds_full_total"].max()) == 0
+
+
+def _failures_with_stacks(rec: Any, pid: int) -> int:
+    """How many of ``pid``'s EMFILE failures are recorded with a symbolized stack."""
+    failures = rec.events[(rec.events["pid"] == pid) & (rec.events["errno"] == "EMFILE")]
+    if rec.stacks is None or not len(rec.stacks):
+        return 0
+    return int(failures["stack_id"].isin(set(rec.stacks["stack_id"])).sum())
+
+
+def _most_open_at(rec: Any, pid: int, function: str) -> int:
+    """The most descriptors ``pid`` held open at once from call sites whose stack holds ``function``."""
+    if rec.fd_sites is None or rec.stacks is None or not len(rec.fd_sites) or not len(rec.stacks):
+        return 0
+    ids = [i for i, frames in zip(rec.stacks["stack_id"], rec.stacks["frames"], strict=True)
+           if any(f.startswith(function) for f in frames)]
+    mine = rec.fd_sites[(rec.fd_sites["pid"] == pid) & rec.fd_sites["stack_id"].isin(ids)]
+    return int(mine["open"].max()) if len(mine) else 0
 
 
 def test_exec_keeps_only_the_descriptors_without_close_on_exec(sites_binary: Path) -> None:
@@ -298,7 +319,9 @@ def test_replay_shows_a_recorded_leak_in_the_process_detail(sites_binary: Path, 
     try:
         program.go()
         assert program.line() == "done"
-        time.sleep(1.5)  # rounds: the site's figures, its stack, a thread census
+        wait_recorded(out, lambda rec: _most_open_at(rec, program.pid, "leak_sockets+") == 6
+                      and rec.thread_census is not None and bool((rec.thread_census["pid"] == program.pid).any()),
+                      "the leaking site's figures, its stack and a thread census, recorded")
     finally:
         recorder.send_signal(signal.SIGINT)
         recorder.communicate(timeout=60)
@@ -339,14 +362,20 @@ def test_trace_prints_the_stack_of_each_failure(sites_binary: Path) -> None:
     program = Program(["prlimit", "--nofile=24:24", str(sites_binary), "emfile"])
     tracer = traced(program, ["trace", "--pid", str(program.pid), "--stacks", "--errors-only", "--json"],
                     marker="tracing (")
+    output = Lines(tracer.stdout)
     try:
         program.go()
         _made, failed = (int(part.split("=")[1]) for part in program.line().split())
-        time.sleep(1)
+        # stacks are symbolized while their process lives: it ends once its failures are printed
+        output.until(lambda lines: sum('"EMFILE"' in line for line in lines) >= failed,
+                     "the EMFILE failures printed")
     finally:
         tracer.send_signal(signal.SIGINT)
-        out, err = tracer.communicate(timeout=60)
+        tracer.wait(timeout=60)
         program.finish()
+    assert tracer.stderr is not None
+    tracer.stderr.close()
+    out = output.rest()
     events = [json.loads(line) for line in out.splitlines()]
     failures = [e for e in events if e["errno"] == "EMFILE"]
     assert len(failures) == failed == 4
@@ -363,7 +392,7 @@ def test_a_binary_replaced_by_a_fifo_does_not_hang_the_symbolizer(sites_binary: 
     shutil.copy(sites_binary, copy)
     program = Program([str(copy), "leak", "4", "1"])
     try:
-        time.sleep(0.2)
+        eventually(lambda: os.readlink(f"/proc/{program.pid}/exe") == str(copy), "the copy running")
         copy.unlink()
         os.mkfifo(copy)
         data = leaks_json(program, 2, ["done"])

@@ -16,20 +16,21 @@ import pytest
 
 from fdtrace.analysis import load
 from tests.conftest import python_child
-from tests.helpers import FDTRACE, started
+from tests.helpers import FDTRACE, started, wait_recorded
 
 pytestmark = pytest.mark.bpf
 CGROUPFS = Path("/sys/fs/cgroup")
 V1_PIDS = CGROUPFS / "pids"
 V2 = CGROUPFS / "unified" if (CGROUPFS / "unified" / "cgroup.procs").exists() else CGROUPFS
 SOCKETS = 5
-# Makes exactly SOCKETS sockets once told, then stays a moment (its last samples are taken).
+# Makes exactly SOCKETS sockets once told, then stays until its stdin closes (its samples are taken).
 CHILD = f"""
-import socket, sys, time
+import socket, sys
 sys.stdin.readline()
 for _ in range({SOCKETS}):
     socket.socket().close()
-time.sleep(1.5)
+print("made", flush=True)
+sys.stdin.read()
 """
 
 
@@ -56,22 +57,34 @@ def cgroup(base: Path, path: str, made: list[Path]) -> Path:
     return folder
 
 
-def record_children(tmp_path: Path, selection: list[str], placed: dict[str, Path]) -> tuple[Path, dict[str, int]]:
-    """Start one child per cgroup, put each in it, record with ``selection``, let them run."""
-    children = {name: subprocess.Popen(python_child(CHILD), stdin=subprocess.PIPE, text=True) for name in placed}
+def record_children(tmp_path: Path, selection: list[str], placed: dict[str, Path],
+                    selected: str) -> tuple[Path, dict[str, int]]:
+    """Start one child per cgroup, put each in it, record with ``selection``, let them run; they
+    end once the ``selected`` one's sockets and a sample of it are on disk."""
+    children = {name: subprocess.Popen(python_child(CHILD), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                for name in placed}
     for name, folder in placed.items():
         (folder / "cgroup.procs").write_text(str(children[name].pid))
     out = tmp_path / f"rec-{secrets.token_hex(3)}"
     recorder = started([FDTRACE, "record", "-o", str(out), "--interval", "0.5", *selection], "recording to")
+    pid = children[selected].pid
     try:
         for child in children.values():
             assert child.stdin is not None
             child.stdin.write("go\n")
             child.stdin.flush()
         for child in children.values():
-            child.wait(timeout=30)
-        time.sleep(0.5)
+            assert child.stdout is not None and child.stdout.readline().strip() == "made"
+        recorded_sockets(out, pid, SOCKETS)
+        wait_recorded(out, lambda rec: bool((rec.samples["pid"] == pid).any()), f"a sample of {selected} on disk")
     finally:
+        for child in children.values():
+            if child.stdin is not None:
+                child.stdin.close()
+        for child in children.values():
+            child.wait(timeout=30)
+            if child.stdout is not None:
+                child.stdout.close()
         recorder.send_signal(2)
         recorder.communicate(timeout=60)
     return out, {name: child.pid for name, child in children.items()}
@@ -83,7 +96,7 @@ def test_a_docker_container_on_cgroup_v1_is_recorded_alone(tmp_path: Path, cgrou
     test = f"fdtrace-test-{os.getpid()}"
     placed = {"docker": cgroup(V1_PIDS, f"{test}/docker-{ident}.scope", cgroups),
               "other": cgroup(V1_PIDS, f"{test}/other.scope", cgroups)}
-    out, pids = record_children(tmp_path, ["--container", ident[:12]], placed)
+    out, pids = record_children(tmp_path, ["--container", ident[:12]], placed, "docker")
     rec = load(out)
     traced = rec.events[rec.events["kind"] == "socket"]
     assert set(traced["pid"]) == {pids["docker"]} and len(traced) == SOCKETS  # exactly its calls, not the other's
@@ -100,7 +113,7 @@ def test_a_service_holding_a_containerd_container_on_cgroup_v2(tmp_path: Path, c
     unit = f"fdtrace-test-{os.getpid()}"
     placed = {"service": cgroup(V2, f"{unit}.service/cri-containerd-{ident}.scope", cgroups),
               "other": cgroup(V2, f"{unit}-other.service", cgroups)}
-    out, pids = record_children(tmp_path, ["--unit", unit], placed)
+    out, pids = record_children(tmp_path, ["--unit", unit], placed, "service")
     rec = load(out)
     traced = rec.events[rec.events["kind"] == "socket"]
     assert set(traced["pid"]) == {pids["service"]} and len(traced) == SOCKETS
@@ -164,9 +177,11 @@ def test_a_process_moved_to_another_cgroup_has_its_new_place_in_events_a_second_
             if move:
                 recorded_sockets(out, child.pid, SOCKETS)  # decoded, its place read, before it moves
                 (second / "cgroup.procs").write_text(str(child.pid))  # no exec: no event shows the move
+                # past the age (1 s) of the place read for the first sockets: the next event has it
+                # read again. A length of time that fdtrace defines, not a wait for something to arrive
                 time.sleep(1.5)
+        recorded_sockets(out, child.pid, 2 * SOCKETS)
         child.wait(timeout=30)
-        time.sleep(0.5)
     finally:
         recorder.send_signal(2)
         recorder.communicate(timeout=60)

@@ -17,7 +17,7 @@ from fdtrace.analysis import failures, headroom, least_headroom, load, thread_si
 from fdtrace.analysis.report import recommendations
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import binding_limit
-from tests.helpers import FDTRACE, build_go, started
+from tests.helpers import FDTRACE, build_go, started, wait_recorded
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("go") is None, reason="golang-go is not installed")]
 GOROUTINES = 300
@@ -58,7 +58,7 @@ func main() {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	time.Sleep(30 * time.Second)
+	time.Sleep(300 * time.Second) // until the test kills it (30 s ran out on two busy cores)
 }
 """
 
@@ -85,14 +85,17 @@ def test_go_thread_growth_is_recorded_and_flagged(tmp_path: Path) -> None:
         return samples[samples["pid"] == program.pid]
     try:
         # Growth is judged from the samples: one round sees the program before its threads start,
-        # then it starts 300 (200 a second) and rounds see them; a busy machine takes longer.
+        # then it starts 300 (200 a second) and rounds see them; a busy machine takes longer (each
+        # wait has its own deadline: on two busy cores the three together took more than 60 s).
         deadline = time.monotonic() + 60
         while mine().empty and time.monotonic() < deadline:
             time.sleep(0.2)
         program.stdin.write(b"x")
         program.stdin.flush()
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (mine()["threads"] >= GOROUTINES).any():
             time.sleep(0.3)
+        deadline = time.monotonic() + 60
         while True:
             result = subprocess.run([FDTRACE, "doctor", "--pid", str(program.pid), "--from", str(out), "--json"],
                                     capture_output=True, text=True, timeout=60)
@@ -210,13 +213,17 @@ def test_a_go_program_past_its_thread_limit_is_flagged_with_the_limit_it_printed
     program = subprocess.Popen([str(binary), str(GOROUTINES), "wait", str(limit)], stdin=subprocess.PIPE,
                                stderr=subprocess.PIPE)
     try:
-        time.sleep(1.5)  # the recorder's rounds see its first threads: a Go binary, watched from now on
+        # a round sees its first threads (its sample is on disk): a Go binary, watched from now on
+        wait_recorded(out, lambda rec: bool((rec.samples["pid"] == program.pid).any()),
+                      "a round's sample of the program")
         assert program.stdin is not None
         program.stdin.write(b"x")
         program.stdin.flush()
         _, said = program.communicate(timeout=60)
         assert program.returncode == 2 and f"runtime: program exceeds {limit}-thread limit".encode() in said
-        time.sleep(1.0)
+        wait_recorded(out, lambda rec: {"go_thread_limit", "process_exit"}
+                      <= set(rec.events[rec.events["pid"] == program.pid]["kind"].astype(str)),
+                      "the program's go_thread_limit and its exit recorded")
     finally:
         program.kill()
         recorder.send_signal(signal.SIGINT)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LiveTracer
-from tests.helpers import FDTRACE
+from tests.helpers import FDTRACE, eventually
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")]
 
@@ -97,10 +97,16 @@ def test_accept4_emfile_of_haproxy_under_a_connection_storm(
             client.close()
             continue
         clients.append(client)
-    time.sleep(1.0)
-    for client in clients:
-        client.close()
-    time.sleep(0.5)
+
+    def refused() -> bool:
+        with live_tracer.lock:
+            return any(e["pid"] == proc.pid and e["ts_ns"] >= start_ns and e["kind"] == "accept"
+                       and e["errno"] == "EMFILE" for e in live_tracer.events)
+    try:  # held open until haproxy's listener has met EMFILE and the tracer has its event
+        eventually(refused, "an accept4 of haproxy's failing with EMFILE, traced")
+    finally:
+        for client in clients:
+            client.close()
     with live_tracer.lock:
         events = [e for e in live_tracer.events if e["pid"] == proc.pid and e["ts_ns"] >= start_ns]
         totals = live_tracer.source.read_counters().for_pid(proc.pid)

@@ -22,13 +22,15 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 
 from fdtrace.procfs.sampler import ProcSampler
 from tests.bpf.test_haproxy import free_port
 from tests.conftest import needs_root
-from tests.helpers import FDTRACE, started
+from tests.helpers import FDTRACE, started, wait_recorded
 
 pytestmark = [needs_root(), pytest.mark.bpf,
               pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")]
@@ -58,6 +60,14 @@ def listen_backlog(port: int) -> int | None:
         if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":  # LISTEN
             return int(fields[4].split(":")[1], 16)
     return None
+
+
+def stats_rows(rec: Any, stats: Path, since_ns: int) -> Any:
+    """The recording's rows of ``stats`` taken since ``since_ns`` (CLOCK_MONOTONIC)."""
+    rows = rec.haproxy
+    if rows is None or not len(rows):
+        return pd.DataFrame({"error": []})
+    return rows[(rows["socket"] == str(stats)) & (rows["ts_ns"] >= since_ns)]
 
 
 def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path) -> None:
@@ -111,7 +121,12 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
             while FULL_LOG not in log.read_text():  # the storm has reached haproxy's limit
                 assert time.monotonic() < deadline, "haproxy never reached its FD limit"
                 time.sleep(0.05)
-            time.sleep(6 * INTERVAL_S)  # the storm lasts six of the sampler's turns
+            held_from = time.monotonic_ns()
+            time.sleep(6 * INTERVAL_S)  # the storm lasts six of the sampler's turns (a length, not a wait)
+            if with_stats:  # the sampler has held back while haproxy was full (its row is on disk)
+                wait_recorded(out, lambda rec, since=held_from: bool(stats_rows(rec, stats, since)["error"].notna()
+                                                                       .any()),
+                              "a stats question held back during the storm, recorded")
             for client in clients:
                 client.close()
             deadline = time.monotonic() + 120  # a haproxy at its limit can hold on for its timeouts
@@ -122,7 +137,11 @@ def test_fdtrace_counts_exactly_the_accept4_failures_haproxy_logs(tmp_path: Path
                     f"haproxy did not settle: fds {settled[-5:]} (idle {idle}), backlog {listen_backlog(port)}"
                 settled.append(samples.open_fds(haproxy.pid))  # the same for half a second
                 time.sleep(0.1)
-            time.sleep(4 * INTERVAL_S)  # quiet for four of the sampler's turns: it asks again
+            if with_stats:  # quiet: the sampler asks again, and is answered (its row is on disk)
+                quiet_from = time.monotonic_ns()
+                wait_recorded(out, lambda rec, since=quiet_from: bool(stats_rows(rec, stats, since)["error"].isna()
+                                                                        .any()),
+                              "a stats question answered after the storm, recorded")
         recorder.send_signal(signal.SIGINT)
         _, errors = recorder.communicate(timeout=120)
         assert recorder.returncode == 0, errors

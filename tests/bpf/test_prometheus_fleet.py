@@ -105,7 +105,15 @@ def test_the_fleet_view_ranks_the_failing_host_first_and_opens_its_processes(
             assert [str(table.get_row_at(i)[0]) for i in range(2)] == ["alpha", "beta"]
             assert str(table.get_row_at(0)[2]) != "·"  # its EMFILE/ENFILE of the window
             await pilot.press("enter")
-            await pilot.pause(0.3)
+
+            def host_drawn() -> bool:  # the host screen is up and its table has its rows
+                screen = app.screen
+                return isinstance(screen, HostScreen) and bool(screen.query("#host-processes")) \
+                    and screen.query_one("#host-processes", DataTable).row_count > 0
+            for _ in range(300):
+                if host_drawn():
+                    break
+                await pilot.pause(0.1)
             assert isinstance(app.screen, HostScreen) and app.screen.host == "alpha"
             processes = app.screen.query_one("#host-processes", DataTable)
             assert str(processes.get_row_at(0)[0]) == str(pids["alpha"])  # failing first

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -18,7 +19,7 @@ from fdtrace.analysis import destinations, headroom, load, rates
 from fdtrace.schema import SCHEMA_VERSION
 from tests.bpf.test_cli_trace import FDTRACE, WAIT_THEN
 from tests.conftest import python_child
-from tests.helpers import pids_cgroup
+from tests.helpers import exit_recorded, pids_cgroup, wait_recorded
 
 pytestmark = pytest.mark.bpf
 
@@ -32,7 +33,8 @@ while True:
 for _ in range(2):
     try: socket.socket()
     except OSError: pass
-time.sleep(2.5)
+print("full", flush=True)
+sys.stdin.readline()
 """
 
 
@@ -60,10 +62,20 @@ def start_recorder(out: Path, *args: str, prefix: tuple[str, ...] = ()) -> subpr
 
 def test_recording_holds_exact_counts_samples_and_metadata(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    child = subprocess.Popen(["prlimit", "--nofile=64:64", *python_child(HOLD_FDS)], stdin=subprocess.PIPE, text=True)
+    child = subprocess.Popen(["prlimit", "--nofile=64:64", *python_child(HOLD_FDS)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     recorder = start_recorder(out, "--interval", "0.5")
-    child.communicate("go\n", timeout=30)
-    time.sleep(0.5)
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == "full\n"
+
+    def held(rec: Any) -> bool:  # two rounds' samples of it at its limit, with its sockets
+        samples = rec.samples[rec.samples["pid"] == child.pid]
+        return len(samples[(samples["open_fds"] == 64) & (samples["sockets"] == 5)]) >= 2
+    wait_recorded(out, held, "two samples of the child at its limit")
+    child.communicate("stop\n", timeout=30)
+    exit_recorded(out, child.pid)
     recorder.send_signal(signal.SIGINT)
     _, err = recorder.communicate(timeout=30)
     assert recorder.returncode == 0, err
@@ -103,18 +115,21 @@ def test_recording_holds_exact_counts_samples_and_metadata(tmp_path: Path) -> No
 
 def test_sigkill_loses_at_most_about_the_last_second(tmp_path: Path) -> None:
     out = tmp_path / "rec"
-    child = subprocess.Popen(python_child(
-        WAIT_THEN + "import socket, time\nend = time.monotonic() + 4\n"
-        "while time.monotonic() < end:\n    socket.socket().close()\n    time.sleep(0.002)\n"
+    child = subprocess.Popen(python_child(  # a socket every ~2 ms until its stdin closes
+        WAIT_THEN + "import select, socket, time\n"
+        "while not select.select([sys.stdin], [], [], 0)[0]:\n    socket.socket().close()\n    time.sleep(0.002)\n"
     ), stdin=subprocess.PIPE, text=True)
     recorder = start_recorder(out)
     assert child.stdin is not None
     child.stdin.write("go\n")
     child.stdin.flush()
-    time.sleep(3)
+    # killed in the middle of the run: once some flushed seconds of it are on disk
+    wait_recorded(out, lambda rec: ((rec.events["pid"] == child.pid) & (rec.events["kind"] == "socket")).sum() > 100
+                  and len(rec.clock) >= 2, "a second of the child's sockets recorded")
     killed_at = time.monotonic_ns()
     recorder.kill()
     recorder.communicate()
+    child.stdin.close()
     child.wait(timeout=30)
 
     rec = load(out)
@@ -135,7 +150,8 @@ def test_flood_shows_losses_and_counters_stay_exact(tmp_path: Path) -> None:
         stdin=subprocess.PIPE, text=True)
     recorder = start_recorder(out, "--ring-pages", "1", "--pid", str(child.pid), "--interval", "0.3")
     child.communicate("go\n", timeout=60)
-    time.sleep(0.5)
+    wait_recorded(out, lambda rec: bool((rec.counters[rec.counters["pid"] == child.pid]["sockets"] == n).any()),
+                  "the kernel's count of the child's sockets recorded")
     recorder.send_signal(signal.SIGTERM)
     recorder.communicate(timeout=30)
     rec = load(out)
@@ -270,7 +286,8 @@ def test_two_hosts_side_by_side_on_one_wall_clock_timeline(tmp_path: Path) -> No
                  start_recorder(there, "--pid", str(child.pid),
                                 prefix=("unshare", "--uts", "sh", "-c", 'hostname fdtrace-other && exec "$0" "$@"'))]
     child.communicate("go\n", timeout=30)
-    time.sleep(0.5)
+    for folder in (here, there):
+        exit_recorded(folder, child.pid)
     for recorder in recorders:
         recorder.send_signal(signal.SIGINT)
         _, err = recorder.communicate(timeout=30)
@@ -322,7 +339,7 @@ def test_connect_destinations_in_the_recording_and_the_report(tmp_path: Path) ->
     child = subprocess.Popen(python_child(CONNECTS), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     recorder = start_recorder(out, "--pid", str(child.pid))
     printed, _ = child.communicate("go\n", timeout=30)
-    time.sleep(0.5)
+    exit_recorded(out, child.pid)
     recorder.send_signal(signal.SIGINT)
     _, err = recorder.communicate(timeout=30)
     assert recorder.returncode == 0, err

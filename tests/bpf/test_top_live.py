@@ -16,7 +16,7 @@ from fdtrace.analysis import load
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.sources.live import LiveOptions, LiveSource
 from tests.conftest import python_child
-from tests.helpers import live_app
+from tests.helpers import live_app, shown
 
 pytestmark = pytest.mark.bpf
 
@@ -30,18 +30,40 @@ while True:
 for _ in range(3):
     try: socket.socket()
     except OSError: pass
-time.sleep(4)
+time.sleep(120)  # at its limit until the test kills it
 """
 
 
 async def until_at_its_limit(app: Any, pilot: Any, pid: int) -> None:
-    """Wait (15 s at most) until the view shows the child's 4 failures and its 48 open FDs."""
-    deadline = time.monotonic() + 15
+    """Wait (60 s at most) until the view shows the child's 4 failures and its 48 open FDs."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         await pilot.pause(0.2)
         view = app.state.processes.get(pid)
         if view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48:
             return
+
+
+async def press_r_until_recording(app: Any, pilot: Any, recording: bool) -> None:
+    """Press R until the status says the view records (or no longer does): under load the feed may
+    hold its lock past R's wait, and R then says "press R again" and changes nothing."""
+    for _ in range(20):
+        await pilot.press("R")
+        try:
+            await shown(pilot, lambda: ("recording to" in app.status()) == recording, "R taken", timeout=3)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"R never {'started' if recording else 'stopped'} the recording: {app.status()}")
+
+
+def cell(app: Any, pid: int, column: str) -> str:
+    """The processes table's ``column`` of ``pid`` ("" while it has no row of it)."""
+    table = app.query_one("#processes", DataTable)
+    try:
+        return str(table.get_cell(str(pid), column))
+    except Exception:  # noqa: BLE001 - no such row yet (Textual's RowDoesNotExist / CellDoesNotExist)
+        return ""
 
 
 def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) -> None:
@@ -53,8 +75,7 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
 
     async def scenario() -> None:
         async with app.run_test(size=(180, 40)) as pilot:
-            await pilot.press("R")  # start recording
-            await pilot.pause(0.3)
+            await press_r_until_recording(app, pilot, True)  # start recording
             assert "recording to" in app.status()
             child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
             child_pid.append(child.pid)
@@ -64,16 +85,24 @@ def test_live_top_shows_a_child_hitting_emfile_and_records_it(tmp_path: Path) ->
                 assert view.fd_exhaustion_errors == 4  # openat once, socket three times
                 assert view.errors == {("openat", "EMFILE"): 1, ("socket", "EMFILE"): 3}
                 assert (view.open_fds, view.fd_soft_limit) == (48, 48)
-                await pilot.pause(1.2)  # the next rate window writes the log lines
+
+                def logged() -> list[str]:
+                    return [line.text for line in app.query_one("#log", RichLog).lines]
+                # the next rate window writes the log lines; the table is drawn with them
+                await shown(pilot, lambda: any(f"top-emfile[{child.pid}] socket failed with EMFILE" in line
+                                               for line in logged())
+                            and any(f"top-emfile[{child.pid}] openat failed" in line for line in logged())
+                            and cell(app, child.pid, "emfile").split()[:1] == ["4"]
+                            and cell(app, child.pid, "use") == "100%", "the child's failures in the log and the table")
                 table = app.query_one("#processes", DataTable)
                 # the count, then its rate while the failures are still in the rate window ("4 3.7/s")
                 assert str(table.get_cell(str(child.pid), "emfile")).split()[0] == "4"
                 assert str(table.get_cell(str(child.pid), "use")) == "100%"
-                lines = [line.text for line in app.query_one("#log", RichLog).lines]
+                lines = logged()
                 assert any(f"top-emfile[{child.pid}] socket failed with EMFILE x3" in line for line in lines)
                 assert any(f"top-emfile[{child.pid}] openat failed with EMFILE" in line for line in lines)
-                await pilot.press("R")  # stop recording
-                await pilot.pause(0.3)
+                await press_r_until_recording(app, pilot, False)  # stop recording
+                await shown(pilot, lambda: app.status() == "live", "the status says live")
                 assert app.status() == "live"
             finally:
                 child.kill()
@@ -99,7 +128,8 @@ def test_top_comm_shows_only_that_program() -> None:
             child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
             try:
                 await until_at_its_limit(app, pilot, child.pid)
-                await pilot.pause(1.2)
+                table = app.query_one("#processes", DataTable)
+                await shown(pilot, lambda: table.row_count > 0, "the table drawn")
                 assert app.state.processes[child.pid].fd_exhaustion_errors == 4
                 assert {view.comm for view in app.state.processes.values()} == {"top-emfile"}
                 table = app.query_one("#processes", DataTable)

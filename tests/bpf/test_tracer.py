@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import LiveTracer, python_child
-from tests.helpers import memory_cgroup
+from tests.helpers import eventually, memory_cgroup
 
 pytestmark = pytest.mark.bpf
 CHILD_COMM = os.path.basename(sys.executable)[:15]
@@ -230,7 +230,7 @@ def test_exit_group_of_threaded_process_keeps_its_code(live_tracer: LiveTracer) 
 def test_process_killed_by_a_signal(live_tracer: LiveTracer, sig: signal.Signals) -> None:
     start_ns = time.monotonic_ns()
     proc = subprocess.Popen(["sleep", "30"])
-    time.sleep(0.2)
+    eventually(lambda: os.readlink(f"/proc/{proc.pid}/exe").endswith("/sleep"), "sleep exec'd")
     proc.send_signal(sig)
     proc.wait()
     run = live_tracer.collect(proc.pid, proc.returncode, start_ns)
@@ -283,8 +283,12 @@ def test_per_record_callback_path_gives_the_same_events() -> None:
     try:
         assert source.tracer._ring is None
         child.communicate("go\n", timeout=30)
-        time.sleep(0.1)
-        events = source.poll().events.to_pylist()
+        events: list[dict] = []
+
+        def exited() -> bool:  # its exit is read, and every event of it before
+            events.extend(source.poll().events.to_pylist())
+            return any(e["kind"] == "process_exit" and e["pid"] == child.pid for e in events)
+        eventually(exited, "the child's exit read from the ring")
     finally:
         source.stop()
     sockets = [e for e in events if e["kind"] == "socket"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FDTRACE
+from tests.helpers import FDTRACE, eventually
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as another user: needs root")
 
@@ -53,8 +53,8 @@ def folder() -> Iterator[Path]:
 def check(folder: Path, config: str, finding: str) -> None:
     proc = fake_haproxy(folder, config)
     try:
-        time.sleep(0.3)
-        # the kernel runs the script through /bin/sh, under the script's name
+        # the kernel runs the script through /bin/sh, under the script's name (once it has exec'd)
+        eventually(lambda: Path(f"/proc/{proc.pid}/comm").read_text().strip() == "haproxy", "the script exec'd", 30)
         assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == "haproxy"
         result, took = doctor(proc.pid)
     finally:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,41 @@ from fleet_data import HostTruth, generate_fleet  # noqa: E402
 
 #: How far the generated hosts' wall clocks are off (host index -> ns ahead of true time).
 CLOCK_ERRORS = {1: 2_000_000, 2: -1_500_000_000}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _spark_jvm_stopped() -> Iterator[None]:
+    """Spark's ``session.stop()`` leaves the JVM that pyspark started (its py4j gateway) running
+    until Python exits, and the rest of the suite ran beside it. After this module the gateway is
+    shut down, the JVM ended (its stdin closed: PythonGatewayServer exits at end of file) and
+    py4j's threads joined (its finalizer worker looks for its shutdown once a second)."""
+    before = set(threading.enumerate())
+    yield
+    context = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    gateway = getattr(getattr(context, "SparkContext", None), "_gateway", None)
+    if gateway is None:
+        return
+    spark_context = context.SparkContext  # type: ignore[union-attr]
+    if spark_context._active_spark_context is not None:
+        spark_context._active_spark_context.stop()
+    gateway.shutdown()
+    jvm = getattr(gateway, "proc", None)
+    spark_context._gateway = spark_context._jvm = None
+    if jvm is None:
+        return
+    if jvm.stdin is not None:
+        jvm.stdin.close()
+    try:
+        jvm.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        jvm.kill()
+        jvm.wait()
+        raise AssertionError("Spark's JVM did not end when its gateway's stdin closed") from None
+    for thread in set(threading.enumerate()) - before:
+        target = getattr(thread, "_target", None)
+        if type(thread).__module__.startswith("py4j") or getattr(target, "__module__", "").startswith("py4j"):
+            thread.join(timeout=30)
+            assert not thread.is_alive(), f"py4j's thread {thread.name} outlived its gateway"
 
 
 @pytest.fixture(scope="module")
