@@ -661,7 +661,11 @@ def unknown_enums(part: Part) -> str:
     try:
         for batch in part.parquet.iter_batches(batch_size=1 << 20, columns=present):
             for name in present:
-                values = pc.unique(batch.column(name).cast(pa.string())).to_pylist()
+                column = batch.column(name)
+                # A dictionary column's values are its dictionary's (a superset of those its rows
+                # use): read those, not a string for each row.
+                values = pc.unique((column.dictionary if pa.types.is_dictionary(column.type) else column)
+                                   .cast(pa.string())).to_pylist()
                 known = kinds if name == "kind" else KNOWN_ERRNOS
                 if any(value is not None and value not in known for value in values):
                     return f"its {name} holds values fdtrace does not know"

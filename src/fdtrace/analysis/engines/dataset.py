@@ -331,11 +331,14 @@ def _over_engine(fleet: Fleet, engine: str, spark_master: str | None, memory_lim
     offsets = host_offsets(runner) if len(fleet.names) > 1 else None
     shifts = corrections(offsets) if clock_correction else {}
     if shifts:  # the same files, their times moved onto the reference host's clock
-        if engine == "duckdb":
-            runner.close()
-        seen = len(fleet.skipped)
-        runner = views(shifts)
-        del fleet.skipped[seen:]  # named once already
+        from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
+
+        if isinstance(runner, DuckDBEngine):
+            runner.shift(shifts)  # the files' footers are not read and checked again
+        else:
+            seen = len(fleet.skipped)
+            runner = views(shifts)
+            del fleet.skipped[seen:]  # named once already
     return EngineRecording(runner, fleet, fleet.meta, fleet.skipped, fleet.notes, clock_offsets=offsets,
                            clock_corrected=bool(shifts))
 
