@@ -662,10 +662,9 @@ def unknown_enums(part: Part) -> str:
         for batch in part.parquet.iter_batches(batch_size=1 << 20, columns=present):
             for name in present:
                 column = batch.column(name)
-                # A dictionary column's values are its dictionary's (a superset of those its rows
-                # use): read those, not a string for each row.
-                values = pc.unique((column.dictionary if pa.types.is_dictionary(column.type) else column)
-                                   .cast(pa.string())).to_pylist()
+                if pa.types.is_dictionary(column.type):  # the entries its rows use, not a string a row
+                    column = column.dictionary.take(pc.unique(column.indices).drop_null())
+                values = pc.unique(column.cast(pa.string())).to_pylist()
                 known = kinds if name == "kind" else KNOWN_ERRNOS
                 if any(value is not None and value not in known for value in values):
                     return f"its {name} holds values fdtrace does not know"
