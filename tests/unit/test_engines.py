@@ -209,3 +209,42 @@ def test_a_hostile_fleet_tree(tmp_path: Path, fleet: tuple[Path, list[HostTruth]
     empty.mkdir()
     refused = subprocess.run([FDTRACE, "info", str(empty), "--engine", "duckdb"], capture_output=True, text=True)
     assert refused.returncode != 0 and refused.stderr.count("\n") == 1 and "not an fdtrace recording" in refused.stderr
+
+
+@pytest.mark.parametrize("engine", ["pandas", "duckdb"])
+def test_the_rare_kinds_kept_once_give_what_the_events_give(engine: str) -> None:
+    """tests/data/newcomer (process starts, a limit change, a Go thread limit, EMFILE from socket
+    and accept): the analyses `info` runs over the rare kinds read the same rows from the small
+    tables kept once (Engine.keep_derived) as from the events, and those tables hold every row of
+    those kinds and every EMFILE/ENFILE call."""
+    from fdtrace.analysis.engines.dataset import engine_for
+    from fdtrace.analysis.limits import limit_changes_on
+    from fdtrace.analysis.memory import memory_needs_on, oom_victims_on
+    from fdtrace.analysis.needs import fd_needs_on
+    from fdtrace.analysis.report.advice import thread_advice
+
+    def analyses(runner: Any) -> list[Any]:
+        needs = fd_needs_on(runner)
+        memory = memory_needs_on(runner, needs)  # ordered by usage: its ties in any order
+        memory = memory.sort_values(["host", "pid", "start_ns"], kind="stable").reset_index(drop=True)
+        return [needs, limit_changes_on(runner), oom_victims_on(runner), memory, thread_advice(runner)]
+
+    with load(ROOT / "tests" / "data" / "newcomer", engine=engine) as recording, engine_for(recording) as runner:
+        from_events = analyses(runner)
+        counted = runner.query("SELECT kind, count(*) AS n FROM events WHERE kind IN ('process_start', "
+                               "'limit_change', 'go_thread_limit', 'oom_kill') OR errno IN ('EMFILE', 'ENFILE') "
+                               "GROUP BY kind")
+        runner.keep_derived()
+        assert runner.derived("rare_events").startswith("_kept_")
+        rare = runner.query(f"SELECT kind, count(*) AS n FROM {runner.derived('rare_events')} GROUP BY kind")
+        failed = runner.query(f"SELECT kind, CAST(sum(n) AS BIGINT) AS n FROM {runner.derived('fd_failures')} "
+                              "GROUP BY kind")
+        kept = analyses(runner)
+    assert dict(zip(counted["kind"], counted["n"], strict=True)) == {
+        "process_start": 508, "limit_change": 1, "go_thread_limit": 1, "accept": 105, "socket": 183}
+    assert dict(zip(rare["kind"], rare["n"], strict=True)) == {"process_start": 508, "limit_change": 1,
+                                                               "go_thread_limit": 1}
+    assert dict(zip(failed["kind"], failed["n"], strict=True)) == {"accept": 105, "socket": 183}
+    for before, after in zip(from_events[:-1], kept[:-1], strict=True):
+        pd.testing.assert_frame_equal(before, after)
+    assert from_events[-1] == kept[-1] and kept[0]["emfile"].sum() == 288

@@ -31,8 +31,8 @@ def limit_changes_on(engine: Engine) -> pd.DataFrame:
         return pd.DataFrame(columns=CHANGE_COLUMNS)
     found = engine.query(
         "SELECT host, time_ns, limit_target AS target, limit_resource AS resource, limit_soft AS soft, "
-        "limit_hard AS hard, pid AS caller, comm AS caller_comm, syscall, errno FROM events "
-        "WHERE kind = 'limit_change' ORDER BY time_ns")
+        "limit_hard AS hard, pid AS caller, comm AS caller_comm, syscall, errno "
+        f"FROM {engine.derived('rare_events')} WHERE kind = 'limit_change' ORDER BY time_ns")
     if found.empty:
         return pd.DataFrame(columns=CHANGE_COLUMNS)
     found["ok"] = found["errno"].isna() | (found["errno"].astype(str) == "")
@@ -103,7 +103,7 @@ def name_inherited_sources(engine: Engine, found: pd.DataFrame, changes: pd.Data
     if unknown.empty:
         return
     pids = ", ".join(str(int(p)) for p in sorted(set(unknown["pid"])))
-    starts = engine.query("SELECT host, pid, start_ns, ppid, time_ns FROM events "
+    starts = engine.query(f"SELECT host, pid, start_ns, ppid, time_ns FROM {engine.derived('rare_events')} "
                           f"WHERE kind = 'process_start' AND pid IN ({pids}) AND ppid IS NOT NULL")
     changes = limit_changes_on(engine) if changes is None else changes
     parents = sorted({int(p) for p in starts["ppid"]})

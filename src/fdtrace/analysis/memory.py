@@ -48,7 +48,7 @@ WITH mem AS (SELECT host, pid, start_ns, comm, ts_ns, time_ns, {_RSS} AS rss_byt
                         AS newest,
                     max(memcg_usage_bytes) OVER (PARTITION BY host, pid, start_ns) AS memcg_peak_bytes
              FROM samples WHERE rss_anon_kb IS NOT NULL OR memcg_usage_bytes IS NOT NULL),
-oom AS (SELECT DISTINCT host, pid, start_ns FROM events WHERE kind = 'oom_kill')
+oom AS (SELECT DISTINCT host, pid, start_ns FROM RARE_EVENTS WHERE kind = 'oom_kill')
 SELECT m.host, m.pid, m.start_ns, m.comm, m.time_ns, m.rss_bytes, m.memcg_limit_bytes, m.memcg_usage_bytes,
        m.memcg_peak_bytes, m.memcg_oom_kills, m.unit,
        CASE WHEN m.memcg_limit_bytes > 0 THEN CAST(m.memcg_peak_bytes AS DOUBLE) / m.memcg_limit_bytes END AS usage,
@@ -98,7 +98,7 @@ def memory_needs_on(engine: Engine, fd_needs: pd.DataFrame | None = None) -> pd.
         return pd.DataFrame(columns=MEMORY_COLUMNS)
     # the systemd unit whose MemoryMax is to change (recordings before units were sampled have none)
     unit = "unit" if "unit" in engine.columns("samples") else "CAST(NULL AS VARCHAR) AS unit"
-    last = engine.query(_LAST.replace("UNIT", unit))
+    last = engine.query(_LAST.replace("UNIT", unit).replace("RARE_EVENTS", engine.derived("rare_events")))
     if last.empty:
         return pd.DataFrame(columns=MEMORY_COLUMNS)
     last = last.sort_values(["killed", "usage", "rss_bytes"], ascending=False, na_position="last")
@@ -153,7 +153,8 @@ def memory_needs(recording: Analyzable) -> pd.DataFrame:
 
 def oom_victims_on(engine: Engine) -> pd.DataFrame:
     """``oom_victims()`` computed by ``engine``."""
-    kills = engine.query("SELECT host, pid, start_ns, comm, time_ns, ts_ns, anon_rss_kb FROM events "
+    kills = engine.query("SELECT host, pid, start_ns, comm, time_ns, ts_ns, anon_rss_kb "
+                         f"FROM {engine.derived('rare_events')} "
                          "WHERE kind = 'oom_kill' ORDER BY time_ns")
     if kills.empty:
         return pd.DataFrame(columns=VICTIM_COLUMNS)

@@ -39,8 +39,8 @@ WITH named AS (SELECT host, pid, start_ns, comm, open_fds, fd_soft_limit, fd_har
 used AS (SELECT host, pid, start_ns, max(CASE WHEN newest = 1 THEN comm END) AS comm, max(open_fds) AS peak_fds,
                 max(fd_soft_limit) AS fd_soft_limit, max(fd_hard_limit) AS fd_hard_limit
          FROM named GROUP BY host, pid, start_ns),
-per_second AS (SELECT host, pid, start_ns, min(comm) AS comm, time_ns // 1000000000 AS second, count(*) AS n
-               FROM events WHERE errno = 'EMFILE' GROUP BY host, pid, start_ns, time_ns // 1000000000),
+per_second AS (SELECT host, pid, start_ns, min(comm) AS comm, second, CAST(sum(n) AS BIGINT) AS n
+               FROM FD_FAILURES WHERE errno = 'EMFILE' GROUP BY host, pid, start_ns, second),
 refused AS (SELECT host, pid, start_ns, min(comm) AS comm, sum(n) AS emfile, max(n) AS emfile_worst_second
             FROM per_second GROUP BY host, pid, start_ns),
 asked AS (SELECT host, haproxy_pid AS pid,
@@ -49,8 +49,10 @@ asked AS (SELECT host, haproxy_pid AS pid,
                  max(CASE WHEN source = 'configuration' THEN ulimit_n END) AS config_ulimit_n,
                  max(CASE WHEN source = 'configuration' AND ulimit_n IS NOT NULL THEN socket END) AS config_path
           FROM haproxy WHERE haproxy_pid IS NOT NULL AND maxsock IS NOT NULL GROUP BY host, haproxy_pid),
-failed AS (SELECT host, pid, start_ns, min(comm) AS comm FROM events
-           WHERE kind IN ('go_thread_limit', 'oom_kill') OR errno = 'ENFILE' GROUP BY host, pid, start_ns),
+failed AS (SELECT host, pid, start_ns, min(comm) AS comm
+           FROM (SELECT host, pid, start_ns, comm FROM RARE_EVENTS WHERE kind IN ('go_thread_limit', 'oom_kill')
+                 UNION ALL SELECT host, pid, start_ns, comm FROM FD_FAILURES WHERE errno = 'ENFILE') AS ended
+           GROUP BY host, pid, start_ns),
 known AS (SELECT host, pid, start_ns FROM used UNION SELECT host, pid, start_ns FROM refused
           UNION SELECT host, pid, start_ns FROM failed)
 SELECT k.host, k.pid, k.start_ns, coalesce(r.comm, f.comm, u.comm) AS comm, u.fd_soft_limit, u.fd_hard_limit,
@@ -68,7 +70,9 @@ LEFT JOIN asked AS a ON k.host = a.host AND k.pid = a.pid
 
 def fd_needs_on(engine: Engine) -> pd.DataFrame:
     """``fd_needs()`` computed by ``engine``."""
-    found = engine.query(_PER_PROCESS).copy()  # written below: an engine's frame may be read-only (Spark's Arrow)
+    sql = _PER_PROCESS.replace("FD_FAILURES", engine.derived("fd_failures"))
+    sql = sql.replace("RARE_EVENTS", engine.derived("rare_events"))
+    found = engine.query(sql).copy()  # written below: an engine's frame may be read-only (Spark's Arrow)
     if found.empty:
         return pd.DataFrame(columns=NEED_COLUMNS)
     found["limit_source"] = None
@@ -101,8 +105,9 @@ def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame, changes: p
         return
     pids = ", ".join(str(int(p)) for p in sorted(set(failing["pid"])))
     seconds = engine.query(
-        "SELECT host, pid, start_ns, time_ns // 1000000000 AS second, count(*) AS n, min(time_ns) AS first_ns "
-        f"FROM events WHERE errno = 'EMFILE' AND pid IN ({pids}) GROUP BY host, pid, start_ns, time_ns // 1000000000")
+        "SELECT host, pid, start_ns, second, CAST(sum(n) AS BIGINT) AS n, min(first_ns) AS first_ns "
+        f"FROM {engine.derived('fd_failures')} WHERE errno = 'EMFILE' AND pid IN ({pids}) "
+        "GROUP BY host, pid, start_ns, second")
     samples = engine.query(f"SELECT host, pid, time_ns, fd_soft_limit FROM samples WHERE pid IN ({pids})")
     if not len(changes) and seconds.empty:
         return

@@ -127,6 +127,7 @@ def _hosts(recording: Dataset, engine: Engine, kinds: pd.DataFrame) -> list[str]
     offsets = recording.clock_offsets
     offsets = offsets.set_index("host") if offsets is not None and len(offsets) else pd.DataFrame()
     lines = []
+    clocks = _own_clocks(recording)  # the clock table read once, not once a host
     for host, meta in sorted(recording.meta.items()):
         state = "complete" if meta.get("complete") else "incomplete (recorder did not stop cleanly)"
         lines.append(f"host {host}: kernel {meta.get('kernel')}, fdtrace {meta.get('fdtrace_version')}, {state}")
@@ -143,9 +144,8 @@ def _hosts(recording: Dataset, engine: Engine, kinds: pd.DataFrame) -> list[str]
                              f"  clock: {clock_text(row)}{corrected}")
             elif len(offsets):
                 lines.append("  clock: no connection pairs with the other hosts in both directions: not corrected")
-        own = _own_clock(recording, host)
-        if own:
-            lines.append(f"  {own}")
+        if host in clocks:
+            lines.append(f"  {clocks[host]}")
         rotated = meta.get("rotated_out") or {}
         if rotated.get("files"):
             rows = ", ".join(f"{t} {n}" for t, n in rotated["rows"].items() if n)
@@ -196,26 +196,27 @@ def clock_text(row: Any) -> str:
             f"{row['pairs']} connection pairs{', via ' + row['via'] if row['via'] else ''})")
 
 
-def _own_clock(recording: Dataset, host: str) -> str:
-    """The host's own last word on its clock (adjtimex), when it was not synchronized."""
+def _own_clocks(recording: Dataset) -> dict[str, str]:
+    """Each host's own last word on its clock (adjtimex), where it was not synchronized."""
     try:
         clock = recording.clock
     except (AttributeError, FdtraceError):
-        return ""
+        return {}
     if clock is None or not len(clock) or "synchronized" not in clock.columns:
-        return ""
-    mine = clock[(clock["host"].astype(str) == host) & clock["synchronized"].notna()]
-    if not len(mine):
-        return ""
-    last = mine.sort_values("ts_ns").iloc[-1]
-    if bool(last["synchronized"]):
-        return ""
-    return (f"own clock: not synchronized (adjtimex), maximum error {int(last['max_error_us']) / 1e6:.3f} s: "
-            "its wall times are only as good as that")
+        return {}
+    said = {}
+    known = clock[clock["synchronized"].notna()]
+    for host, mine in known.groupby(known["host"].astype(str), sort=False, observed=True):
+        last = mine.sort_values("ts_ns").iloc[-1]
+        if not bool(last["synchronized"]):
+            said[str(host)] = (f"own clock: not synchronized (adjtimex), maximum error "
+                               f"{int(last['max_error_us']) / 1e6:.3f} s: its wall times are only as good as that")
+    return said
 
 
 def summary_on(recording: Dataset, engine: Engine) -> str:
     """``summary()`` of a recording whose tables ``engine`` holds."""
+    engine.keep_derived()  # the rare kinds' rows and the EMFILE/ENFILE counts: read once, for every query below
     least = least_headroom_on(engine)
     several = len(recording.meta) > 1
     # A fleet's part files carry summaries of their events: then no event is read.

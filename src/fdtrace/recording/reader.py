@@ -607,7 +607,10 @@ def unknown_enums(part: Part) -> str:
     try:
         for batch in part.parquet.iter_batches(batch_size=1 << 20, columns=present):
             for name in present:
-                values = pc.unique(batch.column(name).cast(pa.string())).to_pylist()
+                column = batch.column(name)
+                if pa.types.is_dictionary(column.type):  # the entries its rows use, not a string a row
+                    column = column.dictionary.take(pc.unique(column.indices).drop_null())
+                values = pc.unique(column.cast(pa.string())).to_pylist()
                 known = kinds if name == "kind" else KNOWN_ERRNOS
                 if any(value is not None and value not in known for value in values):
                     return f"its {name} holds values fdtrace does not know"

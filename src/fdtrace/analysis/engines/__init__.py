@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.recording.upgrade import RENAMED
 from fdtrace.schema import TABLES
 from fdtrace.schema.fields import Field
@@ -134,10 +135,47 @@ def table_files(fleet: Any, table: str, demoted: set[Path] | frozenset[Path] = f
     return found
 
 
+#: The events of these kinds are few (a process's start, a limit changed, an OOM kill, Go's thread
+#: limit), however many events a recording holds: ``rare_events`` has their rows.
+RARE_KINDS = ("go_thread_limit", "limit_change", "oom_kill", "process_start")
+#: The columns of ``rare_events``: those the analyses of the rare kinds read.
+RARE_COLUMNS = ("host", "time_ns", "ts_ns", "pid", "start_ns", "comm", "kind", "syscall", "errno", "ret", "ppid",
+                "anon_rss_kb", "limit_target", "limit_resource", "limit_soft", "limit_hard")
+def _each(values: tuple[str, ...] | list[str], column: str, select: str) -> str:
+    """``select`` over the events with ``column`` equal to each of ``values`` in turn, as one
+    relation: an engine reading Parquet skips the row groups whose dictionary lacks the value, which
+    it does not do for ``column IN (...)``."""
+    return " UNION ALL ".join(f"SELECT {select} FROM events WHERE {column} = {quote(v)}" for v in values)
+
+
+#: Relations over the events that several analyses read, each small whatever the events' count
+#: (``Engine.derived``): the rows of the rare kinds, and the calls that failed with EMFILE or ENFILE
+#: counted per process, call and second (``n``, and the first one's time, ``first_ns``).
+DERIVED = {
+    "rare_events": _each(RARE_KINDS, "kind", ", ".join(RARE_COLUMNS)),
+    "fd_failures": "SELECT host, pid, start_ns, comm, kind, syscall, errno, second, count(*) AS n, "
+                   "min(time_ns) AS first_ns FROM ("
+                   + _each(sorted(FD_EXHAUSTION_ERRNOS), "errno", "host, pid, start_ns, comm, kind, syscall, errno, "
+                           "time_ns // 1000000000 AS second, time_ns")
+                   + ") AS failed GROUP BY host, pid, start_ns, comm, kind, syscall, errno, second",
+}
+
+
 class Engine(ABC):
     """Runs the analyses' SQL over the views of one recording or fleet."""
 
     name: str
+
+    def derived(self, name: str) -> str:
+        """The relation ``name`` of :data:`DERIVED`, for a query's FROM: the table kept by
+        :meth:`keep_derived`, else the query over the events (the same rows either way)."""
+        return f"({DERIVED[name]}) AS {name}"
+
+    def keep_derived(self) -> None:
+        """Read the :data:`DERIVED` relations from the events once and keep them, so that the
+        analyses of the rare kinds that follow read them instead of the events (a command running
+        several of them: ``info``). An engine that cannot keep them reads the events each time."""
+        return
 
     @abstractmethod
     def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:

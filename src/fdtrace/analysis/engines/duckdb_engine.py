@@ -10,7 +10,16 @@ from typing import Any
 
 import pandas as pd
 
-from fdtrace.analysis.engines import Engine, PartGoneError, TableFiles, quote, select_list, table_files, view_fields
+from fdtrace.analysis.engines import (
+    DERIVED,
+    Engine,
+    PartGoneError,
+    TableFiles,
+    quote,
+    select_list,
+    table_files,
+    view_fields,
+)
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import Fleet
 from fdtrace.schema import TABLES
@@ -56,6 +65,7 @@ class DuckDBEngine(Engine):
         self._offsets: dict[str, int] | None = None
         self._files: dict[str, TableFiles] = {}  # per table, from the fleet's current part lists
         self._demoted: set[Path] = set()  # files DuckDB failed on: fdtrace's reader reads them
+        self._kept: set[str] = set()  # the DERIVED relations kept (keep_derived)
 
     @classmethod
     def over_frames(cls, frames: dict[str, pd.DataFrame], memory_limit: str | None = None) -> DuckDBEngine:
@@ -97,6 +107,9 @@ class DuckDBEngine(Engine):
         are read by DuckDB from the files, the others by fdtrace's reader (``table_files``);
         files that cannot be read at all are left out and named in ``fleet.skipped``."""
         connection, spill = _connect(memory_limit, threads)
+        # Each query of a command reads the same files: their footers are read once, not once a query.
+        connection.execute("LOAD parquet")
+        connection.execute("SET parquet_metadata_cache = true")
         engine = cls(connection, spill, {})
         engine._fleet, engine._offsets = fleet, offsets
         try:
@@ -111,6 +124,7 @@ class DuckDBEngine(Engine):
         the parts are listed again; when DuckDB cannot take a file, fdtrace's reader reads it."""
         import duckdb
 
+        self._kept.clear()  # read from the views as they were: read again from the new ones
         gone = 0
         while gone < RETRIES:
             try:
@@ -187,7 +201,22 @@ class DuckDBEngine(Engine):
                 del self._files[table]
         return "demoted"
 
+    def derived(self, name: str) -> str:
+        return f"_kept_{name} AS {name}" if name in self._kept else super().derived(name)
+
+    def keep_derived(self) -> None:
+        for name, sql in DERIVED.items():
+            if name not in self._kept:
+                self._connection.register(f"_kept_{name}", self._fetch(sql, None, arrow=True))
+                self._kept.add(name)
+
     def query(self, sql: str, inputs: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+        frame: pd.DataFrame = self._fetch(sql, inputs)
+        return frame
+
+    def _fetch(self, sql: str, inputs: dict[str, pd.DataFrame] | None, arrow: bool = False) -> Any:
+        """The result of ``sql`` as a DataFrame (or an Arrow table: ``arrow``), the views made again
+        and the query run again after a file went or could not be read."""
         import duckdb
 
         for name, frame in (inputs or {}).items():
@@ -196,6 +225,8 @@ class DuckDBEngine(Engine):
             gone = 0
             while True:
                 try:
+                    if arrow:
+                        return self._connection.sql(sql).to_arrow_table()
                     return self._connection.execute(sql).df()
                 except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException):
                     raise  # a wrong query, not a wrong file

@@ -12,11 +12,11 @@ from fdtrace.advice.change import LimitPlace, fd_hard_to_set, fd_limit_ways, nea
 from fdtrace.advice.fixes import GO_THREAD_LIMITS, file_max_change, go_exceeded_change, listen_fix, thread_change
 from fdtrace.advice.threads import GO_THREADS_ADVICE
 from fdtrace.analysis import headroom_series as headroom_module
-from fdtrace.analysis.engines import Engine, quote
+from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.memory import memory_advice_lines, memory_needs_on, oom_victims_on
 from fdtrace.analysis.needs import fd_needs_on
-from fdtrace.policy import FD_EXHAUSTION_ERRNOS, THREADS_COUNTED, USAGE_WARN
+from fdtrace.policy import THREADS_COUNTED, USAGE_WARN
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Dataset
@@ -105,7 +105,8 @@ def thread_advice(engine: Engine) -> list[str]:
     """The thread limits' lines (``advice.fixes``' changes): each process near the limit binding
     its threads, then each Go program that exceeded its own (said once: by the runtime's message,
     not again by its peak at that limit); the same in the report and ``info``."""
-    said = engine.query("SELECT DISTINCT host, pid FROM events WHERE kind = 'go_thread_limit'")
+    said = engine.query(f"SELECT DISTINCT host, pid FROM {engine.derived('rare_events')} "
+                        "WHERE kind = 'go_thread_limit'")
     exceeded = {(str(r.host), int(r.pid)) for r in said.itertuples()}
     return _thread_advice(engine, exceeded) + go_limit_advice(engine)
 
@@ -119,9 +120,8 @@ def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
     if not grew:
         return None
     moved = " and ".join(f"TcpExt {name} grew by {count:,}" for name, count in grew.items())
-    refused = engine.query(f"SELECT comm, pid, count(*) AS n FROM events WHERE kind = 'accept' AND errno IN "
-                           f"({', '.join(quote(e) for e in sorted(FD_EXHAUSTION_ERRNOS))}) GROUP BY comm, pid "
-                           "ORDER BY n DESC, pid LIMIT 3")
+    refused = engine.query(f"SELECT comm, pid, CAST(sum(n) AS BIGINT) AS n FROM {engine.derived('fd_failures')} "
+                           "WHERE kind = 'accept' GROUP BY comm, pid ORDER BY n DESC, pid LIMIT 3")
     somaxconn = int(system["somaxconn"].min()) if "somaxconn" in system.columns and system["somaxconn"].notna().any() \
         else None
     if len(refused):
@@ -133,8 +133,9 @@ def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
 def go_limit_advice(engine: Engine) -> list[str]:
     """A line per Go program that said it exceeded its thread limit (the runtime's own message:
     the only place a limit set by debug.SetMaxThreads shows)."""
-    said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit FROM events "
-                        "WHERE kind = 'go_thread_limit' GROUP BY host, pid ORDER BY host, pid")
+    said = engine.query("SELECT host, pid, min(comm) AS comm, max(ret) AS thread_limit "
+                        f"FROM {engine.derived('rare_events')} WHERE kind = 'go_thread_limit' "
+                        "GROUP BY host, pid ORDER BY host, pid")
     lines = []
     for r in said.itertuples():
         change = None if pd.isna(r.thread_limit) else go_exceeded_change(int(r.thread_limit))
