@@ -178,21 +178,16 @@ def test_truncated_part_is_skipped_and_named(tmp_path: Path) -> None:
     assert result.returncode == 0 and "skipped unreadable files:" in result.stdout
 
 
-def _first(name: str) -> int:
-    """The first part number a part file holds: part-000007-000010.parquet holds 7 to 10."""
-    return int(name.removeprefix("part-").split("-")[0].split(".")[0])
-
-
 def test_rotate_merges_files_and_max_size_caps_the_recording(tmp_path: Path) -> None:
     rotated = tmp_path / "rotated"
     subprocess.run([FDTRACE, "record", "-o", str(rotated), "--duration", "2.6", "--interval", "0.2",
                     "--rotate", "1"], check=True, capture_output=True)
     for table in ("system", "clock", "losses"):
         names = [p.name for p in (rotated / table).rglob("part-*.parquet")]
-        # merged each second; the part flushed at the stop may come after the last merge (under load)
+        # merged each second (less often when rounds run late, on a busy host), and at the stop: what the
+        # last update brought is flushed before that last merge, so no part is left unmerged
         unmerged = [n for n in names if "-" not in n.removeprefix("part-")]
-        assert len(names) <= 4 and len(unmerged) <= 1 and (not unmerged or unmerged[0] == max(names, key=_first)), \
-            names
+        assert 1 <= len(names) <= 4 and unmerged == [], names
     rec = load(rotated)
     # one clock row and one losses row each round: merging lost none of either (under load a round
     # can take longer than --interval, so their number is not fixed)

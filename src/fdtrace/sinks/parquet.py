@@ -170,7 +170,7 @@ class ParquetSink:
             self._unread = list(update.unread)
         for sample_round in update.rounds:
             self._round(sample_round, update)
-        if update.rounds:
+        if update.rounds or update.final:  # the last events go into the last merge, not a part after it
             writer.flush(wait=False)
         if self.rotate_s is not None and (update.final or time.monotonic() >= self._next_compaction):
             writer.compact(wait=False)
