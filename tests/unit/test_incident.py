@@ -3,6 +3,7 @@ destinations of each process's connect() calls (from events decoded as the live 
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
 
@@ -245,13 +246,16 @@ WALL = 1_700_000_000_000_000_000  # the wall time of ts 0 in the decoded records
 
 def test_a_failure_the_counters_saw_first_is_shown_at_once_and_not_counted_again_by_its_events() -> None:
     """Under a flood the events of a failing program come late, or are dropped: the in-kernel
-    counters' reading gives it its row and its exact count at once; its events, when they come,
-    add their times and log lines but no count; a later reading raises the count past the
-    events' (the ring dropped some), and a reading of an instance the row is not does nothing."""
-    counted = ProcessTotals(pid=9, first_ts=5, comm="charlie", exit_ts=None, counts={},
+    counters' reading, with its /proc sample of the same round, makes its row a failed one with
+    its exact count at once; its events, when they come, add their times and log lines but no
+    count; a later reading raises the count past the events' (the ring dropped some); a reading
+    of another instance of the pid, or of a process the view does not show, changes nothing."""
+    counted = ProcessTotals(pid=9, first_ts=5, comm="python3", exit_ts=None, counts={},
                             errors={("openat", "EMFILE"): 3, ("connect", "EAGAIN"): 7})
+    stranger = ProcessTotals(pid=11, first_ts=6, comm="bash", exit_ts=None, counts={}, errors={("openat", "ENOENT"): 2})
     state = IncidentState()
-    state.apply_counters([counted], WALL + 2_000_000_000)
+    state.apply_samples([dataclasses.replace(sample(9, open_fds=40), comm="charlie")], WALL + 2_000_000_000)
+    state.apply_counters([counted, stranger], WALL + 2_000_000_000)
     view = state.processes[9]
     assert (view.comm, view.failed, view.fd_exhaustion_errors, dict(view.errors)) == \
         ("charlie", True, 3, {("openat", "EMFILE"): 3})

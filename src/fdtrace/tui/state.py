@@ -580,30 +580,21 @@ class IncidentState:
         return brief
 
     def apply_counters(self, instances: Iterable[CountedInstance], now_ns: int) -> None:
-        """Fold in a reading of the exact in-kernel counters (live only; a replay has none): each
-        process instance with failed calls gets its row and its exact counts at once, before its
-        events come (a flood may hold them back, or drop them). Per (syscall, errno) the view
-        shows the larger of what its events counted and what the counters say, so nothing is
-        counted twice; the events still bring the times and the log lines. Only instances with
-        failed calls are looked at: the others' rows come from their events and samples."""
+        """Fold in a reading of the exact in-kernel counters (live only; a replay has none): the
+        failed calls of each process the view shows get their exact counts, and a failure its
+        row's events have not brought yet (a flood holds them back, or the ring drops them)
+        makes the row a failed one at once. Per (syscall, errno) the view shows the larger of
+        what its events counted and what the counters say, so nothing is counted twice; the
+        events still bring the times and the log lines. A reading makes no row of its own: the
+        counters' name may be one the program had before it renamed itself, and ``top --comm``
+        shows rows by name; a new failure's row comes from its /proc sample, which the live
+        source takes first, in the same round (``LiveOptions.failures_first``)."""
         for totals in instances:
             failed = [(key, count) for key, count in totals.errors.items() if count and key[1] not in NOT_FAILURES]
-            if not failed:
-                continue
             view = self.processes.get(totals.pid)
-            if view is not None and not _same_instance(view, totals):
-                if totals.exit_ts is not None:
-                    continue  # another instance's final reading: its events tell its story
-                view = None  # the pid was reused
-            if view is None:
-                view = ProcessView(pid=totals.pid, comm=totals.comm)
-                self.processes[totals.pid] = view
-                if totals.exit_ts is not None:  # it failed and ended between two readings
-                    view.ended, view.ended_ns = "exited", now_ns
+            if not failed or view is None or not _same_instance(view, totals):
+                continue
             view.kernel_instance = totals.first_ts
-            if not view.comm:
-                view.comm = totals.comm
-            view.last_seen_ns = max(view.last_seen_ns, now_ns)
             for (syscall, errno), count in failed:
                 view._counted_failed(syscall, errno, count)
                 if errno in FD_EXHAUSTION_ERRNOS:
@@ -1002,9 +993,9 @@ class IncidentState:
 
 
 def _same_instance(view: ProcessView, totals: CountedInstance) -> bool:
-    """Whether a counters' process instance is the one a row shows: the one read for it before;
-    else, for a row no reading named yet, a live instance for a live row, an ended one for an
-    ended row."""
+    """Whether a counters' process instance is the one a row shows (not an earlier or later
+    process of the same pid): the one read for it before; else, for a row no reading named yet,
+    a live instance for a live row, an ended one for an ended row."""
     if view.kernel_instance is not None:
         return view.kernel_instance == totals.first_ts
     return (totals.exit_ts is None) == (view.ended is None)
