@@ -18,10 +18,9 @@ pytestmark = [needs_root(), pytest.mark.bpf,
                                  reason="needs tmux and a C compiler")]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34, open: after bounding the view's per-update work, 2 to 5 of six "
-                   "failing programs on screen within 2 s, RSS 360-417 MB, q after 2.1-3.3 s (load 10-20 on the 2 "
-                   "cores: top gets about a quarter of a core and the flood fills the 16 MiB ring between polls; "
-                   "docs/benchmarks.md)")
+@pytest.mark.xfail(strict=True, reason="issue 34, open: with failures first, 35 of 36 failing programs on screen "
+                   "within 2 s in 6 runs (0.17-1.67 s), but top's RSS peaks at 403-420 MB and q takes 2.1-3.2 s "
+                   "(load 6-9 on the 2 cores; docs/benchmarks.md)")
 def test_failing_programs_show_within_2_s_under_churn_and_flood() -> None:
     figures = run(FDTRACE, programs=6, gap_s=5.0, hold_s=4.0, timeout_s=2.0)
     assert all(after is not None for after in figures.shown_after_s.values()), figures

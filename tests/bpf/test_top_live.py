@@ -139,3 +139,35 @@ def test_top_comm_shows_only_that_program() -> None:
                 child.wait()
 
     asyncio.run(scenario())
+
+
+def test_a_new_emfile_brings_the_round_forward_ahead_of_the_events() -> None:
+    """failures_first (top): rounds 30 s apart, yet within a second of the child's first EMFILE a
+    poll hands out a round with no events, ahead of the ring's: the child sampled (at its limit)
+    and the counters' exact count of its failed openat."""
+    source = LiveSource(LiveOptions(trace=TraceOptions(), top_processes=0, keep_exited=0, interval_s=30.0,
+                                    failures_first=True))
+    source.start()
+    try:
+        source.poll()  # the round at start; the next timed one is 30 s away
+        child = subprocess.Popen(["prlimit", "--nofile=48:48", *python_child(CHILD)])
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                update = source.poll()
+                if update.rounds:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("no round within 10 s of the child's failure")
+            assert update.events.num_rows == 0
+            [sample] = [s for s in update.rounds[0].samples if s.pid == child.pid]
+            assert (sample.open_fds, sample.fd_soft_limit) == (48, 48)
+            assert update.counters is not None
+            [totals] = [t for t in update.counters.live.values() if t.pid == child.pid]
+            assert totals.errors[("openat", "EMFILE")] == 1
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        source.stop()

@@ -3,11 +3,13 @@ destinations of each process's connect() calls (from events decoded as the live 
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
 
 import numpy as np
 
+from fdtrace.kernel.counters import ProcessTotals
 from fdtrace.schema import SYSCALL_IDS, Kind
 from fdtrace.schema.records import ProcessSample
 from fdtrace.tui.adapters import process_detail
@@ -237,3 +239,46 @@ def test_a_host_that_forks_thousands_keeps_only_the_latest_brief_lives_and_every
     assert state._window_events == events.num_rows  # every event is in the rate
     rows, matching = state.top_rows(limit=2)
     assert [view.pid for view in rows] == [1011, 1007] and matching == 5  # the failed first
+
+
+WALL = 1_700_000_000_000_000_000  # the wall time of ts 0 in the decoded records (tests.unit.test_decode)
+
+
+def test_a_failure_the_counters_saw_first_is_shown_at_once_and_not_counted_again_by_its_events() -> None:
+    """Under a flood the events of a failing program come late, or are dropped: the in-kernel
+    counters' reading, with its /proc sample of the same round, makes its row a failed one with
+    its exact count at once; its events, when they come, add their times and log lines but no
+    count; a later reading raises the count past the events' (the ring dropped some); a reading
+    of another instance of the pid, or of a process the view does not show, changes nothing."""
+    counted = ProcessTotals(pid=9, first_ts=5, comm="python3", exit_ts=None, counts={},
+                            errors={("openat", "EMFILE"): 3, ("connect", "EAGAIN"): 7})
+    stranger = ProcessTotals(pid=11, first_ts=6, comm="bash", exit_ts=None, counts={}, errors={("openat", "ENOENT"): 2})
+    state = IncidentState()
+    state.apply_samples([dataclasses.replace(sample(9, open_fds=40), comm="charlie")], WALL + 2_000_000_000)
+    state.apply_counters([counted, stranger], WALL + 2_000_000_000)
+    view = state.processes[9]
+    assert (view.comm, view.failed, view.fd_exhaustion_errors, dict(view.errors)) == \
+        ("charlie", True, 3, {("openat", "EMFILE"): 3})
+    assert [v.pid for v in state.rows()] == [9]
+    failures = [record(Kind.SOCKET, pid=9, syscall=SYSCALL_IDS["openat"], ret=-24, errno=24, comm=b"charlie")
+                for _ in range(3)]
+    state.apply_events(decode_table(np.concatenate(failures)))
+    state.apply_counters([counted], WALL + 3_000_000_000)
+    state.roll(WALL + 3_000_000_000, {})
+    assert (view.fd_exhaustion_errors, dict(view.errors)) == (3, {("openat", "EMFILE"): 3})
+    assert view.first_failure_ns == WALL + 1_000  # when its events say it failed
+    assert any("openat failed with EMFILE x3" in entry.text for entry in state.log)
+    counted.errors[("openat", "EMFILE")] = 5  # two more, whose events the ring dropped
+    state.apply_counters([counted], WALL + 4_000_000_000)
+    assert view.fd_exhaustion_errors == 5
+    other = ProcessTotals(pid=9, first_ts=1, comm="charlie", exit_ts=3, counts={}, errors={("openat", "EMFILE"): 40})
+    state.apply_counters([other], WALL + 5_000_000_000)
+    assert state.processes[9] is view and view.fd_exhaustion_errors == 5
+
+
+def test_replay_without_counters_counts_failures_from_events_alone() -> None:
+    """A replay has no counters reading: the events' counts are what the view shows."""
+    failures = [record(Kind.SOCKET, pid=9, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24) for _ in range(4)]
+    state = IncidentState()
+    state.apply_events(decode_table(np.concatenate(failures)))
+    assert (state.processes[9].fd_exhaustion_errors, dict(state.processes[9].errors)) == (4, {("socket", "EMFILE"): 4})

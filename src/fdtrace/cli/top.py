@@ -78,7 +78,8 @@ def top(pids: tuple[int, ...], follow: bool, top_processes: int, record_dir: str
     source = LiveSource(LiveOptions(exiting=True, trace=TraceOptions(pids=pids, follow=follow, ring_pages=ring_pages,
             stacks=stacks, max_stacks=max_stacks, max_fds=max_fds),
                                     top_processes=top_processes, haproxy_sockets=haproxy_sockets,
-                                    live_phases=True, keep_exited=0, comms=comms, samples_of_comms_only=True))
+                                    live_phases=True, keep_exited=0, comms=comms, samples_of_comms_only=True,
+                                    failures_first=True))
     # the R key records: its writer's descriptors are counted before the probes attach
     reserve_descriptors(source, "the R key's recording", RecordingWriter.DESCRIPTORS)
     start_live(source)

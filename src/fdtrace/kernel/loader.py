@@ -361,6 +361,11 @@ class BpfTracer:
                          "errno": key.errno_, "count": int(getattr(value, "value", value))})
         return rows
 
+    def failed_instances(self, errnos: frozenset[int]) -> set[tuple[int, int]]:
+        """The process instances (pid, first_ts) with a failed call of one of ``errnos`` counted:
+        the error table read alone (it holds failing processes only), cheap enough for each poll."""
+        return {(key.pid, key.first_ts) for key, _ in _items(self._programs["errors"]) if key.errno_ in errnos}
+
     def forget_errors(self, instances: set[tuple[int, int]]) -> None:
         """Remove the error counts of exited process instances (pid, first_ts), as last read by
         ``error_counts()`` (an exited process makes no new errors)."""

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import errno as errno_module
 import os
 import resource
 import socket
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,6 +368,12 @@ class KernelSession:
         """Loss counters read from the kernel now."""
         self._last_losses = self.tracer.stats()
         return self._last_losses
+
+    def failed_instances(self, errnos: Iterable[str]) -> set[tuple[int, int]]:
+        """The process instances (pid, first_ts) the in-kernel error table has a failed call of
+        one of ``errnos`` (names: "EMFILE") for, read now (the table alone: cheap)."""
+        codes = frozenset(getattr(errno_module, name) for name in errnos)
+        return self.tracer.failed_instances(codes)
 
     def read_counters(self) -> CounterStore:
         """Refresh and return the exact per-process totals.

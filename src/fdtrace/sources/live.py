@@ -19,17 +19,21 @@ from fdtrace.kernel.session import KernelSession
 from fdtrace.kernel.stacks import BlockedCode
 from fdtrace.kernel.syscalls import syscall_name
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.procfs import ProcFS
 from fdtrace.procfs.reader import READ_ERRORS
 from fdtrace.procfs.sampler import ProcSampler
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import thread_census
+from fdtrace.schema import arrow_schema
 from fdtrace.schema.failures import incident_mask
 from fdtrace.schema.records import ProcessSample, ThreadCensus
 from fdtrace.sources.filters import keep_comms
 
 #: How often the live view reads the ranks' phase state files.
 PHASES_INTERVAL_NS = 250_000_000
+#: ``failures_first``: rounds brought forward by new failures are at least this far apart.
+FAILURES_FIRST_GAP_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,11 @@ class LiveOptions:
         round_share: a round's /proc sampling stops after this share of the interval: the
             processes failing, those named (--pid, --comm) and those nearest a limit first, the
             rest as time allows (each round says what it took and how many it left out).
+        failures_first: (the live view) each poll reads the in-kernel error table first; a
+            process that newly failed with EMFILE/ENFILE brings the round forward, itself sampled
+            first, and that poll hands out the round (exact counters, its sample) before the
+            ring's events, which a flood can hold back for seconds (at most one such round per
+            ``FAILURES_FIRST_GAP_S``).
     """
 
     trace: TraceOptions = TraceOptions()
@@ -74,6 +83,7 @@ class LiveOptions:
     census_processes: int = 3
     samples_of_comms_only: bool = False
     round_share: float = 0.5
+    failures_first: bool = False
 
 
 class LiveSource:
@@ -96,6 +106,9 @@ class LiveSource:
         self._go_shortfalls: list[str] = []
         self._pids_with_events: set[int] = set()
         self._pids_failing: dict[int, None] = {}  # failed (EMFILE, OOM kill...) since the last round, in order
+        self._failed_instances: set[tuple[int, int]] = set()  # failures_first: those seen in the error table
+        self._last_early_round = 0.0
+        self._no_events = arrow_schema().empty_table()
         self._info: SourceInfo | None = None
         self._next_round = time.monotonic()
         self._rounds_asked: list[threading.Event] = []
@@ -153,6 +166,10 @@ class LiveSource:
             self.haproxy.start()
 
     def poll(self) -> Update:
+        if self.options.failures_first:
+            early = self._failures_first()
+            if early is not None:
+                return early
         update = self._events()
         now = time.monotonic()
         if self.phases is not None and time.monotonic_ns() >= self._next_phases:
@@ -166,6 +183,26 @@ class LiveSource:
             self._round(update)
             for done in asked:
                 done.set()
+        return update
+
+    def _failures_first(self) -> Update | None:
+        """A round taken now, before the ring's events are read, when a process newly failed
+        with EMFILE/ENFILE (the error table says so at once; its events may be seconds behind a
+        flood's): it is sampled first and the round's counters carry its exact counts."""
+        now = time.monotonic()
+        if now - self._last_early_round < FAILURES_FIRST_GAP_S:
+            return None
+        failed = self.kernel.failed_instances(FD_EXHAUSTION_ERRNOS)
+        new = failed - self._failed_instances
+        self._failed_instances = failed
+        if not new:
+            return None
+        self._last_early_round = now
+        for pid, _first_ts in sorted(new, key=lambda instance: instance[1]):
+            self._pids_failing[pid] = None
+        update = Update(now_ns=time.time_ns(), events=self._no_events, boot_wall_ns=self._boot_wall_ns)
+        self._round(update)
+        self._next_round = now + self.options.interval_s
         return update
 
     def round_now(self) -> threading.Event:

@@ -238,6 +238,9 @@ class FdtraceApp(App[None]):
                 self.state.apply_haproxy(sample_round.haproxy, sample_round.time_ns)
             if sample_round.cost_s is not None:
                 self._round_note = round_note(sample_round.cost_s, sample_round.unsampled)
+        if update.counters is not None:  # live: failed calls with exact counts, ahead of their events
+            self.state.apply_counters([*update.counters.live.values(), *update.counters.newly_exited],
+                                      update.now_ns)
         if self._last_roll_ns is None or update.now_ns - self._last_roll_ns >= 1_000_000_000 or update.reset:
             self.state.roll(update.now_ns, update.losses)
             self._last_roll_ns = update.now_ns

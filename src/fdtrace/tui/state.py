@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +34,17 @@ HISTORY_POINTS = 600
 MAX_SITES = 10_000  # call-site names kept for the detail screen (--stacks)
 RATE_KINDS = ("socket", "accept", "connect", "close", "thread_start")
 NO_RATES = dict.fromkeys((*RATE_KINDS, "fd_exhaustion"), 0.0)
+
+
+class CountedInstance(Protocol):
+    """One process instance of the in-kernel counters (the kernel package's ``ProcessTotals``),
+    as ``IncidentState.apply_counters`` reads it."""
+
+    pid: int
+    first_ts: int
+    comm: str
+    exit_ts: int | None
+    errors: dict[tuple[str, str], int]
 
 
 #: HAProxy processes whose demands are kept (their views may come later).
@@ -78,7 +89,13 @@ class ProcessView:
     memory_levels: MemoryLevels = field(default_factory=MemoryLevels)
     memory_in_cgroup: bool = False  # a sample's memory was its cgroup's usage (the fit's measure)
     last_state: str | None = None  # an OOM victim as its last sample saw it
-    errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (syscall, errno) -> failures shown
+    # Its failed calls as its events counted them and as the in-kernel counters last said (live
+    # only): ``errors`` shows the larger of the two for each (syscall, errno), so a failure the
+    # counters saw first is on screen at once, and is not counted again when its events come.
+    event_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    kernel_errors: dict[tuple[str, str], int] = field(default_factory=dict)
+    kernel_instance: int | None = None  # the counters' first_ts of the instance they were read for
     history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     thread_history: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     # connect() calls by destination ("10.0.0.5:8080", "[::1]:443"): (calls, failed)
@@ -225,13 +242,28 @@ class ProcessView:
         return harm_order(worst, count, self.first_failure_ns if self.first_failure_ns is not None else 1 << 62)
 
     def _count_failed(self, syscall: str, errno: str, count: int) -> None:
-        """Count ``count`` calls of ``syscall`` failed with ``errno``, and their failure class."""
-        self.errors[(syscall, errno)] += count
+        """Count ``count`` calls of ``syscall`` failed with ``errno`` (from events), and their
+        failure class."""
+        self.event_errors[(syscall, errno)] += count
+        self._settle(syscall, errno)
+
+    def _counted_failed(self, syscall: str, errno: str, count: int) -> None:
+        """The in-kernel counters' count of ``syscall`` failed with ``errno`` (cumulative)."""
+        self.kernel_errors[(syscall, errno)] = count
+        self._settle(syscall, errno)
+
+    def _settle(self, syscall: str, errno: str) -> None:
+        """Show the larger of the events' and the counters' count of (``syscall``, ``errno``)."""
+        key = (syscall, errno)
+        grown = max(self.event_errors[key], self.kernel_errors.get(key, 0)) - self.errors[key]
+        if grown <= 0:
+            return
+        self.errors[key] += grown
         found = failure_class({"errno": errno})
         if found is not None:
             self.failures.add(found)
         if errno in FD_EXHAUSTION_ERRNOS:
-            self.fd_exhaustion_errors += count
+            self.fd_exhaustion_errors += grown
 
     def _failed_at(self, when_ns: int) -> None:
         if self.first_failure_ns is None or when_ns < self.first_failure_ns:
@@ -546,6 +578,27 @@ class IncidentState:
             return none
         brief: np.ndarray = pids[np.sort(ended)[:len(ended) - self.max_ended]]
         return brief
+
+    def apply_counters(self, instances: Iterable[CountedInstance], now_ns: int) -> None:
+        """Fold in a reading of the exact in-kernel counters (live only; a replay has none): the
+        failed calls of each process the view shows get their exact counts, and a failure its
+        row's events have not brought yet (a flood holds them back, or the ring drops them)
+        makes the row a failed one at once. Per (syscall, errno) the view shows the larger of
+        what its events counted and what the counters say, so nothing is counted twice; the
+        events still bring the times and the log lines. A reading makes no row of its own: the
+        counters' name may be one the program had before it renamed itself, and ``top --comm``
+        shows rows by name; a new failure's row comes from its /proc sample, which the live
+        source takes first, in the same round (``LiveOptions.failures_first``)."""
+        for totals in instances:
+            failed = [(key, count) for key, count in totals.errors.items() if count and key[1] not in NOT_FAILURES]
+            view = self.processes.get(totals.pid)
+            if not failed or view is None or not _same_instance(view, totals):
+                continue
+            view.kernel_instance = totals.first_ts
+            for (syscall, errno), count in failed:
+                view._counted_failed(syscall, errno, count)
+                if errno in FD_EXHAUSTION_ERRNOS:
+                    view._failed_at(now_ns)  # by now at the latest; its events say when
 
     def apply_baseline(self, baseline: Baseline) -> None:
         """Fold in what the events before a replay's window added up to (``Baseline``), as
@@ -937,6 +990,15 @@ class IncidentState:
             else:  # as sorted(...)[:room], by the standard library's word
                 shown += (heapq.nlargest if reverse else heapq.nsmallest)(room, group, key=key)
         return shown, len(views)
+
+
+def _same_instance(view: ProcessView, totals: CountedInstance) -> bool:
+    """Whether a counters' process instance is the one a row shows (not an earlier or later
+    process of the same pid): the one read for it before; else, for a row no reading named yet,
+    a live instance for a live row, an ended one for an ended row."""
+    if view.kernel_instance is not None:
+        return view.kernel_instance == totals.first_ts
+    return (totals.exit_ts is None) == (view.ended is None)
 
 
 def headroom_key(view: ProcessView) -> tuple[Any, ...]:
