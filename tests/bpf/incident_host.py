@@ -73,6 +73,16 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def has_ended(pid: int) -> bool:
+    """Whether the process has exited: gone, or a zombie its parent has not reaped yet (tmux's
+    server reaps its panes' processes up to a second or two late; a shell waits at once)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
 def processes_started() -> int:
     for line in Path("/proc/stat").read_text().splitlines():
         if line.startswith("processes "):
@@ -123,8 +133,8 @@ def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0
         figures.rss_mb.append((time.monotonic() - started, rss_mb(top_pid)))
         asked = time.monotonic()
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        while Path(f"/proc/{top_pid}").exists() and time.monotonic() - asked < 30:
-            time.sleep(0.05)
+        while not has_ended(top_pid) and time.monotonic() - asked < 30:
+            time.sleep(0.02)
         figures.quit_s = time.monotonic() - asked
     finally:
         for proc in load:

@@ -29,6 +29,7 @@ from fdtrace.schema import arrow_schema
 from fdtrace.schema.failures import incident_mask
 from fdtrace.schema.records import ProcessSample, ThreadCensus
 from fdtrace.sources.filters import keep_comms
+from fdtrace.sources.memory import return_freed_memory
 
 #: How often the live view reads the ranks' phase state files.
 PHASES_INTERVAL_NS = 250_000_000
@@ -161,6 +162,7 @@ class LiveSource:
 
     def start(self) -> None:
         self.kernel.start(on_stage=self.on_stage)
+        self.notes.extend(return_freed_memory())
         self._info = self._describe()
         if self.haproxy is not None:
             self.haproxy.start()
