@@ -66,11 +66,21 @@ def screen(session: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, RssAnon) of a process in MB; (0, 0) once it is gone."""
+    figures = {"VmRSS:": 0.0, "RssAnon:": 0.0}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key = line.split(maxsplit=1)[0] if line else ""
+            if key in figures:
+                figures[key] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return figures["VmRSS:"], figures["RssAnon:"]
+
+
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return memory_mb(pid)[0]
 
 
 def has_ended(pid: int) -> bool:
@@ -90,6 +100,19 @@ def processes_started() -> int:
     return 0
 
 
+def start_top(fdtrace: str, session: str, folder: Path, size: tuple[int, int] = (220, 60)) -> int:
+    """`fdtrace top` in a new tmux session of ``size``, once its screen is drawn; its pid."""
+    pid_file = folder / "top.pid"
+    command = f"echo $$ > {pid_file}; exec {fdtrace} top"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]),
+                    "bash", "-c", command], check=True)
+    deadline = time.monotonic() + 180
+    while "events/s" not in screen(session):  # attached and drawn
+        assert time.monotonic() < deadline, f"top did not start: {screen(session)}"
+        time.sleep(0.2)
+    return int(pid_file.read_text())
+
+
 def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0, timeout_s: float = 2.0,
         size: tuple[int, int] = (220, 60)) -> Figures:
     """Start top in tmux, the load, then ``programs`` failing programs ``gap_s`` apart; each is
@@ -100,15 +123,7 @@ def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0
     load: list[subprocess.Popen[bytes]] = []
     try:
         fork_loop = build_fork_loop(folder)
-        pid_file = folder / "top.pid"
-        command = f"echo $$ > {pid_file}; exec {fdtrace} top"
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]),
-                        "bash", "-c", command], check=True)
-        deadline = time.monotonic() + 180
-        while "events/s" not in screen(session):  # attached and drawn
-            assert time.monotonic() < deadline, f"top did not start: {screen(session)}"
-            time.sleep(0.2)
-        top_pid = int(pid_file.read_text())
+        top_pid = start_top(fdtrace, session, folder, size)
         started, begun = time.monotonic(), processes_started()
         load += [subprocess.Popen([str(fork_loop)]) for _ in range(2)]
         load.append(subprocess.Popen([sys.executable, "-S", "-c", FLOOD]))

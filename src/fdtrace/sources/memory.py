@@ -12,7 +12,6 @@ by one instead: each burst costs page faults, and the resident size follows what
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import platform
 
 #: glibc's mallopt parameters (malloc.h).
@@ -32,10 +31,12 @@ def return_freed_memory() -> list[str]:
     missing = []
     if pa.default_memory_pool().backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
-    if platform.libc_ver()[0] != "glibc":
-        return [f"the C library is not glibc ({platform.libc_ver()[0] or 'unknown'}): freed memory is "
-                "returned as it decides"]
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc_name = platform.libc_ver()[0]
+    if libc_name != "glibc":
+        return [f"the C library is not glibc ({libc_name or 'unknown'}): freed memory is returned as it decides"]
+    # The process's own symbols, libc's among them: ctypes.util.find_library would run ldconfig,
+    # or a compiler found on PATH, as root.
+    libc = ctypes.CDLL(None)
     for parameter, value in ((_M_MMAP_THRESHOLD, MMAP_FROM_BYTES), (_M_TRIM_THRESHOLD, TRIM_FROM_BYTES)):
         if libc.mallopt(ctypes.c_int(parameter), ctypes.c_int(value)) != 1:
             missing.append(f"mallopt({parameter}, {value}) was refused")
