@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,6 +107,29 @@ def live_tracer() -> Iterator[LiveTracer]:
 def python_child(code: str) -> list[str]:
     """argv of a Python child running ``code`` (no site imports: nothing but what it says)."""
     return [sys.executable, "-S", "-c", code]
+
+
+#: The checkout: some tests run its fdtrace as another user (nobody, through setpriv).
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_reachable_by_other_users() -> Iterator[None]:
+    """The tests that run fdtrace as nobody (its refusal without privileges, the service with only
+    its capabilities) need the checkout's folders traversable by other users. A clone made in
+    `mktemp -d` (mode 0700, as CI makes it) is not: each folder on the way that lacks the others'
+    search bit gets it (search only: nothing becomes listable or readable that was not) for the
+    session, and its mode back afterwards."""
+    changed = []
+    if os.geteuid() == 0:
+        for folder in [*reversed(CHECKOUT.parents), CHECKOUT]:
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            if not mode & stat.S_IXOTH:
+                os.chmod(folder, mode | stat.S_IXOTH)
+                changed.append((folder, mode))
+    yield
+    for folder, mode in reversed(changed):
+        os.chmod(folder, mode)
 
 
 #: Where the suite writes what a test module left running (set FDTRACE_LEFTOVERS to a path).
