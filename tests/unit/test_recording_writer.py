@@ -97,17 +97,27 @@ def test_parse_size_refuses_nonsense(text: str) -> None:
         parse_size(text)
 
 
+class Watched(RecordingWriter):
+    """A writer that notes the size of the part files on disk after each file it writes."""
+
+    peak = 0
+
+    def _guard(self, action: Any) -> Any:
+        done = super()._guard(action)
+        self.peak = max(self.peak, sum(p.stat().st_size for p in self.root.rglob("part-*.parquet")))
+        return done
+
+
+def test_max_size_holds_while_parts_are_flushed(tmp_path: Path) -> None:
+    """The parts a flush pushes out of the budget are gone before its own part is written."""
+    limit = int(part_size(tmp_path) * 3.5)
+    writer = Watched(tmp_path / "capped", "h1", META, max_size=limit)
+    write_intervals(writer, 10)
+    assert writer.peak <= limit and writer.rotated_out["files"] == 7, (writer.peak, limit)
+
+
 def test_max_size_holds_while_parts_are_merged(tmp_path: Path) -> None:
     """A merged file is written beside its parts before they go: room is made for it first."""
-
-    class Watched(RecordingWriter):
-        peak = 0
-
-        def _guard(self, action: Any) -> Any:
-            done = super()._guard(action)
-            self.peak = max(self.peak, sum(p.stat().st_size for p in self.root.rglob("part-*.parquet")))
-            return done
-
     probe = RecordingWriter(tmp_path / "probe", "h1", META)
     write_intervals(probe, 1)
     one_part = probe.size

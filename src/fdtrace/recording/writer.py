@@ -492,14 +492,21 @@ class RecordingWriter:
 
     def _write_flush_locked(self, number: int, pending: dict[str, list[pa.Table]], asked_ns: int) -> None:
         start_ns, self._last_flush_ns = self._last_flush_ns, asked_ns
-        for table, buffered in pending.items():
-            data = upgrade(table, pa.concat_tables(buffered, promote_options="default"), SCHEMA_VERSION)
+        # Encoded first, so that the parts they push out of the budget are deleted before they
+        # are written: the files on disk never hold more than the budget plus the parts a reader
+        # still has open.
+        encoded = {table: _encoded_parquet(table, upgrade(table, pa.concat_tables(buffered, promote_options="default"),
+                                                          SCHEMA_VERSION))
+                   for table, buffered in pending.items()}
+        if self.max_size is not None:
+            self._make_room(sum(body.size for _, body in encoded.values()))
+        for table, (rows, body) in encoded.items():
             name = part_name(number, number)
             size = self._guard(functools.partial(self._folders[table].write_file, name,
-                                                 functools.partial(_write_parquet, table, data), self.file_mode))
-            self._insert(table, _Part(number, number, name, data.num_rows, size, start_ns, asked_ns))
+                                                 functools.partial(_write_buffer, body), self.file_mode))
+            self._insert(table, _Part(number, number, name, rows, size, start_ns, asked_ns))
             self._unmerged[table] += 1
-            self.rows_written[table] += data.num_rows
+            self.rows_written[table] += rows
             self.bytes_written += size
         if self.max_size is not None:
             self._rotate_out()
@@ -678,7 +685,7 @@ class RecordingWriter:
     def _merge(self, table: str, merging: list[_Part]) -> None:
         parts = self._parts[table]
         if self.max_size is not None:  # the merged file sits beside its parts until they go
-            self._rotate_out(reserve=sum(part.size for part in merging), keep=tuple(merging))
+            self._make_room(sum(part.size for part in merging), keep=tuple(merging))
             if any(part.kept for part in merging):  # the budget changed its mind meanwhile: leave them
                 return
         name = part_name(merging[0].first, merging[-1].last)
@@ -693,6 +700,15 @@ class RecordingWriter:
             self._remove(table, at)
         self._insert(table, _Part(merging[0].first, merging[-1].last, name, rows, size,
                                   min(p.start_ns for p in merging), max(p.end_ns for p in merging)), at)
+
+    def _make_room(self, reserve: int, keep: tuple[_Part, ...] = ()) -> None:
+        """Rotate out (``_rotate_out``) so that ``reserve`` bytes about to be written fit, and
+        delete what went now rather than after the write: published first, so no reader that
+        comes later lists it (one holding the readers' lock keeps it until the next collection)."""
+        self._rotate_out(reserve=reserve, keep=keep)
+        if any(self._retired.values()):
+            self._publish()
+            self._collect()
 
     def _rotate_out(self, reserve: int = 0, keep: tuple[_Part, ...] = ()) -> None:
         """Share the incident budget out again (``_allocate``), then delete the oldest parts
@@ -799,8 +815,15 @@ def _stored_span(metadata: Any, wall_offset_ns: int | None) -> tuple[int, int]:
     return (0, 0) if low is None or high is None else (low - offset, high - offset)
 
 
-def _write_parquet(table: str, data: pa.Table, out: BinaryIO) -> None:
-    pq.write_table(data, out, **parquet_options(table, data.column_names))
+def _encoded_parquet(table: str, data: pa.Table) -> tuple[int, pa.Buffer]:
+    """A flush's rows of ``table`` as the bytes of one Parquet file, with their row count."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, **parquet_options(table, data.column_names))
+    return data.num_rows, sink.getvalue()
+
+
+def _write_buffer(body: pa.Buffer, out: BinaryIO) -> None:
+    out.write(memoryview(body))
 
 
 def _merge_parts(table: str, folder: HeldDirectory, parts: list[_Part], out: BinaryIO) -> None:
