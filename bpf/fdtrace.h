@@ -198,14 +198,9 @@ static __always_inline void fdt_count_error(u32 tgid, struct fdt_counters *c, u8
     }
 }
 
-/* Reserves an event and fills what every kind has; the caller fills the rest and submits. */
-static __always_inline struct fdt_event *fdt_reserve(u8 kind, u8 sc, u32 pid, u32 tid)
+/* Fills what every kind has; the caller fills the rest. */
+static __always_inline void fdt_fill(struct fdt_event *e, u8 kind, u8 sc, u32 pid, u32 tid)
 {
-    struct fdt_event *e = events.ringbuf_reserve(sizeof(struct fdt_event));
-    if (!e) {
-        fdt_stat(FDT_STAT_RINGBUF_FULL);
-        return 0;
-    }
     e->ts_ns = bpf_ktime_get_ns();
     e->pid = pid;
     e->tid = tid;
@@ -219,10 +214,43 @@ static __always_inline struct fdt_event *fdt_reserve(u8 kind, u8 sc, u32 pid, u3
     e->extra[2] = 0;
     e->extra[3] = 0;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
+}
+
+/* Reserves an event and fills what every kind has; the caller fills the rest and submits. */
+static __always_inline struct fdt_event *fdt_reserve(u8 kind, u8 sc, u32 pid, u32 tid)
+{
+    struct fdt_event *e = events.ringbuf_reserve(sizeof(struct fdt_event));
+    if (!e) {
+        fdt_stat(FDT_STAT_RINGBUF_FULL);
+        return 0;
+    }
+    fdt_fill(e, kind, sc, pid, tid);
     return e;
 }
 
 static __always_inline void fdt_submit(struct fdt_event *e)
 {
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+/* The rare kinds that end a process (an OOM kill, Go's thread limit) are kept here as well as
+ * sent through the ring, until user space takes them (each poll, ahead of the ring): a ring that
+ * a flood fills can drop events but not these, and they reach the view before the flood's
+ * backlog. User space hands each (ts, pid, kind) out once, from whichever copy it reads first. */
+struct fdt_ending_key {
+    u64 ts_ns;
+    u32 pid;
+    u32 kind;
+};
+BPF_HASH(ending_events, struct fdt_ending_key, struct fdt_event, 1024);
+
+static __always_inline void fdt_emit_ending(struct fdt_event *e)
+{
+    struct fdt_ending_key key = {};
+    key.ts_ns = e->ts_ns;
+    key.pid = e->pid;
+    key.kind = e->kind;
+    ending_events.update(&key, e); /* full (1024 not yet taken): the ring's copy is the only one */
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP) != 0)
+        fdt_stat(FDT_STAT_RINGBUF_FULL);
 }

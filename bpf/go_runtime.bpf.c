@@ -61,11 +61,10 @@ int fdt_go_gwrite(struct pt_regs *ctx)
             return 0;
         limit = limit * 10 + (digits[i] - '0');
     }
-    struct fdt_event *e = fdt_reserve(FDT_KIND_GO_THREAD_LIMIT, 0, tgid, tid);
-    if (!e)
-        return 0;
-    e->ret = limit;
-    fdt_submit(e);
+    struct fdt_event event = {};
+    fdt_fill(&event, FDT_KIND_GO_THREAD_LIMIT, 0, tgid, tid);
+    event.ret = limit;
+    fdt_emit_ending(&event);
     return 0;
 }
 #endif

@@ -207,9 +207,9 @@ TRACEPOINT_PROBE(oom, mark_victim)
     u32 victim = args->pid;
     if (fdt_skip(victim)) /* with --pid, another process's OOM kill is not one of the traced */
         return 0;
-    struct fdt_event *e = fdt_reserve(FDT_KIND_OOM_KILL, 0, victim, victim);
-    if (!e)
-        return 0;
+    struct fdt_event event = {};
+    struct fdt_event *e = &event;
+    fdt_fill(e, FDT_KIND_OOM_KILL, 0, victim, victim);
 #ifdef FDT_OOM_DETAILS
     TP_DATA_LOC_READ_CONST(&e->comm, comm, sizeof(e->comm));
     e->extra[FDT_X_OOM_KILL_TOTAL_VM_KB] = args->total_vm;
@@ -220,7 +220,7 @@ TRACEPOINT_PROBE(oom, mark_victim)
 #else
     __builtin_memset(&e->comm, 0, sizeof(e->comm));
 #endif
-    fdt_submit(e);
+    fdt_emit_ending(e);
     return 0;
 }
 #endif

@@ -3,6 +3,7 @@ as `fdtrace top` and `fdtrace replay` build it."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -255,3 +256,12 @@ def drain(leader: int, quiet_s: float = 0.2) -> bytes:
             break
         taken += chunk
     return taken
+
+
+def ctypes_layout(kind: Any) -> Any:
+    """A ctypes type as its size, alignment and members' names, offsets and layouts."""
+    members = [(name, getattr(kind, name).offset, ctypes_layout(rest[0]))
+               for name, *rest in getattr(kind, "_fields_", [])]
+    length = getattr(kind, "_length_", None)
+    element = ctypes_layout(kind._type_) if length is not None else None
+    return ctypes.sizeof(kind), ctypes.alignment(kind), members, length, element

@@ -4,12 +4,14 @@ fdtrace compile again."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import pwd
 import select
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 
 from fdtrace.kernel.bpf_cache import CACHE_ENV, cache_key
 from tests.conftest import needs_root
-from tests.helpers import FDTRACE, drain
+from tests.helpers import FDTRACE, ctypes_layout, drain
 
 pytestmark = [needs_root(), pytest.mark.bpf]
 
@@ -115,3 +117,50 @@ def test_a_changed_tracepoint_format_is_another_key(tmp_path: Path) -> None:
     exec_format.write_text(exec_format.read_text().replace("old_pid", "old_tid"))
     assert cache_key(text, ["-DX"], formats) != before
     assert cache_key(text, ["-DY"], formats) != cache_key(text, ["-DX"], formats)
+
+
+MAPPED = """
+import sys
+from fdtrace.kernel.loader import TraceOptions
+from fdtrace.kernel.session import KernelSession
+session = KernelSession(TraceOptions())
+session.start()
+maps = open("/proc/self/maps").read()
+print(session.notes[0] if session.notes else "", "|", "libbcc.so" in maps, "libLLVM" in maps, "bcc" in sys.modules)
+session.stop()
+"""
+
+
+def test_a_start_from_kept_programs_loads_neither_bcc_nor_its_compiler(tmp_path: Path) -> None:
+    """Compiling loads bcc (and LLVM with it); a start from the kept image needs only libbcc_bpf,
+    which keeps about 60 MB of pages out of every live command."""
+    def start() -> tuple[str, list[str]]:
+        done = subprocess.run([sys.executable, "-c", MAPPED], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, CACHE_ENV: str(tmp_path / "cache")})
+        assert done.returncode == 0, done.stderr
+        said, _, loaded = done.stdout.strip().rpartition("|")
+        return said, loaded.split()
+
+    said, loaded = start()
+    assert COMPILED in said and loaded == ["True", "True", "True"]
+    said, loaded = start()
+    assert LOADED in said and loaded == ["False", "False", "False"]
+
+
+def test_the_map_types_are_read_as_bcc_reads_them(tmp_path: Path) -> None:
+    """fdtrace's reading of bcc's type descriptions (``ctype_of``, which spares it importing bcc)
+    gives every map of the programs, --stacks and --pid included, the layout bcc's own gives."""
+    from bcc import BPF
+
+    from fdtrace.kernel.bpf_cache import load_or_compile
+    from fdtrace.kernel.features import probe_kernel
+    from fdtrace.kernel.loader import TraceOptions, program_cflags, program_text
+    from fdtrace.kernel.programs import ctype_of
+
+    options = TraceOptions(stacks=True, pids=(os.getpid(),), follow=True)
+    image = load_or_compile(program_text().encode(), program_cflags(options, probe_kernel()), tmp_path).image
+    descriptions = [desc for spec in image.maps for desc in (spec.key_desc, spec.leaf_desc) if desc]
+    assert len(descriptions) >= 2 * 15
+    for desc in descriptions:
+        parsed = json.loads(desc)
+        assert ctypes_layout(ctype_of(parsed)) == ctypes_layout(BPF._decode_table_type(parsed)), desc

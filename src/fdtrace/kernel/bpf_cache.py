@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fdtrace.errors import FdtraceError
 from fdtrace.kernel.features import FORMATS_ENV, TRACEFS
-from fdtrace.kernel.programs import IMAGE_FORMAT, ProgramImage, bcc_module, compile_image
+from fdtrace.kernel.programs import IMAGE_FORMAT, ProgramImage, bcc_version, compile_image
 from fdtrace.safe_files import PRIVATE_DIR, PRIVATE_FILE, HeldDirectory
 
 #: Where images are kept unless FDTRACE_BPF_CACHE names another directory ("off": nowhere).
@@ -64,13 +64,12 @@ def _headers() -> list[object]:
 
 def cache_key(text: bytes, cflags: list[str], formats_root: Path | None = None) -> str:
     """The key of the image of ``text`` compiled with ``cflags`` on this host."""
-    bcc = bcc_module()
     root = formats_root or Path(os.environ.get(FORMATS_ENV, TRACEFS / "events"))
     formats = {f"{c.decode()}:{e.decode()}": _digest(_bounded(root / c.decode() / e.decode() / "format"))
                for c, e in sorted(set(_TRACEPOINT_PROBE.findall(text)))}
     uname = os.uname()
     described = {"image": IMAGE_FORMAT, "text": _digest(text), "cflags": cflags,
-                 "kernel": [uname.release, uname.version, uname.machine], "bcc": getattr(bcc, "__version__", "?"),
+                 "kernel": [uname.release, uname.version, uname.machine], "bcc": bcc_version(),
                  "headers": _headers(), "formats": formats}
     return _digest(json.dumps(described, sort_keys=True).encode())
 

@@ -1,7 +1,9 @@
 """Compiles fdtrace's BPF programs with bcc, attaches them and reads what they collect.
 
-This is the only module that imports bcc. It hands out raw material (event record bytes and
-map contents); decoding into the event model happens in the sources.
+bcc itself (its Python module and libbcc, with LLVM's compiler) is loaded only to compile
+(``programs.compile_image``); programs kept from an earlier start are made and read through
+libbcc_bpf alone. It hands out raw material (event record bytes and map contents); decoding into
+the event model happens in the sources.
 """
 
 from __future__ import annotations
@@ -360,6 +362,19 @@ class BpfTracer:
             rows.append({"pid": key.pid, "first_ts": key.first_ts, "syscall": SYSCALL_NAMES[key.syscall],
                          "errno": key.errno_, "count": int(getattr(value, "value", value))})
         return rows
+
+    def take_ending_events(self) -> np.ndarray:
+        """The OOM kills and Go thread-limit exits kept in the kernel beside the ring
+        (``ending_events`` in bpf/fdtrace.h) since the last call, removed there
+        (``RAW_EVENT_DTYPE`` records; the ring holds a copy of each unless it was full)."""
+        table = self._programs["ending_events"]
+        entries = _items(table)
+        for key, _ in entries:
+            try:
+                del table[key]
+            except KeyError:
+                continue
+        return np.frombuffer(b"".join(bytes(value) for _, value in entries), dtype=RAW_EVENT_DTYPE)
 
     def failed_instances(self, errnos: frozenset[int]) -> set[tuple[int, int]]:
         """The process instances (pid, first_ts) with a failed call of one of ``errnos`` counted:

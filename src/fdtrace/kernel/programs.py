@@ -1,5 +1,6 @@
 """fdtrace's BPF programs as an image: compiled once by bcc, then created and attached from the
-image by libbcc's lower-level calls, owned here descriptor by descriptor.
+image by libbcc_bpf's calls (bcc's small library of BPF system calls: neither bcc's Python module
+nor libbcc, which brings LLVM, is loaded for that), owned here descriptor by descriptor.
 
 bcc's clang takes 1.3 CPU seconds for the programs and 5 with --stacks, at every start. The
 compiled instructions do not change from one start to the next on a host (the same source, flags,
@@ -15,8 +16,10 @@ from __future__ import annotations
 import base64
 import ctypes
 import errno
+import importlib.util
 import json
 import os
+import re
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -38,17 +41,37 @@ BATCH_ENTRIES = 4096
 _AUTOLOAD_PREFIX = "tracepoint__"
 
 
+def _no_bcc(why: object) -> FdtraceError:
+    return FdtraceError(
+        f"the bcc Python module is not importable from {sys.executable} ({why}): install "
+        "Debian's python3-bpfcc and run fdtrace from a virtual environment that can see it "
+        "(scripts/setup.sh makes one); PyPI's 'bcc' is an unrelated package")
+
+
 def bcc_module() -> Any:
     """bcc's Python module, or a one-line error saying how to get it."""
     try:
         import bcc  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
-        raise FdtraceError(
-            f"the bcc Python module is not importable from {sys.executable} ({exc}): install "
-            "Debian's python3-bpfcc and run fdtrace from a virtual environment that can see it "
-            "(scripts/setup.sh makes one); PyPI's 'bcc' is an unrelated package",
-        ) from None
+        raise _no_bcc(exc) from None
     return bcc
+
+
+def bcc_version() -> str:
+    """bcc's version, read from its Python module's ``version.py`` without importing the module:
+    importing it loads libbcc, LLVM's compiler with it (about 60 MB of a live view's memory),
+    which a start from kept programs does not need. A one-line error where bcc is missing."""
+    spec = importlib.util.find_spec("bcc")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not folders:
+        raise _no_bcc("no module named 'bcc'")
+    try:
+        with open(os.path.join(folders[0], "version.py"), "rb") as file:
+            text = file.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return "?"
+    found = re.search(r"__version__\s*=\s*['\"]([^'\"]{1,40})['\"]", text)
+    return found.group(1) if found else "?"
 
 
 def _libbcc() -> Any:
@@ -79,6 +102,103 @@ def _libbcc() -> Any:
             function.restype, function.argtypes = restype, argtypes
         lib._fdtrace_declared = True
     return lib
+
+
+#: The callback type of libbcc's per-record ring buffer reader: (context, data, size) -> int.
+RINGBUF_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+_BATCH_CALL = (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
+#: The calls of libbcc_bpf (bcc's small library of BPF system calls, without its compiler) that
+#: making, attaching and reading the programs of an image takes, with their C types.
+_RUNTIME_CALLS: dict[str, tuple[Any, list[Any]]] = {
+    "bpf_lookup_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
+    "bpf_update_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong]),
+    "bpf_delete_elem": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
+    "bpf_get_next_key": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
+    "bpf_lookup_batch": _BATCH_CALL,
+    "bpf_lookup_and_delete_batch": _BATCH_CALL,
+    "bcc_create_map": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_int]),
+    "bcc_prog_load": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                     ctypes.c_uint, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]),
+    "bpf_attach_tracepoint": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]),
+    "bpf_attach_uprobe": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                                         ctypes.c_ulonglong, ctypes.c_int, ctypes.c_uint32]),
+    "bpf_detach_uprobe": (ctypes.c_int, [ctypes.c_char_p]),
+    "bpf_close_perf_event_fd": (ctypes.c_int, [ctypes.c_int]),
+    "bpf_new_ringbuf": (ctypes.c_void_p, [ctypes.c_int, RINGBUF_CALLBACK, ctypes.c_void_p]),
+    "bpf_consume_ringbuf": (ctypes.c_int, [ctypes.c_void_p]),
+    "bpf_free_ringbuf": (None, [ctypes.c_void_p]),
+}
+_runtime: list[Any] = []
+
+
+def _runtime_lib() -> Any:
+    """libbcc_bpf, loaded once with errno kept and ``_RUNTIME_CALLS`` declared; a one-line error
+    where it is missing (bcc is not installed)."""
+    if not _runtime:
+        try:
+            lib = ctypes.CDLL("libbcc_bpf.so.0", use_errno=True)
+        except OSError as exc:
+            raise _no_bcc(f"its library libbcc_bpf.so.0 cannot be loaded: {exc}") from None
+        for name, (restype, argtypes) in _RUNTIME_CALLS.items():
+            function = getattr(lib, name)
+            function.restype, function.argtypes = restype, argtypes
+        _runtime.append(lib)
+    return _runtime[0]
+
+
+#: C type names in bcc's descriptions of map keys and values, as ctypes types.
+_C_TYPES: dict[str, Any] = {
+    "_Bool": ctypes.c_bool, "char": ctypes.c_char, "signed char": ctypes.c_byte, "unsigned char": ctypes.c_ubyte,
+    "short": ctypes.c_short, "unsigned short": ctypes.c_ushort, "int": ctypes.c_int, "unsigned int": ctypes.c_uint,
+    "long": ctypes.c_long, "unsigned long": ctypes.c_ulong, "long long": ctypes.c_longlong,
+    "unsigned long long": ctypes.c_ulonglong, "float": ctypes.c_float, "double": ctypes.c_double,
+    "long double": ctypes.c_longdouble, "__int128": ctypes.c_int64 * 2, "unsigned __int128": ctypes.c_uint64 * 2,
+}
+_AGGREGATES = ("struct", "struct_packed", "union")
+
+
+def ctype_of(desc: Any) -> Any:
+    """The ctypes type of a map key or value from bcc's JSON description of its C type (parsed):
+    a type name, or [name, members, "struct" | "struct_packed" | "union"], each member [name,
+    type], [name, type, [dimensions]] (an array), [name, type, bits] (a bit field) or a nested
+    aggregate (anonymous when its name is empty). Raises ValueError on anything else."""
+    if isinstance(desc, str):
+        if desc not in _C_TYPES:
+            raise ValueError(f"unknown C type {desc!r} in a map's description")
+        return _C_TYPES[desc]
+    if not isinstance(desc, list) or len(desc) < 2 or not isinstance(desc[1], list):
+        raise ValueError(f"cannot read the map type description {desc!r}")
+    kind = desc[2] if len(desc) > 2 else "struct"
+    if kind not in _AGGREGATES:
+        raise ValueError(f"cannot read the map type description {desc!r}")
+    fields: list[tuple[Any, ...]] = []
+    anonymous: list[str] = []
+    for member in desc[1]:
+        if not isinstance(member, list) or len(member) not in (2, 3):
+            raise ValueError(f"cannot read the member {member!r} of a map's type")
+        name = member[0]
+        if len(member) == 3 and member[2] in _AGGREGATES:
+            if not name:
+                name = f"__anon{len(anonymous)}"
+                anonymous.append(name)
+            fields.append((name, ctype_of(member)))
+        elif len(member) == 3 and isinstance(member[2], list):
+            element = ctype_of(member[1])
+            for dimension in reversed(member[2]):
+                element = element * int(dimension)
+            fields.append((name, element))
+        elif len(member) == 3 and isinstance(member[2], int) and not isinstance(member[2], bool):
+            fields.append((name, ctype_of(member[1]), member[2]))
+        elif len(member) == 2:
+            fields.append((name, ctype_of(member[1])))
+        else:
+            raise ValueError(f"cannot read the member {member!r} of a map's type")
+    attributes: dict[str, Any] = {"_anonymous_": anonymous, "_fields_": fields}
+    if kind == "struct_packed":
+        attributes["_pack_"] = 1
+    return type(str(desc[0]) or "anonymous", (ctypes.Union if kind == "union" else ctypes.Structure,), attributes)
 
 
 @dataclass(frozen=True)
@@ -215,9 +335,10 @@ def possible_cpus() -> int:
 
 
 def _decoded_type(desc: str) -> Any:
-    from bcc import BPF  # type: ignore[import-not-found,unused-ignore]
-
-    return BPF._decode_table_type(json.loads(desc))
+    try:
+        return ctype_of(json.loads(desc))
+    except ValueError as exc:
+        raise FdtraceError(f"a BPF map's type cannot be used: {exc}") from None
 
 
 class BpfMap:
@@ -232,7 +353,7 @@ class BpfMap:
         self.per_cpu = spec.map_type in _PER_CPU_TYPES
         self._cpus = possible_cpus() if self.per_cpu else 1
         self._stride = (ctypes.sizeof(self.Leaf) + 7) // 8 * 8 if self.per_cpu else ctypes.sizeof(self.Leaf)
-        self._lib = _libbcc()
+        self._lib = _runtime_lib()
 
     def _value_buffer(self, count: int = 1) -> Any:
         return (ctypes.c_char * (self._stride * self._cpus * count))()
@@ -316,7 +437,7 @@ class LoadedPrograms:
     attached; ``close()`` detaches and closes everything, once."""
 
     def __init__(self, image: ProgramImage) -> None:
-        self._lib = _libbcc()
+        self._lib = _runtime_lib()
         self.image = image
         self._functions = {f.name: f for f in image.functions}
         self._map_fds: list[int] = []
@@ -416,9 +537,7 @@ class LoadedPrograms:
             callback(data, size)
             return 0
 
-        from bcc.libbcc import _RINGBUF_CB_TYPE  # type: ignore[import-not-found,unused-ignore]
-
-        function = _RINGBUF_CB_TYPE(on_record)
+        function = RINGBUF_CALLBACK(on_record)
         manager = self._lib.bpf_new_ringbuf(self.maps[name].map_fd, function, None)
         if not manager:
             raise FdtraceError(f"cannot read the ring buffer {name}: {os.strerror(ctypes.get_errno())}")

@@ -139,6 +139,11 @@ HOLD_FROM = 1024
 DECODE_AT = 32768
 #: ... or the first of them was read this long ago (CLOCK_MONOTONIC ns).
 HOLD_NS = 50_000_000
+#: The kinds the kernel keeps beside the ring until taken (``KernelSession.take_ending``).
+ENDING_KINDS = np.array([Kind.OOM_KILL, Kind.GO_THREAD_LIMIT], dtype=np.uint8)
+#: Those handed out that are remembered, so that the other copy is dropped: far more than can be
+#: waiting in the ring (the kernel keeps 1,024 at most).
+ENDING_SEEN = 8192
 
 
 class KernelSession:
@@ -172,6 +177,7 @@ class KernelSession:
         self._held: list[np.ndarray] = []  # records read but not decoded yet (a flood: see poll)
         self._held_count = 0
         self._held_since_ns = 0
+        self._ending_seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()  # (ts, pid, kind)
 
     def start(self, on_stage: Callable[[str], None] | None = None) -> None:
         """Check the environment, compile and attach (``on_stage`` hears each step's name as it
@@ -231,15 +237,21 @@ class KernelSession:
         whatever its size (34 columns made), which at a decode per 10 ms poll was 0.18 µs of
         each event at 250,000 events a second. ``final``: decode everything held (the last
         poll)."""
+        ending = self.take_ending()
+        if ending is not None and not final:
+            return ending  # the ring's events at the next poll
         raw = self.tracer.poll()
         if isinstance(raw, bytes | bytearray | memoryview):
             raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+        raw = self._first_copies(raw)
         if len(raw):
             if not self._held:
                 self._held_since_ns = time.monotonic_ns()
             self._held.append(raw)
             self._held_count += len(raw)
         if not self._held_count:  # the common case when idle: keep it cheap
+            if ending is not None:
+                return ending
             now = time.monotonic_ns()
             return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
         if (not final and len(raw) >= HOLD_FROM and self._held_count < DECODE_AT
@@ -259,8 +271,43 @@ class KernelSession:
         if self._symbolizer is not None:
             self._symbolizer.begin()
             table, stacks = self._new_stacks(table, offsets.mono_ns)
+        if ending is not None:  # the last poll: the kept ones first
+            import pyarrow as pa
+
+            table = pa.concat_tables([ending.events, table])
         return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks,
                           connections=connections)
+
+    def take_ending(self) -> EventBatch | None:
+        """The OOM kills and Go thread-limit exits the kernel kept beside the ring since the last
+        call, decoded (None: none). ``poll`` hands them out ahead of the ring's events, which a
+        flood can hold back for seconds or drop; each is handed out once, from whichever copy is
+        read first."""
+        raw = self._first_copies(self.tracer.take_ending_events())
+        if not len(raw):
+            return None
+        offsets = sample_offsets()
+        return EventBatch(events=decode(raw, self.host, offsets, self._resolver), mono_ns=offsets.mono_ns,
+                          losses=self._losses(offsets.mono_ns))
+
+    def _first_copies(self, raw: np.ndarray) -> np.ndarray:
+        """``raw`` without the ending events (``ENDING_KINDS``) already handed out from their
+        other copy; those left are remembered as handed out."""
+        if not len(raw):
+            return raw
+        ending = np.flatnonzero(np.isin(raw["kind"], ENDING_KINDS))
+        if not len(ending):
+            return raw
+        keep = np.ones(len(raw), dtype=bool)
+        for index in ending.tolist():
+            key = (int(raw["ts_ns"][index]), int(raw["pid"][index]), int(raw["kind"][index]))
+            if key in self._ending_seen:
+                keep[index] = False
+                continue
+            self._ending_seen[key] = None
+            if len(self._ending_seen) > ENDING_SEEN:
+                self._ending_seen.popitem(last=False)
+        return raw if keep.all() else raw[keep]
 
     def _programs_started(self, events: Any, raw: np.ndarray) -> Any:
         """Each program exec'd in this batch is looked at as it starts: a Go binary gets its

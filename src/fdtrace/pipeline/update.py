@@ -102,6 +102,8 @@ class Update:
             (live: in the final update; a recording keeps it in its metadata).
         baseline: with ``reset``, what the events before this update's added up to (a replay's
             jump hands out a window of events, not all since the start), or None.
+        urgent: it carries a round brought forward by a new failure (``failures_first``): a
+            consumer that fell behind takes it ahead of the updates it holds back.
     """
 
     now_ns: int
@@ -117,6 +119,7 @@ class Update:
     connections: ArrowTable | None = None
     unread: list[str] = field(default_factory=list)
     baseline: Baseline | None = None
+    urgent: bool = False
 
     def then(self, later: Update) -> Update:
         """This update and a later one as one (for a consumer that fell behind): events one
@@ -135,7 +138,8 @@ class Update:
                       phases=later.phases if later.phases is not None else self.phases,
                       reset=self.reset, boot_wall_ns=later.boot_wall_ns or self.boot_wall_ns,
                       final=later.final, stacks=[*self.stacks, *later.stacks], connections=connections,
-                      unread=later.unread or self.unread, baseline=self.baseline)
+                      unread=later.unread or self.unread, baseline=self.baseline,
+                      urgent=self.urgent or later.urgent)
 
 
 @dataclass(frozen=True)

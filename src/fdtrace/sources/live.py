@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from fdtrace.integrations.haproxy import HaproxySampler, HaproxyWatch
 from fdtrace.integrations.phases.live import LivePhases
 from fdtrace.kernel.clock import ClockQualityReader, sample_offsets
@@ -33,8 +35,10 @@ from fdtrace.sources.memory import return_freed_memory
 
 #: How often the live view reads the ranks' phase state files.
 PHASES_INTERVAL_NS = 250_000_000
-#: ``failures_first``: rounds brought forward by new failures are at least this far apart.
+#: ``failures_first``: rounds brought forward by new failures are at least this far apart ...
 FAILURES_FIRST_GAP_S = 0.25
+#: ... and sample the failing processes for at most this share of the interval.
+EARLY_ROUND_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,12 @@ class LiveOptions:
         round_share: a round's /proc sampling stops after this share of the interval: the
             processes failing, those named (--pid, --comm) and those nearest a limit first, the
             rest as time allows (each round says what it took and how many it left out).
-        failures_first: (the live view) each poll reads the in-kernel error table first; a
-            process that newly failed with EMFILE/ENFILE brings the round forward, itself sampled
-            first, and that poll hands out the round (exact counters, its sample) before the
-            ring's events, which a flood can hold back for seconds (at most one such round per
-            ``FAILURES_FIRST_GAP_S``).
+        failures_first: (the live view) each poll reads the in-kernel error table and the
+            ending events kept beside the ring first; a process that newly failed with
+            EMFILE/ENFILE, was OOM-killed or hit Go's thread limit brings the round forward,
+            itself sampled first, and that poll hands out the round (exact counters, its sample,
+            the ending events) before the ring's events, which a flood can hold back for seconds
+            (at most one such round per ``FAILURES_FIRST_GAP_S``).
     """
 
     trace: TraceOptions = TraceOptions()
@@ -190,21 +195,24 @@ class LiveSource:
     def _failures_first(self) -> Update | None:
         """A round taken now, before the ring's events are read, when a process newly failed
         with EMFILE/ENFILE (the error table says so at once; its events may be seconds behind a
-        flood's): it is sampled first and the round's counters carry its exact counts."""
+        flood's), or was OOM-killed or died of Go's thread limit (the kernel keeps those events
+        beside the ring): it is sampled first and the round's counters carry its exact counts;
+        the update holds the ending events, none of the ring's."""
         now = time.monotonic()
         if now - self._last_early_round < FAILURES_FIRST_GAP_S:
             return None
+        ending = self.kernel.take_ending()
         failed = self.kernel.failed_instances(FD_EXHAUSTION_ERRNOS)
         new = failed - self._failed_instances
         self._failed_instances = failed
-        if not new:
+        if not new and ending is None:
             return None
         self._last_early_round = now
+        events = self._taken_in(ending.events) if ending is not None else self._no_events
         for pid, _first_ts in sorted(new, key=lambda instance: instance[1]):
             self._pids_failing[pid] = None
-        update = Update(now_ns=time.time_ns(), events=self._no_events, boot_wall_ns=self._boot_wall_ns)
-        self._round(update)
-        self._next_round = now + self.options.interval_s
+        update = Update(now_ns=time.time_ns(), events=events, boot_wall_ns=self._boot_wall_ns, urgent=True)
+        self._round(update, early=True)
         return update
 
     def round_now(self) -> threading.Event:
@@ -232,17 +240,46 @@ class LiveSource:
 
     def _events(self, final: bool = False) -> Update:
         batch = self.kernel.poll(final=final)
-        events = keep_comms(batch.events, self.options.comms)
+        events = self._taken_in(batch.events)
+        return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns,
+                      stacks=batch.stacks, connections=batch.connections)
+
+    def _early_round(self, update: Update) -> None:
+        """The round ``_failures_first`` hands out: the failing processes' samples and the
+        exact counters, nothing that scans every process (the ranking by open FDs, the processes
+        with events, the census, HAProxy)."""
+        offsets = dataclasses.replace(sample_offsets(), quality=self._clock_quality.read())
+        samples = []
+        if self.options.sample:
+            failing = [pid for pid in self._pids_failing if pid != os.getpid()]
+            samples = self.sampler.processes(failing, budget_s=EARLY_ROUND_SHARE * self.options.interval_s)
+            if self.options.comms and self.options.samples_of_comms_only:
+                samples = [s for s in samples if s.comm in self.options.comms]
+        self._pids_failing.clear()
+        update.rounds.append(SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
+                                         None, [], offsets))
+        update.counters = self.kernel.read_counters()
+        update.losses = self.kernel.read_losses()
+
+    def _taken_in(self, events: pa.Table) -> pa.Table:
+        """Events of the names asked for (``comms``), their processes noted for the next round
+        (those failing to be sampled first)."""
+        events = keep_comms(events, self.options.comms)
         if events.num_rows:
             self._pids_with_events.update(events["pid"].unique().to_pylist())
             failing = events.filter(incident_mask(events))
             if failing.num_rows:
                 self._pids_failing.update(dict.fromkeys(failing["pid"].to_pylist()))
-        return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns,
-                      stacks=batch.stacks, connections=batch.connections)
+        return events
 
-    def _round(self, update: Update) -> None:
-        """Counters, losses and clock, and (when sampling) /proc and HAProxy, into the update."""
+    def _round(self, update: Update, early: bool = False) -> None:
+        """Counters, losses and clock, and (when sampling) /proc and HAProxy, into the update.
+        ``early``: a round brought forward by new failures (``failures_first``): only the failing
+        processes are sampled (at most ``EARLY_ROUND_SHARE`` of the interval), with the exact
+        counters, and the timed round stays due when it was."""
+        if early:
+            self._early_round(update)
+            return
         # The call sites first, then the round's time: their rows carry it, and no descriptor they
         # count was made after it.
         sites, stacks = self.kernel.read_fd_sites() if self.options.trace.stacks else ([], [])

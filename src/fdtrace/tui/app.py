@@ -47,7 +47,11 @@ class ViewSink:
     """The live view as a sink of the pipeline: updates go to the app as messages, one at a time.
     While the app is still folding in the previous one (a burst of events, thousands of
     processes), the next updates are merged into one, so the app's queue never grows: the view
-    falls behind by at most one update, and its memory stays flat."""
+    falls behind by at most one update, and its memory stays flat. An urgent update (a round
+    brought forward by a new failure: a few samples and the counters) is sent at once, ahead of
+    those held back, so the failure is on screen as soon as the app has folded in what it is
+    folding in now (the state takes rounds and events in any order: a failed call's count is the
+    larger of the events' and the counters')."""
 
     name = "the live view"
     required = True
@@ -57,21 +61,30 @@ class ViewSink:
         self._lock = threading.Lock()
         self._pending: Update | None = None
         self._in_flight = False
+        self._ahead = 0  # urgent updates sent while another was in flight, not applied yet
 
     def open(self, info: SourceInfo) -> None:
         """Nothing to prepare."""
 
     def write(self, update: Update) -> None:
         with self._lock:
-            self._pending = update if self._pending is None else self._pending.then(update)
-            if self._in_flight:
-                return
-            message, self._pending, self._in_flight = FeedUpdated(self._pending), None, True
+            if update.urgent and self._in_flight and not update.reset:
+                self._ahead += 1
+                message = FeedUpdated(update)
+            else:
+                self._pending = update if self._pending is None else self._pending.then(update)
+                if self._in_flight:
+                    return
+                message, self._pending, self._in_flight = FeedUpdated(self._pending), None, True
         self.app.post_message(message)
 
     def applied(self) -> None:
-        """The app has folded in the last update: send what came since, if anything."""
+        """The app has folded in an update: once none is in flight, send what came since, if
+        anything."""
         with self._lock:
+            if self._ahead:
+                self._ahead -= 1
+                return
             if self._pending is None:
                 self._in_flight = False
                 return
