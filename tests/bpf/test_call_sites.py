@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -36,12 +37,26 @@ def sites_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_sites(tmp_path_factory.mktemp("sites"))
 
 
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
 class Program:
     """The test program in one mode: started waiting for a byte on stdin."""
 
     def __init__(self, argv: list[str]) -> None:
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self.process.pid
+        # Until its exec, the child also holds subprocess's error pipe (a descriptor the program
+        # never has): its descriptors are counted once it no longer runs Python.
+        python = os.path.realpath(sys.executable)
+        deadline = time.monotonic() + 30
+        while _exe(self.pid) in (None, python):
+            assert time.monotonic() < deadline and self.process.poll() is None, f"{argv[0]} did not start"
+            time.sleep(0.01)
 
     def go(self) -> None:
         assert self.process.stdin is not None
