@@ -20,31 +20,28 @@ def compact(directories: tuple[str, ...], target_size: str) -> None:
     and host, atomically. Safe while a recorder still writes: what it changes meanwhile is left.
     A host whose parts cannot be compacted is named and left as it was (exit code 1); the other
     hosts are compacted."""
-    from fdtrace.recording.compaction import compact_host
-    from fdtrace.recording.fleet import find_fleet
+    from fdtrace.recording.compaction import Compacted, FleetCompaction, compact_recordings
 
     try:
         target = parse_size(target_size)
     except ValueError as exc:
         fail(FdtraceError(f"--target-size: {exc}"))
+    found = FleetCompaction()
+    failed = []
     try:
-        fleet = find_fleet(list(directories))
+        for done in compact_recordings(list(directories), target, found):
+            if not isinstance(done, Compacted):  # that host's parts stay as they were; the others are compacted
+                failed.append(f"{done[0]}: {done[1]}")
+                continue
+            left = f", {done.changed_meanwhile} merges left (the recorder changed those parts)" \
+                if done.changed_meanwhile else ""
+            say(shown(f"{done.host} ({done.root}): {done.files_before} files -> {done.files_after}, "
+                      f"{done.rows} rows merged{left}"))
     except FdtraceError as error:
         fail(error)
-    failed = []
-    for recording in fleet.hosts:
-        try:
-            done = compact_host(recording, target)
-        except FdtraceError as error:  # that host's parts stay as they were; the others are compacted
-            failed.append(f"{recording.host} ({recording.root}): {error}")
-            continue
-        left = f", {done.changed_meanwhile} merges left (the recorder changed those parts)" \
-            if done.changed_meanwhile else ""
-        say(shown(f"{recording.host} ({recording.root}): {done.files_before} files -> {done.files_after}, "
-                  f"{done.rows} rows merged{left}"))
-    for skipped in fleet.skipped:
+    for skipped in found.skipped:
         note(f"skipped {skipped}")
-    for text in fleet.notes:
+    for text in found.notes:
         note(text)
     for why in failed:
         note(f"not compacted: {why}")

@@ -17,12 +17,13 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from fdtrace.errors import FdtraceError
-from fdtrace.recording.fleet import HostRecording
+from fdtrace.recording.fleet import HostRecording, find_fleet
 from fdtrace.recording.layout import (
     TABLES,
     count_compaction,
@@ -55,6 +56,34 @@ class Compacted:
     files_after: int = 0
     rows: int = 0
     changed_meanwhile: int = 0  # merged files given up because the recorder changed their parts
+    root: Path | None = None
+
+
+@dataclass
+class FleetCompaction:
+    """What ``compact_recordings`` found besides the hosts: recordings skipped, and notes."""
+
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def compact_recordings(paths: list[str | Path], target: int, found: FleetCompaction
+                       ) -> Iterator[Compacted | tuple[str, FdtraceError]]:
+    """Compact every host of the recordings at ``paths`` (one recording or a fleet), one after
+    the other: each host's ``Compacted``, or its name and root with the one-line error that left
+    its parts as they were (the others are compacted). Recordings that could not be used are
+    named in ``found``. Raises FdtraceError when ``paths`` hold no recording."""
+    fleet = find_fleet(paths)
+    try:
+        found.skipped += fleet.skipped
+        found.notes += fleet.notes
+        for recording in fleet.hosts:
+            try:
+                yield compact_host(recording, target)
+            except FdtraceError as error:
+                yield f"{recording.host} ({recording.root})", error
+    finally:
+        fleet.close()
 
 
 def _current(table: str, data: Any, version: int, schema: Any) -> Any:
@@ -148,7 +177,7 @@ def compact_host(recording: HostRecording, target: int = TARGET_BYTES) -> Compac
     """Merge each table's parts of one host; raises FdtraceError (one line) when a file cannot
     be read or written. The recording's folders are held (``HeldDirectory``) from the first
     look to the last deletion."""
-    done = Compacted(recording.host)
+    done = Compacted(recording.host, root=recording.root)
     with HeldDirectory.open(recording.root) as root, root.subdirectory("meta") as meta:
         if meta.exists(manifest_name(recording.host)):
             _compact_published(recording, root, meta, target, done)

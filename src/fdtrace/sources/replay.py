@@ -14,15 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fdtrace.analysis.clock import corrected_part
-from fdtrace.analysis.engines.dataset import replay_fleet
+from fdtrace.analysis.engines.dataset import ReplayTables, replay_tables
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.live import phases_at
 from fdtrace.pipeline import Notice, Pipeline, Position
 from fdtrace.pipeline.update import Baseline, SampleRound, SourceInfo, Update
-from fdtrace.recording import read_parts
-from fdtrace.recording.fleet import Fleet
-from fdtrace.recording.reader import HostSnapshot
 from fdtrace.schema import STATS, arrow_schema, codecs
 from fdtrace.schema.failures import incident_mask
 from fdtrace.schema.records import EventBatch
@@ -181,6 +177,11 @@ class TotalsIndex:
         return found
 
 
+#: The tables the event player plays back, and those replay shows beside its events.
+PLAYED = ("events", "losses")
+SHOWN_BESIDE = ("samples", "system", "haproxy", "phases", "clock", "fd_sites", "thread_census", "stacks")
+
+
 class EventPlayer:
     """Plays a recording's events back on a virtual clock of wall time.
 
@@ -192,38 +193,23 @@ class EventPlayer:
             host's times on the reference host's clock: ``fdtrace.analysis.engines.dataset.fleet_clock``).
         speed: virtual seconds per real second (0 < speed).
         clock: the real clock, in ns (tests pass a fake one).
-        shifts: with ``hosts``, what to subtract from each host's times (the fleet's clock
-            correction, which ``ReplaySource`` found).
+        skipped, notes: where unreadable parts, and parts read in part, are named.
+        read: the tables already read (``ReplaySource`` reads its own with these); without it,
+            the player reads ``PLAYED`` from ``paths``.
     """
 
     def __init__(self, paths: str | Path | list[str | Path] | list[Path], speed: float = 1.0,
                  clock: Callable[[], int] = time.monotonic_ns, skipped: list[str] | None = None,
-                 hosts: list[tuple[Path, str, int]] | None = None, notes: list[str] | None = None,
-                 snapshots: dict[tuple[Path, str], HostSnapshot] | None = None,
-                 shifts: dict[str, int] | None = None) -> None:
+                 notes: list[str] | None = None, read: ReplayTables | None = None) -> None:
         roots = _roots(paths)
         self.skipped: list[str] = skipped if skipped is not None else []
         self.notes: list[str] = notes if notes is not None else []
-        events, losses = [], []
-        fleet = None
-        if hosts is None:
-            fleet, shifts = recorded_fleet(roots, self.skipped, self.notes)
-            hosts = [(h.root, h.host, h.version) for h in fleet.hosts]
-            snapshots = {(h.root, h.host): fleet.snapshot(h) for h in fleet.hosts}
-        try:
-            for root, host, version in hosts:
-                state = (snapshots or {}).get((root, host))
-                part = read_parts(root, "events", host, self.skipped, version=version, notes=self.notes,
-                                  snapshot=state)
-                if part is not None:
-                    events.append(_with_host(corrected_part(part, host, shifts or {}), host))
-                loss = read_parts(root, "losses", host, self.skipped, version=version, notes=self.notes,
-                                  snapshot=state)
-                if loss is not None:
-                    losses.append(codecs.with_host(corrected_part(loss, host, shifts or {}), host))
-        finally:
-            if fleet is not None:
-                fleet.close()
+        if read is None:
+            read = replay_tables(list[str | Path](roots), PLAYED)
+            self.skipped += [s for s in read.skipped if s not in self.skipped]
+            self.notes += [n for n in read.notes if n not in self.notes]
+        events = [_with_host(part, host) for host, part in read.tables["events"]]
+        losses = [codecs.with_host(part, host) for host, part in read.tables["losses"]]
         if not events:
             raise FdtraceError(f"{', '.join(map(str, roots))}: the recording holds no events to replay")
         table = _in_span(pa.concat_tables(events), losses, self.notes)
@@ -463,20 +449,6 @@ def _in_span(events: pa.Table, losses: list[pa.Table], notes: list[str]) -> pa.T
     return events.filter(pc.and_(pc.greater_equal(stamps, span.first_ns), pc.less_equal(stamps, span.last_ns)))
 
 
-def recorded_fleet(roots: list[Path], skipped: list[str],
-                   notes: list[str] | None = None) -> tuple[Fleet, dict[str, int]]:
-    """Every readable host of the recordings, opened as ``open_dataset`` opens them
-    (``fdtrace.analysis.engines.dataset.replay_fleet``), and what to subtract from each host's
-    times to put it on the reference host's clock; a host whose metadata cannot be used is named
-    in ``skipped`` (the others are replayed), a second copy of a host's recording in ``notes``.
-    Close the fleet once read (``Fleet.close``)."""
-    fleet, clock = replay_fleet(list[str | Path](roots))
-    skipped += [s for s in fleet.skipped if s not in skipped]
-    if notes is not None:
-        notes += [n for n in fleet.notes if n not in notes]
-    return fleet, clock.shifts
-
-
 def _roots(paths: str | Path | list[str | Path] | list[Path]) -> list[Path]:
     return [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
 
@@ -499,26 +471,13 @@ class ReplaySource:
         self.incident_note = ""  # where the last n/N went: "incident 3 of 12: haproxy accept4 EMFILE ×1,891"
         # Every table of a host from one state of its recording, held until all are read: a
         # recorder still writing it merges and rotates out meanwhile without changing what is read.
-        fleet, shifts = recorded_fleet(roots, self.skipped, self.notes)
-        tables: dict[str, list[pa.Table]] = {name: [] for name in ("samples", "system", "haproxy", "phases", "clock",
-                                                                   "fd_sites", "thread_census", "stacks")}
-        try:
-            hosts = [(h.root, h.host, h.version) for h in fleet.hosts]
-            snapshots = {(h.root, h.host): fleet.snapshot(h) for h in fleet.hosts}
-            self.skipped += [s for s in fleet.skipped if s not in self.skipped]
-            self.notes += [n for n in fleet.notes if n not in self.notes]
-            self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, hosts=hosts,
-                                      notes=self.notes, snapshots=snapshots, shifts=shifts)
-            for root, host, version in hosts:
-                for name, bucket in tables.items():
-                    part = read_parts(root, name, host, self.skipped, version=version, notes=self.notes,
-                                      snapshot=snapshots[(root, host)])
-                    if part is not None:
-                        bucket.append(corrected_part(part, host, shifts))
-        finally:
-            fleet.close()
+        read = replay_tables(list[str | Path](roots), PLAYED + SHOWN_BESIDE)
+        self.skipped += read.skipped
+        self.notes += read.notes
+        self.player = EventPlayer(roots, speed=speed, clock=clock, skipped=self.skipped, notes=self.notes, read=read)
+        tables = {name: [part for _, part in read.tables[name]] for name in SHOWN_BESIDE}
         self.player.totals_index()  # once, with the recording: no jump waits for it
-        self._host = ",".join(dict.fromkeys(host for _, host, _ in hosts))
+        self._host = ",".join(dict.fromkeys(read.hosts))
         self._samples = _by_time(tables["samples"])
         self._system = _by_time(tables["system"])
         self._haproxy = _by_time(tables["haproxy"])

@@ -1,7 +1,7 @@
 """The one way into recordings (``open_dataset``): the fleet found once, the engine chosen once
 (``engine_rule``), the hosts put on one clock once (``fleet_clock``), the tables then loaded into
 pandas (a ``Recording``) or left in Parquet behind DuckDB or Spark (an ``EngineRecording``).
-Replay (``fdtrace.sources.replay``) opens its recordings here too (``replay_fleet``)."""
+Replay (``fdtrace.sources.replay``) reads its recordings here too (``replay_tables``)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any, Protocol, TypeAlias
 
 import pandas as pd
 
-from fdtrace.analysis.clock import corrected, corrections, host_offsets, time_shifts
+from fdtrace.analysis.clock import corrected, corrected_part, corrections, host_offsets, time_shifts
 from fdtrace.analysis.engines import ENGINES, Engine
 from fdtrace.errors import FdtraceError
 from fdtrace.recording.fleet import Fleet, find_fleet
 from fdtrace.recording.layout import TABLES
-from fdtrace.recording.reader import open_part, part_rows, read_table
+from fdtrace.recording.reader import open_part, part_rows, read_parts, read_table
 
 #: ``auto`` loads into pandas below this many rows of events and samples (their footers say, exactly),
 #: and only while they fit in a quarter of the memory this process may use (``memory_available``:
@@ -485,17 +485,42 @@ def _over_engine(fleet: Fleet, engine: str, clock: FleetClock, spark_master: str
     return found
 
 
-def replay_fleet(paths: str | Path | list[str | Path]) -> tuple[Fleet, FleetClock]:
-    """Recordings opened for replay (``fdtrace.sources.replay``), which reads each host's tables
-    from the fleet's states itself: the fleet found as ``open_dataset`` finds it, and its hosts'
-    clock correction (``fleet_clock``: replay moves each host's times by ``shifts``). Close the
-    fleet once read. Raises FdtraceError (one line)."""
+@dataclass
+class ReplayTables:
+    """What replay (``fdtrace.sources.replay``) plays back, read here so that only the engines
+    open recording files: every host's Arrow tables by table name, as (host, table) pairs in the
+    fleet's order, each host's rows from one state of its recording (``HostSnapshot``) with
+    ``time`` on the reference host's clock (``fleet_clock``); unreadable hosts and parts are named
+    in ``skipped``, parts read in part and second copies of a host in ``notes``."""
+
+    hosts: list[str]
+    tables: dict[str, list[tuple[str, Any]]]
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def replay_tables(paths: str | Path | list[str | Path], names: tuple[str, ...]) -> ReplayTables:
+    """The tables ``names`` of the recordings at ``paths``, found as ``open_dataset`` finds them
+    and read for replay (``ReplayTables``). Every host's state is taken before any table is read
+    and let go of once all are. Raises FdtraceError (one line)."""
     fleet = find_fleet(paths)
     try:
-        return fleet, fleet_clock(fleet)
-    except BaseException:
+        shifts = fleet_clock(fleet).shifts
+        found = ReplayTables([h.host for h in fleet.hosts], {name: [] for name in names})
+        found.skipped += fleet.skipped
+        found.notes += fleet.notes
+        states = [(h, fleet.snapshot(h)) for h in fleet.hosts]
+        for host, state in states:
+            for name in names:
+                part = read_parts(host.root, name, host.host, found.skipped, version=host.version,
+                                  notes=found.notes, snapshot=state)
+                if part is not None:
+                    found.tables[name].append((host.host, corrected_part(part, host.host, shifts)))
+        found.skipped += [s for s in fleet.skipped if s not in found.skipped]
+        found.notes += [n for n in fleet.notes if n not in found.notes]
+        return found
+    finally:
         fleet.close()
-        raise
 
 
 @contextmanager
