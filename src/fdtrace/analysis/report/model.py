@@ -26,7 +26,6 @@ from fdtrace.analysis.spike_finder import spikes
 from fdtrace.analysis.summary import incident_windows
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, THREADS_COUNTED
 from fdtrace.schema import NOT_FAILURES, STATS
-from fdtrace.schema.failures import FD_SQL
 
 if TYPE_CHECKING:
     from fdtrace.analysis.engines.dataset import Analyzable, Dataset
@@ -143,6 +142,7 @@ def build(recording: Analyzable, top: int = 3) -> Report:
     """Compute every section from a recording: loaded (``load()``) or in an engine
     (``load(..., engine="duckdb")``), whose tables are reduced there."""
     with engine_for(recording) as engine:
+        engine.keep_derived()  # the rare kinds' rows and the EMFILE/ENFILE counts: read once for every section
         return _build(recording, engine, top)
 
 
@@ -165,8 +165,8 @@ def _series_of(engine: Engine, chosen: pd.DataFrame, columns: list[str], several
 
 def _fd_failures(engine: Engine) -> pd.DataFrame:
     """Each process's EMFILE/ENFILE: host, pid, start_ns, count ``n`` and its ``first`` (ns)."""
-    return engine.query(f"SELECT host, pid, start_ns, count(*) AS n, min(time_ns) AS first FROM events "
-                        f"WHERE {FD_SQL} GROUP BY 1, 2, 3")
+    return engine.query(f"SELECT host, pid, start_ns, CAST(sum(n) AS BIGINT) AS n, min(first_ns) AS first "
+                        f"FROM {engine.derived('fd_failures')} GROUP BY 1, 2, 3")
 
 
 def by_harm(least: pd.DataFrame, failing: pd.DataFrame) -> pd.DataFrame:
