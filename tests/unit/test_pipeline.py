@@ -188,3 +188,28 @@ def test_the_view_quitting_alone_skips_the_final_poll_but_a_recorder_beside_it_g
             assert len(view.updates) == polls and not any(u.final for u in view.updates)
         pipeline.close(quitting=view)  # a second close does nothing
         assert view.closed == [False]
+
+
+def test_a_source_with_more_waiting_is_polled_again_without_a_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live source decodes a flood's backlog a bounded part per poll and says it has more: the
+    pipeline then polls again at once, and pauses its interval only when the source is idle."""
+    import fdtrace.pipeline.runner as runner
+
+    source = replay()
+    polls = []
+    played = source.poll
+
+    def poll() -> Update:
+        update = played()
+        update.more = len(polls) < 3
+        polls.append(update.more)
+        return update
+
+    monkeypatch.setattr(source, "poll", poll)
+    pauses: list[float] = []
+    monkeypatch.setattr(runner.time, "sleep", pauses.append)
+    pipeline = Pipeline(source, source_started=True)
+    pipeline.poll_until(Stop(condition=lambda: len(polls) == 5, signals=False), interval_s=60)
+    assert polls == [True, True, True, False, False]
+    assert pauses[:3] == [0.0, 0.0, 0.0] and all(0.0 < pause <= 60 for pause in pauses[3:])
+    pipeline.close()

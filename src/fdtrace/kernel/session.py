@@ -135,7 +135,9 @@ MAX_NOTES = 64
 #: A read of at least this many records is a flood: its records are held to be decoded with the
 #: next reads' (``KernelSession.poll``) ...
 HOLD_FROM = 1024
-#: ... until this many are held ...
+#: ... until this many are held; and a poll decodes at most this many (the rest stay held, and
+#: the ring is not read again until they are decoded: the backlog stays the ring's to bound and
+#: count), so that no poll holds its caller for a flood's whole backlog.
 DECODE_AT = 32768
 #: ... or the first of them was read this long ago (CLOCK_MONOTONIC ns).
 HOLD_NS = 50_000_000
@@ -177,6 +179,8 @@ class KernelSession:
         self._held: list[np.ndarray] = []  # records read but not decoded yet (a flood: see poll)
         self._held_count = 0
         self._held_since_ns = 0
+        self._empty_raw = np.empty(0, dtype=RAW_EVENT_DTYPE)
+        self._behind = False  # the last decode left held records for the next poll
         self._ending_seen: OrderedDict[tuple[int, int, int], None] = OrderedDict()  # (ts, pid, kind)
 
     def start(self, on_stage: Callable[[str], None] | None = None) -> None:
@@ -235,15 +239,19 @@ class KernelSession:
         at least ``HOLD_FROM`` records) they are held and decoded together, up to ``DECODE_AT``
         records or ``HOLD_NS`` after the first was read: a decode costs about 0.45 ms of CPU
         whatever its size (34 columns made), which at a decode per 10 ms poll was 0.18 µs of
-        each event at 250,000 events a second. ``final``: decode everything held (the last
-        poll)."""
+        each event at 250,000 events a second. A poll decodes at most ``DECODE_AT`` records:
+        what is left is decoded first by the next poll, which does not read the ring before
+        (``behind`` says so: poll again at once). ``final``: decode everything held and waiting
+        (the last poll)."""
         ending = self.take_ending()
         if ending is not None and not final:
             return ending  # the ring's events at the next poll
-        raw = self.tracer.poll()
-        if isinstance(raw, bytes | bytearray | memoryview):
-            raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
-        raw = self._first_copies(raw)
+        raw = self._empty_raw
+        if final or self._held_count < DECODE_AT:
+            raw = self.tracer.poll()
+            if isinstance(raw, bytes | bytearray | memoryview):
+                raw = np.frombuffer(raw, dtype=RAW_EVENT_DTYPE)
+            raw = self._first_copies(raw)
         if len(raw):
             if not self._held:
                 self._held_since_ns = time.monotonic_ns()
@@ -258,10 +266,7 @@ class KernelSession:
                 and time.monotonic_ns() - self._held_since_ns < HOLD_NS):
             now = time.monotonic_ns()
             return EventBatch(events=self._empty, mono_ns=now, losses=self._losses(now))
-        # Joined as bytes: numpy joins records field by field, nine times slower.
-        raw = self._held[0] if len(self._held) == 1 else np.concatenate(
-            [np.ascontiguousarray(held).view(np.uint8) for held in self._held]).view(RAW_EVENT_DTYPE)
-        self._held, self._held_count = [], 0
+        raw = self._take_held(None if final else DECODE_AT)
         offsets = sample_offsets()
         raw, established = split_connections(raw)
         connections = decode_connections(established, offsets) if len(established) else None
@@ -277,6 +282,26 @@ class KernelSession:
             table = pa.concat_tables([ending.events, table])
         return EventBatch(events=table, mono_ns=offsets.mono_ns, losses=self._losses(offsets.mono_ns), stacks=stacks,
                           connections=connections)
+
+    @property
+    def behind(self) -> bool:
+        """Whether records read from the ring wait to be decoded by the next poll (a poll
+        decodes at most ``DECODE_AT``): the caller should poll again without pausing."""
+        return self._behind
+
+    def _take_held(self, most: int | None) -> np.ndarray:
+        """The held records in the order read, at most ``most`` of them (None: all); the rest
+        stay held, as one array."""
+        # Joined as bytes: numpy joins records field by field, nine times slower.
+        raw = self._held[0] if len(self._held) == 1 else np.concatenate(
+            [np.ascontiguousarray(held).view(np.uint8) for held in self._held]).view(RAW_EVENT_DTYPE)
+        if most is None or len(raw) <= most:
+            self._held, self._held_count, self._behind = [], 0, False
+            return raw
+        self._behind = True
+        self._held, self._held_count = [raw[most:]], len(raw) - most
+        self._held_since_ns = 0  # a leftover is not held back for company: decoded at the next poll
+        return raw[:most]
 
     def take_ending(self) -> EventBatch | None:
         """The OOM kills and Go thread-limit exits the kernel kept beside the ring since the last

@@ -143,18 +143,20 @@ class Pipeline:
             raise
 
     def poll_until(self, stop: Stop, interval_s: float | None = None) -> None:
-        """Poll every ``interval_s`` (default ``poll_interval_s``) until ``stop`` is reached or
-        another thread closes the pipeline (the live view, polling on a worker, closes it when it
-        quits). Closing is the caller's: ``run()`` finishes, a view calls ``close()``; an error
-        is raised as it came."""
+        """Poll every ``interval_s`` (default ``poll_interval_s``), or at once while the source
+        says it has ``more``, until ``stop`` is reached or another thread closes the pipeline (the
+        live view, polling on a worker, closes it when it quits). Closing is the caller's:
+        ``run()`` finishes, a view calls ``close()``; an error is raised as it came."""
         interval_s = self.poll_interval_s if interval_s is None else interval_s
         while not stop.reached():
             started = time.monotonic()
             with self._lock:
                 if self._closed:
                     return
-                self.step()
-            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+                more = self.step().more
+            # A source with a backlog is polled again at once (after letting a thread waiting on
+            # the lock, a control of the view, have it).
+            time.sleep(0.0 if more else max(0.0, interval_s - (time.monotonic() - started)))
 
     def finish(self) -> Update:
         """Deliver the source's final update, close the sinks and stop the source."""

@@ -104,6 +104,8 @@ class Update:
             jump hands out a window of events, not all since the start), or None.
         urgent: it carries a round brought forward by a new failure (``failures_first``): a
             consumer that fell behind takes it ahead of the updates it holds back.
+        more: the source has more waiting that it did not hand out in this update (a flood's
+            backlog, decoded a bounded part per poll): the pipeline polls again without pausing.
     """
 
     now_ns: int
@@ -120,6 +122,7 @@ class Update:
     unread: list[str] = field(default_factory=list)
     baseline: Baseline | None = None
     urgent: bool = False
+    more: bool = False
 
     def then(self, later: Update) -> Update:
         """This update and a later one as one (for a consumer that fell behind): events one
@@ -139,7 +142,7 @@ class Update:
                       reset=self.reset, boot_wall_ns=later.boot_wall_ns or self.boot_wall_ns,
                       final=later.final, stacks=[*self.stacks, *later.stacks], connections=connections,
                       unread=later.unread or self.unread, baseline=self.baseline,
-                      urgent=self.urgent or later.urgent)
+                      urgent=self.urgent or later.urgent, more=later.more)
 
 
 @dataclass(frozen=True)

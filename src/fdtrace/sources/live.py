@@ -242,7 +242,7 @@ class LiveSource:
         batch = self.kernel.poll(final=final)
         events = self._taken_in(batch.events)
         return Update(now_ns=time.time_ns(), events=events, losses=batch.losses, boot_wall_ns=self._boot_wall_ns,
-                      stacks=batch.stacks, connections=batch.connections)
+                      stacks=batch.stacks, connections=batch.connections, more=self.kernel.behind)
 
     def _early_round(self, update: Update) -> None:
         """The round ``_failures_first`` hands out: the failing processes' samples and the
@@ -253,9 +253,13 @@ class LiveSource:
         if self.options.sample:
             failing = [pid for pid in self._pids_failing if pid != os.getpid()]
             samples = self.sampler.processes(failing, budget_s=EARLY_ROUND_SHARE * self.options.interval_s)
+            # Those the budget left out stay first for the timed round.
+            for pid in failing[:len(failing) - self.sampler.unsampled]:
+                self._pids_failing.pop(pid, None)
             if self.options.comms and self.options.samples_of_comms_only:
                 samples = [s for s in samples if s.comm in self.options.comms]
-        self._pids_failing.clear()
+        else:
+            self._pids_failing.clear()
         update.rounds.append(SampleRound(offsets.mono_ns, offsets.mono_ns + offsets.realtime_offset_ns, samples,
                                          None, [], offsets))
         update.counters = self.kernel.read_counters()
