@@ -121,3 +121,30 @@ def test_compact_gives_old_parts_their_summaries(tmp_path: Path) -> None:
     after = subprocess.run([FDTRACE, "info", str(copy), "--engine", "duckdb"], capture_output=True, text=True,
                            check=True).stdout
     assert after == before
+
+
+def test_the_parts_compact_deleted_are_named_by_no_manifest_after(tmp_path: Path) -> None:
+    """Compaction retires the parts it merged and deletes them when no reader holds the readers'
+    lock; the manifest it publishes then names them no more (a finished recording's manifest
+    kept them forever, and every reader decoded them). Held by a reader, they stay on disk and
+    retired until a later compaction finds the lock free."""
+    import fcntl
+    import json
+
+    truths = generate_fleet(tmp_path, hosts=1, events_per_host=20_000, seconds=10, flush_every=2)
+    host = find_fleet(tmp_path).hosts[0]
+    manifest = host.root / "meta" / f".host={host.host}.parts.json"
+    readers = host.root / "meta" / f".host={host.host}.readers"
+    assert manifest.exists() and readers.exists()
+    before = sorted(p.name for p in host.root.glob("events/host=*/part-*.parquet"))
+    assert len(before) == 5
+    with readers.open("rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_SH)  # a reader of the state before
+        compact_host(host)
+        retired = json.loads(manifest.read_text())["retired"]
+        assert retired["events"] == before
+        assert all((host.root / "events" / f"host={host.host}" / name).exists() for name in before)
+    compact_host(host)
+    assert json.loads(manifest.read_text())["retired"] == {}
+    assert [p.name for p in host.root.glob("events/host=*/part-*.parquet")] == ["part-000001-000005.parquet"]
+    assert len(load(tmp_path).events) == truths[0].events

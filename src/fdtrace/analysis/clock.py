@@ -45,15 +45,16 @@ def connection_pairs(engine: Engine) -> pd.DataFrame:
         return pd.DataFrame(columns=["client_host", "server_host", "client_ns", "server_ns", "difference_ns"])
     pairs = engine.query(_PAIRS_SQL)
     pairs["difference_ns"] = pairs["server_ns"].astype("int64") - pairs["client_ns"].astype("int64")
-    kept = []
-    for _, group in pairs.groupby(["client_host", "server_host"], sort=True):
-        centre = group["difference_ns"].median()
-        near = group[(group["difference_ns"] - centre).abs() < SAME_CONNECTION_NS]
-        # A client row reused by several server rows (ports reused): its closest match only.
-        near = near.assign(distance=(near["difference_ns"] - centre).abs()).sort_values("distance")
-        kept.append(near.drop_duplicates(["client_host", "client_ns", "client_addr", "client_port"])
-                    .drop(columns="distance"))
-    return pd.concat(kept, ignore_index=True) if kept else pairs
+    if pairs.empty:
+        return pairs
+    hosts = ["client_host", "server_host"]
+    centre = pairs.groupby(hosts, sort=False)["difference_ns"].transform("median")
+    distance = (pairs["difference_ns"] - centre).abs()
+    near = pairs.assign(distance=distance)[distance < SAME_CONNECTION_NS]
+    # A client row reused by several server rows (ports reused): its closest match only.
+    near = near.sort_values([*hosts, "distance"], kind="stable")
+    return near.drop_duplicates([*hosts, "client_ns", "client_addr", "client_port"]).drop(columns="distance") \
+        .reset_index(drop=True)
 
 
 def host_offsets(engine: Engine, reference: str | None = None) -> pd.DataFrame:

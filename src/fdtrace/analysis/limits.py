@@ -55,6 +55,24 @@ def limit_changes_on(engine: Engine) -> pd.DataFrame:
     return found[CHANGE_COLUMNS]
 
 
+class ByProcess:
+    """A frame's rows by process (its host as text, its pid), split once: a loop over processes
+    takes each one's rows from here rather than filtering the whole frame every time (a fleet's
+    hundreds of failing processes against its samples)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.empty = frame.iloc[:0]
+        self._rows: dict[tuple[str, int], pd.DataFrame] = {}
+        if len(frame):
+            keys = [frame["host"].astype(str), frame["pid"]]
+            self._rows = {(str(host), int(pid)): rows for (host, pid), rows in
+                          frame.groupby(keys, sort=False, observed=True)}
+
+    def __call__(self, host: str, pid: int) -> pd.DataFrame:
+        """The rows of one process (none: an empty frame with the columns)."""
+        return self._rows.get((host, int(pid)), self.empty)
+
+
 def limit_in_force(changes: pd.DataFrame, samples: pd.DataFrame, host: str, pid: int, at_ns: int,
                    since_ns: int | None = None, resource: str = "RLIMIT_NOFILE",
                    sample_column: str = "fd_soft_limit") -> tuple[int | None, str | None]:
@@ -112,6 +130,7 @@ def name_inherited_sources(engine: Engine, found: pd.DataFrame, changes: pd.Data
     samples = engine.query(f"SELECT host, pid, comm, time_ns, fd_soft_limit, {unit} FROM samples "
                            f"WHERE pid IN ({family})")
     inherited: list[tuple[Any, str, int, str | None]] = []  # (row, host, parent, its limit's source): named below
+    starts_of, samples_of = ByProcess(starts), ByProcess(samples)
     for index, row in unknown.iterrows():
         host, pid, soft = str(row["host"]), int(row["pid"]), int(row["fd_soft_limit"])
         own = changes[(changes["host"] == host) & (changes["target"] == pid) & changes["ok"]
@@ -120,44 +139,45 @@ def name_inherited_sources(engine: Engine, found: pd.DataFrame, changes: pd.Data
         if len(own):
             found.at[index, "limit_source"] = str(own.iloc[-1]["source"])
             continue
-        mine = starts[(starts["host"].astype(str) == host) & (starts["pid"] == pid)]
+        mine = starts_of(host, pid)
         if not pd.isna(row["start_ns"]):
             mine = mine[mine["start_ns"] == row["start_ns"]]
         if mine.empty:
             continue
         start = mine.iloc[-1]
         ppid, at = int(start["ppid"]), int(start["time_ns"])
-        parent_soft, parent_source = limit_in_force(changes, samples, host, ppid, at)
+        parent_soft, parent_source = limit_in_force(changes, samples_of(host, ppid), host, ppid, at)
         if parent_soft == soft:
             inherited.append((index, host, ppid, parent_source))
         elif ppid == 1:
-            units = samples[(samples["host"].astype(str) == host) & (samples["pid"] == pid) & samples["unit"].notna()]
+            units = samples_of(host, pid)
+            units = units[units["unit"].notna()]
             if len(units):
                 found.at[index, "limit_source"] = (f"inherited from systemd (pid 1): LimitNOFILE of unit "
                                                    f"{units['unit'].iloc[-1]}")
 
 
-    _name_parents(engine, found, samples, inherited)
+    _name_parents(engine, found, samples_of, inherited)
 
 
-def _name_parents(engine: Engine, found: pd.DataFrame, samples: pd.DataFrame,
+def _name_parents(engine: Engine, found: pd.DataFrame, samples_of: ByProcess,
                   inherited: list[tuple[Any, str, int, str | None]]) -> None:
     """Say which parent each process inherited its limit from, by name: from the parents'
     samples, else from their events (one query, for the parents never sampled only: the events of
     a fleet are hundreds of millions of rows)."""
-    unsampled = sorted({ppid for _, host, ppid, _ in inherited
-                        if not ((samples["host"].astype(str) == host) & (samples["pid"] == ppid)).any()})
+    unsampled = sorted({ppid for _, host, ppid, _ in inherited if samples_of(host, ppid).empty})
     names = engine.query("SELECT host, pid, min(comm) AS comm FROM events "
                          f"WHERE pid IN ({', '.join(map(str, unsampled))}) GROUP BY host, pid") if unsampled else \
         pd.DataFrame({"host": pd.Series(dtype=str), "pid": pd.Series(dtype="int64"), "comm": pd.Series(dtype=str)})
+    names_of = ByProcess(names)
     for index, host, ppid, parent_source in inherited:
-        found.at[index, "limit_source"] = (f"inherited from pid {ppid} ({_comm_of(samples, names, host, ppid)})"
+        found.at[index, "limit_source"] = (f"inherited from pid {ppid} ({_comm_of(samples_of, names_of, host, ppid)})"
                                            + (f", whose limit was {parent_source}" if parent_source else ""))
 
 
-def _comm_of(samples: pd.DataFrame, names: pd.DataFrame, host: str, pid: int) -> str:
-    for table in (samples, names):
-        mine = table[(table["host"].astype(str) == host) & (table["pid"] == pid)]
+def _comm_of(samples_of: ByProcess, names_of: ByProcess, host: str, pid: int) -> str:
+    for rows_of in (samples_of, names_of):
+        mine = rows_of(host, pid)
         if len(mine):
             return str(mine["comm"].iloc[-1])
     return "?"

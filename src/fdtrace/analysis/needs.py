@@ -21,7 +21,7 @@ import pandas as pd
 from fdtrace.advice.needs import need_of as need_of  # the one needs model, shared with the view and doctor
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
-from fdtrace.analysis.limits import limit_changes_on, limit_in_force, name_inherited_sources
+from fdtrace.analysis.limits import ByProcess, limit_changes_on, limit_in_force, name_inherited_sources
 from fdtrace.policy import with_margin
 
 if TYPE_CHECKING:
@@ -111,14 +111,16 @@ def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame, changes: p
     samples = engine.query(f"SELECT host, pid, time_ns, fd_soft_limit FROM samples WHERE pid IN ({pids})")
     if not len(changes) and seconds.empty:
         return
+    seconds_of, samples_of = ByProcess(seconds), ByProcess(samples)
     for index, row in failing.iterrows():
-        mine = seconds[(seconds["host"].astype(str) == str(row["host"])) & (seconds["pid"] == row["pid"])]
+        host, pid = str(row["host"]), int(row["pid"])
+        mine = seconds_of(host, pid)
         if not pd.isna(row["start_ns"]):
             mine = mine[mine["start_ns"] == row["start_ns"]]
         if mine.empty:
             continue
         worst = mine.sort_values(["n", "second"], ascending=[False, True]).iloc[0]
-        soft, source = limit_in_force(changes, samples, str(row["host"]), int(row["pid"]), int(worst["first_ns"]))
+        soft, source = limit_in_force(changes, samples_of(host, pid), host, pid, int(worst["first_ns"]))
         if soft is not None:
             found.at[index, "fd_soft_limit"] = soft
         found.at[index, "limit_source"] = source

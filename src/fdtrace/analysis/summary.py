@@ -232,7 +232,9 @@ def summary_on(recording: Dataset, engine: Engine) -> str:
     victims = oom_victims_on(engine)
     memory = memory_needs_on(engine, needs)
     advice += memory_advice_lines(memory, victims, several=several)
-    advice += system_advice(recording.system, engine) + thread_advice(engine)  # the report's lines, as it says them
+    fullest_threads = least_headroom_on(engine, resource="threads")
+    # the report's lines, as it says them
+    advice += system_advice(recording.system, engine) + thread_advice(engine, fullest_threads)
     if advice:
         lines += ["what to change:", *_capped([f"  {line}" for line in advice], "processes")]
     by_host = parts["kinds"] if parts is not None else engine.query(
@@ -267,7 +269,7 @@ def summary_on(recording: Dataset, engine: Engine) -> str:
             lines.append(f"  pid {row.pid} {row.comm}{f' on {row.host}' if several else ''}: {row.open_fds} open of "
                          f"{row.fd_soft_limit:.0f} "
                          f"({row.usage:.0%}, headroom {row.headroom:.0f}) at {when(row.time)}")
-        threads = least_headroom_on(engine, resource="threads").dropna(subset=["thread_usage"])
+        threads = fullest_threads.dropna(subset=["thread_usage"])
         threads = threads[threads["thread_usage"] >= SHOWN_USAGE]
         if len(threads):
             lines.append("least thread headroom:")

@@ -313,7 +313,7 @@ def _compact_published(recording: HostRecording, root: HeldDirectory, meta: Held
                         from None
                 merged.append(_Merged(table, group, name, rows[0]))
         fcntl.flock(readers, fcntl.LOCK_UN)
-        if not merged:
+        if not merged and not any(manifest.retired.values()):
             return
         fcntl.flock(writers, fcntl.LOCK_EX)  # the recorder publishes nothing meanwhile
         current = _manifest(meta, host)
@@ -336,11 +336,13 @@ def _compact_published(recording: HostRecording, root: HeldDirectory, meta: Held
             if merge_.name not in live and merge_.name not in retired:  # named by no manifest: nobody reads it
                 folders[merge_.table].unlink(merge_.name)
         if changed:
-            current.generation += 1
-            text = current.encode()
-            meta.write_file(manifest_name(host), lambda out: out.write(text), mode)
+            _publish(meta, host, current, mode)
+        collected = _collect(readers, current, folders)
+        if collected:  # deleted: no reader can list them again, nor any manifest name them
+            for table in collected:
+                current.retired.pop(table, None)
+            _publish(meta, host, current, mode)
         fcntl.flock(writers, fcntl.LOCK_UN)
-        _collect(readers, current, folders)
     except OSError as exc:
         raise FdtraceError(f"{meta.path}: cannot compact ({exc.strerror})") from None
     finally:
@@ -358,22 +360,34 @@ def _lstat(folder: HeldDirectory, name: str) -> os.stat_result | None:
         return None
 
 
-def _collect(readers: int, manifest: Manifest, folders: dict[str, HeldDirectory]) -> None:
+def _publish(meta: HeldDirectory, host: str, manifest: Manifest, mode: int) -> None:
+    """Write ``manifest`` as the next generation (under the writers' lock)."""
+    manifest.generation += 1
+    text = manifest.encode()
+    meta.write_file(manifest_name(host), lambda out: out.write(text), mode)
+
+
+def _collect(readers: int, manifest: Manifest, folders: dict[str, HeldDirectory]) -> list[str]:
     """Delete the retired parts if no reader holds the readers' lock now (never waiting: else the
-    recorder, or the next compact, deletes them)."""
+    recorder, or the next compact, deletes them). Returns the tables whose retired parts are all
+    gone now, which the manifest need not name any more (called under the writers' lock, so
+    that the manifest published without them is the one the recorder reads next)."""
     try:
         fcntl.flock(readers, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return
+        return []
+    collected = []
     try:
         for table, names in manifest.retired.items():
             folder = folders.get(table)
-            if folder is None:
+            if folder is None or not names:
                 continue  # the recorder deletes them
             for name in names:
                 try:
                     folder.unlink(name)
                 except FileNotFoundError:
                     continue
+            collected.append(table)
     finally:
         fcntl.flock(readers, fcntl.LOCK_UN)
+    return collected

@@ -593,6 +593,12 @@ def _errno_shown(value: str) -> str:
     return f"errno {int(number[1])}" if number else "errno ?"
 
 
+def known_enum(name: str, value: str | None) -> bool:
+    """Whether ``value`` of the events' ``kind`` or ``errno`` is one fdtrace knows (a missing
+    value is): what ``unknown_enums`` checks, for an engine that reads the values itself."""
+    return value is None or value in (_kinds() if name == "kind" else KNOWN_ERRNOS)
+
+
 def unknown_enums(part: Part) -> str:
     """Why an events part holds values no engine may read as they are ("" when it does not): a
     kind fdtrace does not know, or an errno no kernel names. Read column by column, a million
@@ -695,12 +701,13 @@ def _native(declared: str, stored: Any) -> bool:
     return str(stored) in _NATIVE.get(declared, ())
 
 
-def doubts(part: Part, table: str, version: int) -> str:
+def doubts(part: Part, table: str, version: int, enums: bool = True) -> str:
     """Why a part cannot be read by an engine straight from the file, as it is ("" when it can):
     a column of another type than its declaration's, a chunk over its budget, or statistics
     that do not show every value to be possible (a missing value where one is required, a time
-    or a count out of range, or no statistics to tell). Such a part is read by ``read_part``,
-    which checks every value."""
+    or a count out of range, or no statistics to tell), or (``enums``) an events part's kind or
+    errno that fdtrace does not know (``unknown_enums``: the caller that passes False checks the
+    values itself). Such a part is read by ``read_part``, which checks every value."""
     from fdtrace.recording.upgrade import RENAMED
 
     declared = TABLES_DECLARED[table]
@@ -739,7 +746,7 @@ def doubts(part: Part, table: str, version: int) -> str:
     big = oversized(part, table, [n for n in stored if n in declared.columns or _current_name(table, n) != n])
     if big:
         return "a column chunk larger than its rows can need"
-    return unknown_enums(part) if table == "events" else ""
+    return unknown_enums(part) if table == "events" and enums else ""
 
 
 # The part list of a host

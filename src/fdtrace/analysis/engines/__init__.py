@@ -88,14 +88,17 @@ class PartGoneError(Exception):
     """A part file of the fleet's list went (a recorder merged it): list the parts again."""
 
 
-def table_files(fleet: Any, table: str, demoted: set[Path] | frozenset[Path] = frozenset()) -> TableFiles:
+def table_files(fleet: Any, table: str, demoted: set[Path] | frozenset[Path] = frozenset(),
+                enums: bool = True) -> TableFiles:
     """The part files of ``table`` (``fleet.parts``) an engine reads, and the rows of the others:
     a part whose footer shows it to be sound (``reader.doubts``) is read by the engine from the
     file; any other (or one in ``demoted``: the engine could not read it) is read by fdtrace's
     reader, which checks every value, and what it leaves out is named in the fleet's ``notes``;
     one that cannot be read at all is named in its ``skipped``. The parts read by fdtrace are
-    in ``fleet.doubted``. Raises PartGoneError when a listed file went meanwhile (only where a host
-    is not read as one steady state: ``Fleet.steady``)."""
+    in ``fleet.doubted``. ``enums``: the events' kinds and errnos are checked part by part (an
+    engine that checks them over all its direct parts at once passes False). Raises
+    PartGoneError when a listed file went meanwhile (only where a host is not read as one steady
+    state: ``Fleet.steady``)."""
     import pyarrow as pa
 
     from fdtrace.recording.reader import doubts, open_part, read_part
@@ -106,7 +109,7 @@ def table_files(fleet: Any, table: str, demoted: set[Path] | frozenset[Path] = f
     for recording, path in fleet.parts(table):
         try:
             with open_part(path) as part:
-                if path not in demoted and not doubts(part, table, recording.version):
+                if path not in demoted and not doubts(part, table, recording.version, enums):
                     found.direct.append(str(path))
                     found.present |= set(part.schema.names)
                     fleet.doubted.discard(path)

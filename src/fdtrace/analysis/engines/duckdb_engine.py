@@ -147,7 +147,9 @@ class DuckDBEngine(Engine):
         columns = {}
         for table in TABLES:
             if table not in self._files:
-                self._files[table] = table_files(fleet, table, self._demoted)
+                self._files[table] = table_files(fleet, table, self._demoted, enums=table != "events")
+                if table == "events" and self._unknown_enums(self._files[table]):
+                    self._files[table] = table_files(fleet, table, self._demoted, enums=False)
             files = self._files[table]
             sources = []
             if files.direct:
@@ -165,6 +167,39 @@ class DuckDBEngine(Engine):
             connection.execute(f"CREATE OR REPLACE VIEW {table} AS {' UNION ALL '.join(sources)}")
             columns[table] = frozenset({f.name for f in view_fields(table)} | {"host", "time_ns"})  # absent: NULL
         self._columns = columns
+
+    def _unknown_enums(self, files: TableFiles) -> bool:
+        """Whether the events' parts DuckDB reads must be looked at one by one for a kind or errno
+        fdtrace does not know: one DISTINCT over all of them says (reading each part's values in
+        Python took seconds for a fleet). When one holds such values, or the DISTINCT cannot read
+        one, the parts are looked at one by one (``unknown_enums``, which also names a part whose
+        values cannot be read), and those found are left to fdtrace's reader (``_demoted``)."""
+        import duckdb
+
+        from fdtrace.recording.reader import known_enum, open_part, unknown_enums
+
+        present = [name for name in ("kind", "errno") if name in files.present]
+        if not files.direct or not present:
+            return False
+        listing = ", ".join(quote(f) for f in files.direct)
+        for name in present:
+            try:
+                values = self._connection.sql(f'SELECT DISTINCT CAST("{name}" AS VARCHAR) FROM '
+                                              f"read_parquet([{listing}], union_by_name=true)").fetchall()
+                if all(known_enum(name, value) for (value,) in values):
+                    continue
+            except duckdb.Error:  # a part whose pages do not read: found below, as one fdtrace cannot read
+                pass
+            for path in map(Path, files.direct):
+                try:
+                    with open_part(path) as part:
+                        unknown = bool(unknown_enums(part))
+                except OSError:  # gone or unreadable now: fdtrace's reader says which
+                    unknown = True
+                if unknown:
+                    self._demoted.add(path)
+            return True
+        return False
 
     def _refreshed(self) -> None:
         """List the fleet's parts again (a recorder merged some away)."""

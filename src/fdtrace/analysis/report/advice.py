@@ -101,14 +101,16 @@ def system_advice(system: pd.DataFrame, engine: Engine) -> list[str]:
     return advice
 
 
-def thread_advice(engine: Engine) -> list[str]:
+def thread_advice(engine: Engine, fullest: pd.DataFrame | None = None) -> list[str]:
     """The thread limits' lines (``advice.fixes``' changes): each process near the limit binding
     its threads, then each Go program that exceeded its own (said once: by the runtime's message,
-    not again by its peak at that limit); the same in the report and ``info``."""
+    not again by its peak at that limit); the same in the report and ``info``. ``fullest``: the
+    processes' least thread headroom (``least_headroom_on(engine, resource="threads")``) when the
+    caller has it already."""
     said = engine.query(f"SELECT DISTINCT host, pid FROM {engine.derived('rare_events')} "
                         "WHERE kind = 'go_thread_limit'")
     exceeded = {(str(r.host), int(r.pid)) for r in said.itertuples()}
-    return _thread_advice(engine, exceeded) + go_limit_advice(engine)
+    return _thread_advice(engine, exceeded, fullest) + go_limit_advice(engine)
 
 
 def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
@@ -145,9 +147,11 @@ def go_limit_advice(engine: Engine) -> list[str]:
     return lines
 
 
-def _thread_advice(engine: Engine, exceeded: set[tuple[str, int]] | None = None) -> list[str]:
+def _thread_advice(engine: Engine, exceeded: set[tuple[str, int]] | None = None,
+                   fullest: pd.DataFrame | None = None) -> list[str]:
     """A line per process whose threads came within 20 % of the limit binding them."""
-    fullest = headroom_module.least_headroom_on(engine, resource="threads")
+    if fullest is None:
+        fullest = headroom_module.least_headroom_on(engine, resource="threads")
     named = pd.Series([isinstance(k, str) for k in fullest["thread_limit_kind"]], index=fullest.index, dtype=bool)
     fullest = fullest[named & (fullest["thread_usage"] >= USAGE_WARN)]
     if exceeded:  # a Go program that said it exceeded its limit: go_limit_advice's line says it
