@@ -8,8 +8,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from fdtrace.schema import TABLES, codecs
-from fdtrace.schema.records import ClockOffsets, ClockQuality, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
+from fdtrace.schema import COUNTERS, TABLES, codecs
+from fdtrace.schema.records import (
+    ClockOffsets,
+    ClockQuality,
+    ProcessSample,
+    ProcessTotals,
+    SiteRow,
+    Stack,
+    ThreadCensus,
+    ThreadState,
+)
 
 OFFSET = 1_700_000_000_000_000_000
 NOW = 5_000_000_000
@@ -87,3 +96,15 @@ def test_the_host_lives_in_the_folder_name_and_comes_back_as_the_declared_column
     assert back["host"].cast(pa.string()).to_pylist() == ["web-1", "web-1"]
     assert codecs.with_host(back, "web-2")["host"].cast(pa.string()).to_pylist() == ["web-2", "web-2"]
     assert [f.name for f in TABLES["events"].stored_fields] == [c for c in TABLES["events"].columns if c != "host"]
+
+
+def test_counters_are_written_a_row_per_instance_and_read_back_the_same() -> None:
+    counts = {name: i * 7 for i, name in enumerate(COUNTERS)}
+    failing = ProcessTotals(41, 900, "haproxy", None, counts, {("accept4", "EMFILE"): 12, ("socket", "ENFILE"): 1})
+    ended = ProcessTotals(42, 901, "sh", 5_000, dict.fromkeys(COUNTERS, 0))
+    table = codecs.PROCESS_COUNTERS.encode([failing, ended], NOW, OFFSET)
+    assert table.schema.equals(TABLES["counters"].arrow_schema(), check_metadata=False)
+    assert table["ts_ns"].to_pylist() == [NOW, NOW] and table["exit_ts"].to_pylist() == [None, 5_000]
+    assert table["errors"].to_pylist()[0] == [{"syscall": "accept4", "errno": "EMFILE", "count": 12},
+                                              {"syscall": "socket", "errno": "ENFILE", "count": 1}]
+    assert codecs.PROCESS_COUNTERS.decode(table.to_pylist()) == [failing, ended]

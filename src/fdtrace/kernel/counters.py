@@ -4,29 +4,12 @@ from __future__ import annotations
 
 import errno as errno_module
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fdtrace.schema import COUNTERS
+from fdtrace.schema.records import ProcessTotals
 
-
-@dataclass
-class ProcessTotals:
-    """Exact counts of one process instance, identified by (pid, first_ts)."""
-
-    pid: int
-    first_ts: int
-    comm: str
-    exit_ts: int | None
-    counts: dict[str, int]
-    errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (syscall, errno) -> calls
-
-    def as_dict(self) -> dict[str, Any]:
-        """A flat dict, errors as ``{"syscall:ERRNO": count}``."""
-        row: dict[str, Any] = {"pid": self.pid, "first_ts": self.first_ts, "comm": self.comm,
-                               "exit_ts": self.exit_ts, **self.counts}
-        row["errors"] = {f"{sc}:{err}": n for (sc, err), n in sorted(self.errors.items())}
-        return row
+__all__ = ["CounterStore", "ProcessTotals"]
 
 
 class CounterStore:

@@ -10,9 +10,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from fdtrace.schema.events import STATS
+from fdtrace.schema.events import COUNTERS, STATS
 from fdtrace.schema.fields import arrow_type
-from fdtrace.schema.records import ClockOffsets, ClockQuality, ProcessSample, SiteRow, Stack, ThreadCensus, ThreadState
+from fdtrace.schema.records import (
+    ClockOffsets,
+    ClockQuality,
+    ProcessSample,
+    ProcessTotals,
+    SiteRow,
+    Stack,
+    ThreadCensus,
+    ThreadState,
+)
 from fdtrace.schema.tables import PARTITION_COLUMN, TABLES
 
 R = TypeVar("R")
@@ -37,7 +46,7 @@ def declared_rows(table: str, columns: dict[str, list[Any]], realtime_offset_ns:
 
     declared = TABLES[table].arrow_schema(with_optional)
     index = declared.get_field_index("time")
-    if index < 0:  # the clock table: its rows are the offsets themselves
+    if index < 0:  # a table without a wall time (clock, counters)
         return pa.Table.from_pydict({name: columns[name] for name in declared.names}, schema=declared)
     schema = declared.remove(index)
     data = pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)
@@ -182,6 +191,22 @@ def _dict_row(table: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return from_row
 
 
+def _totals_columns(totals: Sequence[ProcessTotals]) -> dict[str, list[Any]]:
+    columns: dict[str, list[Any]] = {"pid": [t.pid for t in totals], "first_ts": [t.first_ts for t in totals],
+                                     "exit_ts": [t.exit_ts for t in totals], "comm": [t.comm for t in totals]}
+    for name in COUNTERS:
+        columns[name] = [t.counts[name] for t in totals]
+    columns["errors"] = [[{"syscall": syscall, "errno": errno, "count": n}
+                          for (syscall, errno), n in sorted(t.errors.items())] for t in totals]
+    return columns
+
+
+def _totals_row(row: dict[str, Any]) -> ProcessTotals:
+    return ProcessTotals(row["pid"], row["first_ts"], row["comm"], row.get("exit_ts"),
+                         {name: row[name] for name in COUNTERS},
+                         {(e["syscall"], e["errno"]): e["count"] for e in row.get("errors") or ()})
+
+
 def loss_columns(ts_ns: int, totals: dict[str, int], before: dict[str, int]) -> dict[str, list[Any]]:
     """One ``losses`` row at ``ts_ns``: each counter of ``schema.STATS`` lost since ``before`` and
     in all (``NAME_total``), from cumulative counts (``declared_rows`` adds its time)."""
@@ -200,7 +225,8 @@ CLOCK: RoundCodec[ClockOffsets] = RoundCodec("clock", ClockOffsets, _clock_colum
 STACKS: RoundCodec[Stack] = RoundCodec("stacks", Stack, _stack_columns, _stack_row)
 SYSTEM: RoundCodec[dict[str, Any]] = RoundCodec("system", None, _dict_columns("system"), _dict_row("system"))
 HAPROXY: RoundCodec[dict[str, Any]] = RoundCodec("haproxy", None, _dict_columns("haproxy"), _dict_row("haproxy"))
+PROCESS_COUNTERS: RoundCodec[ProcessTotals] = RoundCodec("counters", ProcessTotals, _totals_columns, _totals_row)
 
 #: Every round table's codec, by table name.
 CODECS: dict[str, RoundCodec[Any]] = {c.table: c for c in (SAMPLES, FD_SITES, THREAD_CENSUS, CLOCK, STACKS, SYSTEM,
-                                                              HAPROXY)}
+                                                              HAPROXY, PROCESS_COUNTERS)}

@@ -190,3 +190,23 @@ class EventBatch:
 
     def __len__(self) -> int:
         return int(self.events.num_rows)
+
+
+@dataclass
+class ProcessTotals:
+    """Exact in-kernel counts of one process instance, identified by (pid, first_ts), as the kernel
+    package reads them and the ``counters`` table keeps them (``schema.COUNTERS`` in ``counts``)."""
+
+    pid: int
+    first_ts: int
+    comm: str
+    exit_ts: int | None
+    counts: dict[str, int]
+    errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (syscall, errno) -> calls
+
+    def as_dict(self) -> dict[str, Any]:
+        """A flat dict, errors as ``{"syscall:ERRNO": count}``."""
+        row: dict[str, Any] = {"pid": self.pid, "first_ts": self.first_ts, "comm": self.comm,
+                               "exit_ts": self.exit_ts, **self.counts}
+        row["errors"] = {f"{sc}:{err}": n for (sc, err), n in sorted(self.errors.items())}
+        return row

@@ -19,7 +19,7 @@ from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.procfs import ProcFS
 from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import check_directory
-from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, arrow_type, codecs
+from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, codecs
 from fdtrace.schema.failures import failure_class, incident_mask
 
 #: The live /proc: this boot's id and the real uid of the processes recorded.
@@ -242,12 +242,12 @@ class ParquetSink:
         if sample_round.threads:
             writer.add("thread_census", codecs.THREAD_CENSUS.encode(sample_round.threads, now, offset))
         if update.counters is not None:
-            self._counters(now, update.counters)
+            self._counters(now, offset, update.counters)
         writer.add("losses", codecs.declared_rows("losses", codecs.loss_columns(now, update.losses, self.losses),
                                                   offset))
         self.losses = dict(update.losses)
 
-    def _counters(self, now: int, store: CounterStore) -> None:
+    def _counters(self, now: int, offset: int, store: CounterStore) -> None:
         rows: list[ProcessTotals] = list(store.newly_exited)  # final values, written once
         for totals in rows:
             self._last_counters.pop((totals.pid, totals.first_ts), None)
@@ -258,18 +258,5 @@ class ParquetSink:
                 rows.append(totals)
         if len(self._last_counters) > len(store.live):  # instances the kernel no longer has (bounded by its table)
             self._last_counters = {key: self._last_counters[key] for key in store.live if key in self._last_counters}
-        if not rows:
-            return
-        columns: dict[str, list[Any]] = {
-            "ts_ns": [now] * len(rows),
-            "pid": [t.pid for t in rows],
-            "first_ts": [t.first_ts for t in rows],
-            "exit_ts": [t.exit_ts for t in rows],
-            "comm": [t.comm for t in rows],
-        }
-        for name in COUNTERS:
-            columns[name] = [t.counts[name] for t in rows]
-        errors = [[{"syscall": sc, "errno": err, "count": n} for (sc, err), n in sorted(t.errors.items())]
-                  for t in rows]
-        table = pa.table(columns).append_column("errors", pa.array(errors, type=arrow_type("errors_list")))
-        self.writer.add("counters", table)
+        if rows:
+            self.writer.add("counters", codecs.PROCESS_COUNTERS.encode(rows, now, offset))
