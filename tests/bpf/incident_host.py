@@ -52,6 +52,7 @@ class Figures:
     rss_mb: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, top's RSS)
     quit_s: float | None = None
     processes_started: int = 0
+    load_1m: list[float] = field(default_factory=list)  # the 1-minute load average as each program failed
 
 
 def build_fork_loop(folder: Path) -> Path:
@@ -114,9 +115,10 @@ def start_top(fdtrace: str, session: str, folder: Path, size: tuple[int, int] = 
 
 
 def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0, timeout_s: float = 2.0,
-        size: tuple[int, int] = (220, 60)) -> Figures:
-    """Start top in tmux, the load, then ``programs`` failing programs ``gap_s`` apart; each is
-    watched for ``timeout_s`` after its failure (a figure of None: not shown in that time)."""
+        size: tuple[int, int] = (220, 60), fork_loops: int = 2, floods: int = 1) -> Figures:
+    """Start top in tmux, the load (``fork_loops`` fork-and-exit loops, ``floods`` socket floods),
+    then ``programs`` failing programs ``gap_s`` apart; each is watched for ``timeout_s`` after its
+    failure (a figure of None: not shown in that time)."""
     folder = Path(tempfile.mkdtemp(prefix="fdtrace-incident-"))
     session = f"fdt-incident-{os.getpid()}"
     figures = Figures()
@@ -125,8 +127,8 @@ def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0
         fork_loop = build_fork_loop(folder)
         top_pid = start_top(fdtrace, session, folder, size)
         started, begun = time.monotonic(), processes_started()
-        load += [subprocess.Popen([str(fork_loop)]) for _ in range(2)]
-        load.append(subprocess.Popen([sys.executable, "-S", "-c", FLOOD]))
+        load += [subprocess.Popen([str(fork_loop)]) for _ in range(fork_loops)]
+        load += [subprocess.Popen([sys.executable, "-S", "-c", FLOOD]) for _ in range(floods)]
         for index in range(programs):
             name = f"emfile-{index}"
             failing = subprocess.Popen(["prlimit", "--nofile=40:40", sys.executable, "-S", "-c", FAILING, name,
@@ -140,6 +142,7 @@ def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0
                     break
                 time.sleep(0.05)
             figures.shown_after_s[name] = shown
+            figures.load_1m.append(os.getloadavg()[0])
             figures.rss_mb.append((time.monotonic() - started, rss_mb(top_pid)))
             failing.wait(timeout=hold_s + 30)
             while time.monotonic() - failed_at < gap_s:
