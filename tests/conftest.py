@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fdtrace.kernel.counters import ProcessTotals
+from fdtrace.schema.records import ProcessTotals
 
 
 def needs_root() -> pytest.MarkDecorator:

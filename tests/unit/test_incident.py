@@ -9,9 +9,8 @@ import struct
 
 import numpy as np
 
-from fdtrace.kernel.counters import ProcessTotals
 from fdtrace.schema import SYSCALL_IDS, Kind
-from fdtrace.schema.records import ProcessSample
+from fdtrace.schema.records import ProcessSample, ProcessTotals
 from fdtrace.tui.adapters import process_detail
 from fdtrace.tui.state import IncidentState
 from tests.unit.test_decode import decode_table, record, sockaddr

@@ -9,8 +9,6 @@ from typing import Any
 from fdtrace.schema import COUNTERS
 from fdtrace.schema.records import ProcessTotals
 
-__all__ = ["CounterStore", "ProcessTotals"]
-
 
 class CounterStore:
     """Merges the live counter table, the exited processes' final counters and the error table.

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from fdtrace import __version__
 from fdtrace.errors import FdtraceError
-from fdtrace.kernel.counters import CounterStore, ProcessTotals
+from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
 from fdtrace.procfs import ProcFS
@@ -21,6 +21,7 @@ from fdtrace.recording.writer import RecordingWriter
 from fdtrace.safe_files import check_directory
 from fdtrace.schema import COUNTERS, SCHEMA_VERSION, STATS, codecs
 from fdtrace.schema.failures import failure_class, incident_mask
+from fdtrace.schema.records import ProcessTotals
 
 #: The live /proc: this boot's id and the real uid of the processes recorded.
 _PROCFS = ProcFS()

@@ -18,14 +18,14 @@ from fdtrace.advice.fixes import thread_limit_places
 from fdtrace.advice.haproxy import MAXCONN_PLACE
 from fdtrace.advice.memory import MEMORY_PLACES
 from fdtrace.errors import FdtraceError
-from fdtrace.kernel.counters import CounterStore, ProcessTotals
+from fdtrace.kernel.counters import CounterStore
 from fdtrace.kernel.session import release_descriptors, reserve_descriptors
 from fdtrace.pipeline.update import HaproxyRow, SourceInfo, SystemFigures, Update
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.schema.failures import FAILURE_CLASSES, HARM, INCIDENT_CLASSES, failure_class, incident_mask
 from fdtrace.schema.metrics import PROCESS_COUNTERS, PROCESS_GAUGES
-from fdtrace.schema.records import ProcessSample
+from fdtrace.schema.records import ProcessSample, ProcessTotals
 from fdtrace.sinks.metrics_server import DESCRIPTORS, MetricsServer
 
 #: Where the limit a gauge shows is set, added to its help (``schema.metrics`` declares the rest).
