@@ -44,3 +44,27 @@ def test_bursts_of_columns_give_their_memory_back() -> None:
     default = _kept_after_bursts("default")
     assert returned < 10, f"{returned} MB kept after the bursts"
     assert default > returned + 20, f"the default allocators kept {default} MB, returned {returned} MB"
+
+
+POOL_OF_A_LIVE_COMMAND = """
+from fdtrace.cli.common import live_without_pandas
+live_without_pandas()
+import pyarrow as pa
+print(pa.default_memory_pool().backend_name)
+"""
+
+
+def _pools(environment: dict[str, str]) -> str:
+    run = subprocess.run([sys.executable, "-c", POOL_OF_A_LIVE_COMMAND], capture_output=True, text=True,
+                         timeout=60, check=True, env=environment)
+    return run.stdout.strip()
+
+
+def test_a_live_command_has_arrow_allocate_from_the_system_unless_told_otherwise() -> None:
+    """Arrow's C++ default pool is chosen as pyarrow loads: a live command chooses the system
+    allocator before that (no mimalloc arena kept under a flood); a pool the user names stays."""
+    import os
+
+    plain = {key: value for key, value in os.environ.items() if key != "ARROW_DEFAULT_MEMORY_POOL"}
+    assert _pools(plain) == "system"
+    assert _pools({**plain, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}) == "mimalloc"

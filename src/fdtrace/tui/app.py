@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -107,7 +108,10 @@ class FdtraceApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "fdtrace"
     BINDINGS = [
-        Binding("q", "quit", "Quit"),
+        # Checked as the key reaches the app, before the focused widget: otherwise q passes the
+        # app's queue up to three times on its way (app, table, back up), each time behind an
+        # update being folded in, and took 2.5 s to quit a flooded host's view.
+        Binding("q", "quit", "Quit", priority=True),
         Binding("s", "next_sort", "Sort"),
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
@@ -155,6 +159,7 @@ class FdtraceApp(App[None]):
         self._last_roll_ns: int | None = None
         self._applied_mono: float | None = None  # when the last update was folded in
         self._applied_lag_s = 0.0  # how old its data already was then (a live source's poll time)
+        self._quitting = False  # q pressed: no update is folded in any more
         self._round_note = ""  # a live source's last /proc round, when it ran out of time
 
     def compose(self) -> ComposeResult:
@@ -213,11 +218,23 @@ class FdtraceApp(App[None]):
         except Exception as exc:  # the source died: say so in the UI rather than vanish
             self.post_message(FeedFailed(" ".join(str(exc).split()) or type(exc).__name__))
 
+    async def action_quit(self) -> None:
+        """q: end the view. Updates queued or still coming are not folded in any more (on a
+        flooded host each took a fraction of a second, and the view went on taking them)."""
+        self._quitting = True
+        self.exit()
+
     @on(FeedUpdated)
-    def apply_update(self, message: FeedUpdated) -> None:
+    async def apply_update(self, message: FeedUpdated) -> None:
         """Fold an update into the state and redraw (unless frozen); then take the next."""
+        if self._quitting:
+            return
         try:
             self._apply(message.update)
+            # A turn of the event loop before the next update is queued: the keys the terminal
+            # sent meanwhile get in first. Without it, on a flooded host, the app's queue was never
+            # empty, its loop never yielded, and q waited seconds (or for ever) behind the folds.
+            await asyncio.sleep(0)
         finally:
             self.view_sink.applied()
 
@@ -447,7 +464,11 @@ class FdtraceApp(App[None]):
     # The replay's keys: they exist (and show in the footer) only where time can be moved.
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The replay's keys exist (and show in the footer) only in a replay."""
+        """The replay's keys exist (and show in the footer) only in a replay. q quits from the
+        process table; typed in the filter it is a letter, and on a screen above (a process, the
+        help) that screen's q closes it."""
+        if action == "quit":
+            return len(self.screen_stack) == 1 and not isinstance(self.focused, Input)
         return self.controls.playback or action not in REPLAY_ACTIONS
 
     def action_toggle_play(self) -> None:
