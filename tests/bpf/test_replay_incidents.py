@@ -47,13 +47,14 @@ def screen(session: str) -> str:
                           check=True).stdout
 
 
-def wait_for(session: str, text: str, timeout: float = 60) -> str:
+def wait_for(session: str, *texts: str, timeout: float = 60) -> str:
+    """The screen once it shows every one of ``texts`` at once."""
     deadline = time.monotonic() + timeout
     while True:
         shown = screen(session)
-        if text in shown:
+        if all(text in shown for text in texts):
             return shown
-        assert time.monotonic() < deadline, f"{text!r} never shown:\n{shown}"
+        assert time.monotonic() < deadline, f"{texts!r} never shown together:\n{shown}"
         time.sleep(0.1)
 
 
@@ -90,7 +91,10 @@ def test_three_presses_of_n_reach_each_programs_first_failure_in_turn(recording:
         wait_for(session, f"replay paused, {events['time'].min().strftime('%H:%M:%S')} UTC")
         for number, (name, count) in enumerate(PROGRAMS.items(), start=1):
             subprocess.run([*TMUX, "send-keys", "-t", session, "n"], check=True)
-            shown = wait_for(session, f"incident {number} of 3: {name} socket EMFILE ×{count}", timeout=30)
+            # The header names the incident as soon as n is pressed; the log is rebuilt up to it
+            # by the updates that follow, drawn as they are folded in: both, before counting.
+            shown = wait_for(session, f"incident {number} of 3: {name} socket EMFILE ×{count}",
+                             f" {name}[", timeout=30)
             at = firsts[name].strftime("%H:%M:%S")
             assert f"{at} UTC │ incident {number} of 3" in shown
             # the view is rebuilt up to that failure: the log has its program's, not the later ones'

@@ -104,8 +104,7 @@ def test_the_census_groups_blocked_threads_by_the_code_they_wait_in(tmp_path: Pa
 
 def go_view(counts: list[int], limit: int = 10_000) -> ProcessView:
     view = ProcessView(pid=9, comm="server")
-    for i, n in enumerate(counts):
-        view.thread_history.append((i * 5 * S, n))
+    view.thread_history = [(i * 5 * S, n) for i, n in enumerate(counts)]
     view.threads = counts[-1]
     view.thread_limit = ("Go default", counts[-1], limit)
     view.census = [ThreadState("running", None, 2), ThreadState("read", "file", counts[-1] - 10)]

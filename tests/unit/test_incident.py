@@ -281,3 +281,24 @@ def test_replay_without_counters_counts_failures_from_events_alone() -> None:
     state = IncidentState()
     state.apply_events(decode_table(np.concatenate(failures)))
     assert (state.processes[9].fd_exhaustion_errors, dict(state.processes[9].errors)) == (4, {("socket", "EMFILE"): 4})
+
+
+def test_the_views_of_processes_never_sampled_stay_small() -> None:
+    """Issue 34: a churning host's view keeps up to ``MAX_PROCESSES`` processes, most never
+    sampled. Each costs about 1.5 kB; it was 5 kB while each held three empty 600-point deques
+    and a dict of its 52 fields."""
+    import tracemalloc
+
+    from fdtrace.tui.state import ProcessView
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        views = [ProcessView(pid=pid, comm="forked", start_ns=pid) for pid in range(10_000)]
+        per_view = (tracemalloc.get_traced_memory()[0] - before) / len(views)
+    finally:
+        tracemalloc.stop()
+    assert per_view < 2_000, f"{per_view:.0f} bytes a view"
+    state = IncidentState()
+    state.apply_samples([sample(5)], 1_000_000_000)
+    assert len(state.processes[5].history) == 1 and not views[0].history
