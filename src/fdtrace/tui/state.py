@@ -63,7 +63,6 @@ def _appended(points: Sequence[Point], point: Point) -> deque[Point]:
     return kept
 
 
-
 @dataclass(slots=True)
 class ProcessView:
     """One process as the view shows it."""
