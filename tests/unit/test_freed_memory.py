@@ -46,25 +46,35 @@ def test_bursts_of_columns_give_their_memory_back() -> None:
     assert default > returned + 20, f"the default allocators kept {default} MB, returned {returned} MB"
 
 
-POOL_OF_A_LIVE_COMMAND = """
-from fdtrace.cli.common import live_without_pandas
-live_without_pandas()
+POOL_OF_A_COMMAND = """
+import sys
+from fdtrace.cli import main
+try:
+    main([sys.argv[1], "--help"])  # the group chooses before the command runs (or prints its help)
+except SystemExit:
+    pass
+import os
 import pyarrow as pa
-print(pa.default_memory_pool().backend_name)
+print(pa.default_memory_pool().backend_name, os.environ.get("ARROW_DEFAULT_MEMORY_POOL", "unset"), file=sys.stderr)
 """
 
 
-def _pools(environment: dict[str, str]) -> str:
-    run = subprocess.run([sys.executable, "-c", POOL_OF_A_LIVE_COMMAND], capture_output=True, text=True,
+def _pool(command: str, environment: dict[str, str]) -> str:
+    run = subprocess.run([sys.executable, "-c", POOL_OF_A_COMMAND, command], capture_output=True, text=True,
                          timeout=60, check=True, env=environment)
-    return run.stdout.strip()
+    return run.stderr.strip()
 
 
-def test_a_live_command_has_arrow_allocate_from_the_system_unless_told_otherwise() -> None:
-    """Arrow's C++ default pool is chosen as pyarrow loads: a live command chooses the system
-    allocator before that (no mimalloc arena kept under a flood); a pool the user names stays."""
+def test_the_live_commands_have_arrow_allocate_from_the_system_unless_told_otherwise() -> None:
+    """Arrow's C++ default pool is chosen as pyarrow loads: every command that can trace the live
+    kernel chooses the system allocator before that (no mimalloc arena kept under a flood); a pool
+    the user names stays, and the commands that read recordings keep Arrow's default."""
     import os
 
+    from fdtrace.cli import LIVE_COMMANDS
+
     plain = {key: value for key, value in os.environ.items() if key != "ARROW_DEFAULT_MEMORY_POOL"}
-    assert _pools(plain) == "system"
-    assert _pools({**plain, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}) == "mimalloc"
+    assert {command: _pool(command, plain) for command in sorted(LIVE_COMMANDS)} == \
+        dict.fromkeys(sorted(LIVE_COMMANDS), "system system")
+    assert _pool("record", {**plain, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}) == "mimalloc mimalloc"
+    assert _pool("info", plain).endswith(" unset")

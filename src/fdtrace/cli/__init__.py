@@ -20,11 +20,20 @@ from fdtrace.cli.top import replay, top
 from fdtrace.cli.trace import trace
 from fdtrace.cli.trace_export import trace_export
 
+#: The commands that can trace the live kernel: Arrow allocates from the system allocator in them
+#: (``sources.memory.arrow_allocates_from_system``), chosen before any of them loads pyarrow.
+LIVE_COMMANDS = frozenset({"trace", "record", "top", "export", "run", "rehearse", "leaks", "threads"})
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fdtrace")
-def main() -> None:
+@click.pass_context
+def main(context: click.Context) -> None:
     """Trace sockets, FD exhaustion (EMFILE/ENFILE), threads and OOM kills with eBPF."""
+    if context.invoked_subcommand in LIVE_COMMANDS:
+        from fdtrace.sources.memory import arrow_allocates_from_system
+
+        arrow_allocates_from_system()
 
 
 for command in (trace, record, info, top, replay, doctor, export, report, run, leaks, threads, compact,

@@ -129,14 +129,10 @@ def live_without_pandas() -> None:
     """Tell pyarrow, before its first use, that this process has no pandas: the live commands
     never hand it a DataFrame, and its first conversion would otherwise import pandas to look for
     one, half of the CPU second a start takes (bench/startup). Only for commands that read no
-    recording (a replay, a report, doctor --from convert to pandas). Arrow allocates from the
-    system allocator as well (``sources.memory.arrow_allocates_from_system``)."""
+    recording (a replay, a report, doctor --from convert to pandas)."""
     import importlib.abc
     import sys
 
-    from fdtrace.sources.memory import arrow_allocates_from_system
-
-    arrow_allocates_from_system()
     if "pandas" in sys.modules:
         return
 
