@@ -20,7 +20,7 @@ import pandas as pd
 from fdtrace.analysis.engines.dataset import engine_for
 from fdtrace.analysis.failures import failures_on, severity_of
 from fdtrace.analysis.headroom_series import COLUMNS as HEADROOM_COLUMNS
-from fdtrace.analysis.headroom_series import headroom_on, least_headroom_on, processes_where
+from fdtrace.analysis.headroom_series import headroom_on, least_headrooms_on, processes_where
 from fdtrace.errors import FdtraceError
 from fdtrace.integrations.phases.kineto import read_trace
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS
@@ -60,8 +60,7 @@ def chrome_trace(recording: Dataset, top: int = 20, base_ns: int | None = None, 
     """
     with engine_for(recording) as engine:
         found = failures_on(engine)
-        fullest = least_headroom_on(engine)
-        threads = least_headroom_on(engine, resource="threads")
+        fullest, threads = least_headrooms_on(engine).values()
         rates = engine.query(
             "SELECT host, pid, min(comm) AS comm, time_ns // 1000000000 AS second, count(*) AS n FROM events "
             f"WHERE errno IN ({', '.join(repr(e) for e in sorted(FD_EXHAUSTION_ERRNOS))}) "

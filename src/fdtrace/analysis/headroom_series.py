@@ -108,17 +108,35 @@ def headroom_on(engine: Engine, window_s: float = 30.0, where: str | None = None
     return _shaped(found)[COLUMNS].reset_index(drop=True)
 
 
+#: The column each resource's fullest sample is chosen by.
+USAGE_OF = {"fds": "usage", "threads": "thread_usage"}
+
+
 def least_headroom_on(engine: Engine, resource: str = "fds", window_s: float = 30.0) -> pd.DataFrame:
     """``least_headroom()`` computed by ``engine``: the fullest sample of each process is chosen in
     the engine, so only one row per process comes back."""
-    usage = {"fds": "usage", "threads": "thread_usage"}[resource]
+    return least_headrooms_on(engine, (resource,), window_s)[resource]
+
+
+def least_headrooms_on(engine: Engine, resources: tuple[str, ...] = ("fds", "threads"),
+                       window_s: float = 30.0) -> dict[str, pd.DataFrame]:
+    """:func:`least_headroom_on` of several resources from one pass over the samples: by resource,
+    each process's fullest sample of it, fullest processes first."""
     if "open_fds" not in engine.columns("samples"):
-        return pd.DataFrame(columns=COLUMNS)
-    found = engine.query(
-        f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY host, pid, start_ns ORDER BY {usage} DESC "
-        f"NULLS LAST, ts_ns) AS fullness FROM ({headroom_sql(window_s)}) AS series) AS ranked WHERE fullness = 1 "
-        f"ORDER BY {usage} DESC NULLS LAST, time_ns, host, pid")
-    return _shaped(found)[COLUMNS].reset_index(drop=True)
+        return {resource: pd.DataFrame(columns=COLUMNS) for resource in resources}
+    ranks = ", ".join(f"row_number() OVER (PARTITION BY host, pid, start_ns ORDER BY {USAGE_OF[resource]} DESC "
+                      f"NULLS LAST, ts_ns) AS fullest_{resource}" for resource in resources)
+    found = _shaped(engine.query(
+        f"SELECT * FROM (SELECT *, {ranks} FROM ({headroom_sql(window_s)}) AS series) AS ranked "
+        f"WHERE {' OR '.join(f'fullest_{resource} = 1' for resource in resources)}"))
+    least = {}
+    for resource in resources:
+        usage = USAGE_OF[resource]
+        mine = found[found[f"fullest_{resource}"] == 1]
+        mine = mine.sort_values([usage, "time", "host", "pid"], ascending=[False, True, True, True],
+                                na_position="last", kind="stable")
+        least[resource] = mine[COLUMNS].reset_index(drop=True)
+    return least
 
 
 def headroom(recording: Analyzable, window_s: float = 30.0) -> pd.DataFrame:

@@ -11,10 +11,9 @@ import pandas as pd
 from fdtrace.analysis.destinations import destinations_from, destinations_on
 from fdtrace.analysis.engines import Engine
 from fdtrace.analysis.engines.dataset import engine_for
-from fdtrace.analysis.headroom_series import least_headroom_on
+from fdtrace.analysis.headroom_series import least_headrooms_on
 from fdtrace.analysis.span import span_on
 from fdtrace.display import shown
-from fdtrace.errors import FdtraceError
 from fdtrace.schema import STATS
 from fdtrace.schema.failures import (
     FD_SQL,
@@ -50,6 +49,12 @@ def _capped(lines: list[str], what: str) -> list[str]:
     if len(lines) <= SHOWN_LINES:
         return lines
     return [*lines[:SHOWN_LINES], f"  ... and {len(lines) - SHOWN_LINES} more {what}"]
+
+
+def _text_order(value: Any) -> tuple[bool, str]:
+    """A sort key of a text column's value as pandas sorts it: missing values last."""
+    missing = not isinstance(value, str) and bool(pd.isna(value))
+    return missing, "" if missing else str(value)
 
 
 def _failed(engine: Engine) -> pd.DataFrame:
@@ -89,15 +94,19 @@ def headline(engine: Engine, least: pd.DataFrame, several_hosts: bool = False,
         cls = {"oom_kill": "OOM kill", "go_thread_limit": "Go thread limit"}.get(kind, "killed by a signal")
         key = harm_order(cls, 1, int(row.at))
         ranked.setdefault(key[0], []).append((key, f"  {who(row.host, row.comm, row.pid)}: {what} at {_ns(row.at)}"))
-    if len(calls):
-        per_process = calls.groupby(["host", "pid", "comm"], sort=False).agg(n=("n", "sum"), first=("first", "min"))
-        for (host, pid, comm), totals in per_process.iterrows():
-            mine = calls[(calls["host"] == host) & (calls["pid"] == pid) & (calls["comm"] == comm)]
-            mine = mine.sort_values(["n", "errno", "syscall"], ascending=[False, True, True])
-            detail = ", ".join(f"{r.errno} {r.syscall} {r.n}" for r in mine.itertuples())
-            key = harm_order("EMFILE/ENFILE", int(totals["n"]), int(totals["first"]))
-            ranked.setdefault(key[0], []).append((key, f"  {who(host, comm, pid)}: {totals['n']} calls failed "
-                                                       f"({detail}), first at {_ns(totals['first'])}"))
+    # One walk over the calls' rows, not a filter of all of them per process: a fleet has
+    # hundreds of failing processes.
+    per_process: dict[tuple[Any, Any, Any], list[tuple[Any, Any, int, int]]] = {}
+    for host, pid, comm, errno, syscall, n, first in zip(calls["host"], calls["pid"], calls["comm"], calls["errno"],
+                                                          calls["syscall"], calls["n"], calls["first"], strict=True):
+        per_process.setdefault((host, pid, comm), []).append((errno, syscall, int(n), int(first)))
+    for (host, pid, comm), mine in per_process.items():
+        mine.sort(key=lambda call: (-call[2], _text_order(call[0]), _text_order(call[1])))
+        total, first = sum(call[2] for call in mine), min(call[3] for call in mine)
+        detail = ", ".join(f"{errno} {syscall} {n}" for errno, syscall, n, _ in mine)
+        key = harm_order("EMFILE/ENFILE", total, first)
+        ranked.setdefault(key[0], []).append((key, f"  {who(host, comm, pid)}: {total} calls failed "
+                                                   f"({detail}), first at {_ns(first)}"))
     lines: list[str] = []
     for rank in sorted(ranked):
         lines += _capped([text for _, text in sorted(ranked[rank], key=lambda found: found[0])],
@@ -127,7 +136,7 @@ def _hosts(recording: Dataset, engine: Engine, kinds: pd.DataFrame) -> list[str]
     offsets = recording.clock_offsets
     offsets = offsets.set_index("host") if offsets is not None and len(offsets) else pd.DataFrame()
     lines = []
-    clocks = _own_clocks(recording)  # the clock table read once, not once a host
+    clocks = _own_clocks(engine)
     for host, meta in sorted(recording.meta.items()):
         state = "complete" if meta.get("complete") else "incomplete (recorder did not stop cleanly)"
         lines.append(f"host {host}: kernel {meta.get('kernel')}, fdtrace {meta.get('fdtrace_version')}, {state}")
@@ -196,28 +205,23 @@ def clock_text(row: Any) -> str:
             f"{row['pairs']} connection pairs{', via ' + row['via'] if row['via'] else ''})")
 
 
-def _own_clocks(recording: Dataset) -> dict[str, str]:
-    """Each host's own last word on its clock (adjtimex), where it was not synchronized."""
-    try:
-        clock = recording.clock
-    except (AttributeError, FdtraceError):
-        return {}
-    if clock is None or not len(clock) or "synchronized" not in clock.columns:
-        return {}
-    said = {}
-    known = clock[clock["synchronized"].notna()]
-    for host, mine in known.groupby(known["host"].astype(str), sort=False, observed=True):
-        last = mine.sort_values("ts_ns").iloc[-1]
-        if not bool(last["synchronized"]):
-            said[str(host)] = (f"own clock: not synchronized (adjtimex), maximum error "
-                               f"{int(last['max_error_us']) / 1e6:.3f} s: its wall times are only as good as that")
-    return said
+def _own_clocks(engine: Engine) -> dict[str, str]:
+    """Each host's own last word on its clock (adjtimex), where it was not synchronized: the
+    engine picks each host's last row that says, so a fleet's clock rows do not come back."""
+    last = engine.query(
+        "SELECT host, synchronized, max_error_us FROM (SELECT host, synchronized, max_error_us, row_number() OVER "
+        "(PARTITION BY host ORDER BY ts_ns DESC) AS newest FROM clock WHERE synchronized IS NOT NULL) AS said "
+        "WHERE newest = 1")
+    return {str(row.host): ("own clock: not synchronized (adjtimex), maximum error "
+                            + (f"{int(row.max_error_us) / 1e6:.3f} s" if pd.notna(row.max_error_us) else "unknown")
+                            + ": its wall times are only as good as that")
+            for row in last.itertuples() if not bool(row.synchronized)}
 
 
 def summary_on(recording: Dataset, engine: Engine) -> str:
     """``summary()`` of a recording whose tables ``engine`` holds."""
     engine.keep_derived()  # the rare kinds' rows and the EMFILE/ENFILE counts: read once, for every query below
-    least = least_headroom_on(engine)
+    least, fullest_threads = least_headrooms_on(engine).values()
     several = len(recording.meta) > 1
     # A fleet's part files carry summaries of their events: then no event is read.
     parts = recording.part_summaries() if hasattr(recording, "part_summaries") else None
@@ -232,9 +236,8 @@ def summary_on(recording: Dataset, engine: Engine) -> str:
     victims = oom_victims_on(engine)
     memory = memory_needs_on(engine, needs)
     advice += memory_advice_lines(memory, victims, several=several)
-    fullest_threads = least_headroom_on(engine, resource="threads")
     # the report's lines, as it says them
-    advice += system_advice(recording.system, engine) + thread_advice(engine, fullest_threads)
+    advice += system_advice(engine) + thread_advice(engine, fullest_threads)
     if advice:
         lines += ["what to change:", *_capped([f"  {line}" for line in advice], "processes")]
     by_host = parts["kinds"] if parts is not None else engine.query(

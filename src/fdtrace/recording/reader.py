@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -255,9 +256,9 @@ class Part:
     parquet: Any
     rows: int
 
-    @property
+    @cached_property
     def schema(self) -> Any:
-        """Its Arrow schema."""
+        """Its Arrow schema (made once: pyarrow builds it anew at each ask)."""
         return self.parquet.schema_arrow
 
     def close(self) -> None:

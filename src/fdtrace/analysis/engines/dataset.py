@@ -381,10 +381,9 @@ def open_dataset(paths: str | Path | list[str | Path], engine: str = "auto", *,
         chosen = engine_rule(fleet, engine, phases)
         if chosen == "pandas" and engine == "auto" and not phases:
             fleet.refresh()  # a recording without a manifest is listed again when read
-        clock = fleet_clock(fleet, clock_correction)
         if chosen == "pandas":
-            return _into_pandas(fleet, clock, columns, phases)
-        return _over_engine(fleet, chosen, clock, spark_master, memory_limit)
+            return _into_pandas(fleet, fleet_clock(fleet, clock_correction), columns, phases)
+        return _over_engine(fleet, chosen, clock_correction, spark_master, memory_limit)
     except BaseException:
         fleet.close()
         raise
@@ -422,23 +421,30 @@ class FleetClock:
     connections: pd.DataFrame | None
 
 
-def fleet_clock(fleet: Fleet, correct: bool = True) -> FleetClock:
+def fleet_clock(fleet: Fleet, correct: bool = True, engine: Engine | None = None) -> FleetClock:
     """The clock correction of ``fleet``, written once for every engine and for replay: the
     offsets the TCP connections between its hosts bound; ``correct``: whether times are to be
-    moved by them. Problems reading the connections are named in the fleet's ``skipped`` and
-    ``notes``."""
+    moved by them. ``engine``: one whose views of the fleet are still on each host's own clock
+    reads the connections where they lie (then they are not read into memory: ``connections``
+    None); otherwise they are read here. Problems reading the connections are named in the
+    fleet's ``skipped`` and ``notes``."""
     if len(fleet.names) < 2:  # one host: one clock already
         return FleetClock(None, {}, None)
+    if engine is not None:
+        if not engine.rows("connections"):
+            return FleetClock(None, {}, None)
+        offsets = host_offsets(engine)
+        return FleetClock(offsets, corrections(offsets) if correct else {}, None)
     connections = fleet_table(fleet, "connections", fleet.skipped, fleet.notes)
     if not len(connections):
         return FleetClock(None, {}, connections)
     from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
 
-    engine = DuckDBEngine.over_frames({"connections": connections})
+    frames = DuckDBEngine.over_frames({"connections": connections})
     try:
-        offsets = host_offsets(engine)
+        offsets = host_offsets(frames)
     finally:
-        engine.close()
+        frames.close()
     return FleetClock(offsets, corrections(offsets) if correct else {}, connections)
 
 
@@ -464,20 +470,28 @@ def _into_pandas(fleet: Fleet, clock: FleetClock, columns: dict[str, list[str]] 
     return recording
 
 
-def _over_engine(fleet: Fleet, engine: str, clock: FleetClock, spark_master: str | None,
+def _over_engine(fleet: Fleet, engine: str, clock_correction: bool, spark_master: str | None,
                  memory_limit: str | None) -> EngineRecording:
-    """The fleet's tables as views of DuckDB or Spark, on the reference host's clock when ``clock``
-    says."""
-    shifts = clock.shifts or None
+    """The fleet's tables as views of DuckDB or Spark, on the reference host's clock when
+    ``clock_correction`` and the connections between the hosts say (``fleet_clock``: DuckDB
+    reads the connections from its own views, before it shifts them)."""
     runner: Engine
     if engine == "duckdb":
         from fdtrace.analysis.engines.duckdb_engine import DuckDBEngine
 
-        runner = DuckDBEngine.over_fleet(fleet, memory_limit=memory_limit, offsets=shifts)
+        duck = runner = DuckDBEngine.over_fleet(fleet, memory_limit=memory_limit)
+        try:
+            clock = fleet_clock(fleet, clock_correction, duck)
+            if clock.shifts:
+                duck.shift_clocks(clock.shifts)
+        except BaseException:
+            duck.close()
+            raise
     else:
         from fdtrace.analysis.engines.spark_engine import SparkEngine
 
-        runner = SparkEngine.over_fleet(fleet, master=spark_master, offsets=shifts)
+        clock = fleet_clock(fleet, clock_correction)
+        runner = SparkEngine.over_fleet(fleet, master=spark_master, offsets=clock.shifts or None)
     found = EngineRecording(runner, fleet, fleet.meta, fleet.skipped, fleet.notes, clock_offsets=clock.offsets,
                             clock_corrected=bool(clock.shifts))
     if clock.connections is not None:

@@ -119,6 +119,12 @@ class DuckDBEngine(Engine):
             raise
         return engine
 
+    def shift_clocks(self, offsets: dict[str, int]) -> None:
+        """Put each host's times on the reference clock (``offsets``: host -> ns its clock is ahead
+        of the reference's): the views are made again with the shifts, over the same files."""
+        self._offsets = offsets or None
+        self._views()
+
     def _views(self) -> None:
         """(Re)create the views over the fleet's parts; when a file went (a recorder merged it),
         the parts are listed again; when DuckDB cannot take a file, fdtrace's reader reads it."""

@@ -50,7 +50,7 @@ def recommendations(recording: Dataset, least: pd.DataFrame, engine: Engine | No
     advice = fd_advice(needs, several=several)
     advice += memory_advice_lines(memory_needs_on(engine, needs) if memory is None else memory,
                                   oom_victims_on(engine) if victims is None else victims, several=several)
-    advice += system_advice(recording.system, engine)
+    advice += system_advice(engine)
     advice += thread_advice(engine)
     if not advice:
         advice.append("No limit was approached in this recording: nothing to change.")
@@ -87,15 +87,23 @@ def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
     return advice
 
 
-def system_advice(system: pd.DataFrame, engine: Engine) -> list[str]:
+#: The system table's extremes the advice reads, over all of its rows (the engine adds them up:
+#: a fleet's rows do not come back). Absent columns are NULL in every engine's view.
+SYSTEM_EXTREMES = ("SELECT max(file_nr) AS file_nr, min(file_max) AS file_max, "
+                   "max(listen_overflows) - min(listen_overflows) AS listen_overflows, "
+                   "max(listen_drops) - min(listen_drops) AS listen_drops, min(somaxconn) AS somaxconn FROM system")
+
+
+def system_advice(engine: Engine) -> list[str]:
     """The system's lines: fs.file-max (``advice.fixes.file_max_change``) and the listen queues
     (``listen_advice``), the same in the report and ``info``."""
+    extremes = engine.query(SYSTEM_EXTREMES).iloc[0]
     advice = []
-    if len(system) and "file_nr" in system.columns:
-        change = file_max_change(int(system["file_nr"].max()), int(system["file_max"].min()))
+    if pd.notna(extremes["file_nr"]) and pd.notna(extremes["file_max"]):
+        change = file_max_change(int(extremes["file_nr"]), int(extremes["file_max"]))
         if change is not None:
             advice.append(f"fs.file-max: {change.reason}; set it to at least {change.value:,}: {change.command}.")
-    listen = listen_advice(system, engine)
+    listen = listen_advice(extremes, engine)
     if listen:
         advice.append(listen)
     return advice
@@ -113,19 +121,19 @@ def thread_advice(engine: Engine, fullest: pd.DataFrame | None = None) -> list[s
     return _thread_advice(engine, exceeded, fullest) + go_limit_advice(engine)
 
 
-def listen_advice(system: pd.DataFrame, engine: Engine) -> str | None:
-    """One line when a listen queue overflowed during the recording; when a listener was failing
-    accept() with EMFILE then, the overflow was its symptom and the FD limit is the fix."""
-    grew = {name: int(system[column].max() - system[column].min())
-            for column, name in (("listen_overflows", "ListenOverflows"), ("listen_drops", "ListenDrops"))
-            if column in system.columns and len(system) and system[column].max() > system[column].min()}
+def listen_advice(extremes: pd.Series, engine: Engine) -> str | None:
+    """One line when a listen queue overflowed during the recording (``extremes``: the row of
+    :data:`SYSTEM_EXTREMES`); when a listener was failing accept() with EMFILE then, the overflow
+    was its symptom and the FD limit is the fix."""
+    grew = {name: int(extremes[column]) for column, name in (("listen_overflows", "ListenOverflows"),
+                                                             ("listen_drops", "ListenDrops"))
+            if pd.notna(extremes[column]) and extremes[column] > 0}
     if not grew:
         return None
     moved = " and ".join(f"TcpExt {name} grew by {count:,}" for name, count in grew.items())
     refused = engine.query(f"SELECT comm, pid, CAST(sum(n) AS BIGINT) AS n FROM {engine.derived('fd_failures')} "
                            "WHERE kind = 'accept' GROUP BY comm, pid ORDER BY n DESC, pid LIMIT 3")
-    somaxconn = int(system["somaxconn"].min()) if "somaxconn" in system.columns and system["somaxconn"].notna().any() \
-        else None
+    somaxconn = int(extremes["somaxconn"]) if pd.notna(extremes["somaxconn"]) else None
     if len(refused):
         who = ", ".join(f"{r.comm} [{r.pid}] ({r.n:,} times)" for r in refused.itertuples())
         return f"Listen queues: {moved} during the recording; {listen_fix(who, somaxconn)}."

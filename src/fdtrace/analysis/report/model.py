@@ -233,11 +233,10 @@ def _build(recording: Dataset, engine: Engine, top: int) -> Report:
     counted = coarser(within(every, span), factor)
     socket_rate = pivot_rates(counted, kind=SOCKET_KINDS, by="kind")
     error_rate = pivot_rates(counted, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
-    least = headroom_module.least_headroom_on(engine)
+    least, by_threads = headroom_module.least_headrooms_on(engine).values()
     fd_series = _series_of(engine, by_harm(least, _fd_failures(engine)).head(top), ["open_fds", "fd_soft_limit"],
                            several)
     # The processes nearest a thread limit, then (where no limit is known) those with most threads.
-    by_threads = headroom_module.least_headroom_on(engine, resource="threads")
     limited = by_threads["thread_limit"].notna()
     chosen = pd.concat([by_threads[limited], by_threads[~limited].sort_values("threads", ascending=False)]).head(top)
     thread_series, thread_notes = thread_panel(_series_of(
