@@ -108,3 +108,5 @@ def test_counters_are_written_a_row_per_instance_and_read_back_the_same() -> Non
     assert table["errors"].to_pylist()[0] == [{"syscall": "accept4", "errno": "EMFILE", "count": 12},
                                               {"syscall": "socket", "errno": "ENFILE", "count": 1}]
     assert codecs.PROCESS_COUNTERS.decode(table.to_pylist()) == [failing, ended]
+    older = table.drop_columns([COUNTERS[0]]).to_pylist()  # a counter this recording did not have
+    assert [totals.counts[COUNTERS[0]] for totals in codecs.PROCESS_COUNTERS.decode(older)] == [0, 0]

@@ -202,8 +202,9 @@ def _totals_columns(totals: Sequence[ProcessTotals]) -> dict[str, list[Any]]:
 
 
 def _totals_row(row: dict[str, Any]) -> ProcessTotals:
+    # A counter a recording lacks (written before it was counted) or left null counts nothing.
     return ProcessTotals(row["pid"], row["first_ts"], row["comm"], row.get("exit_ts"),
-                         {name: row[name] for name in COUNTERS},
+                         {name: row.get(name) or 0 for name in COUNTERS},
                          {(e["syscall"], e["errno"]): e["count"] for e in row.get("errors") or ()})
 
 
