@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,21 +116,48 @@ def start_top(fdtrace: str, session: str, folder: Path, size: tuple[int, int] = 
     return int(pid_file.read_text())
 
 
+@dataclass
+class TopInTmux:
+    """`fdtrace top` running in a tmux session (``top_in_tmux``), and the load started beside it."""
+
+    session: str
+    folder: Path
+    pid: int = 0
+    load: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start_load(self, fork_loops: int, floods: int) -> None:
+        """Start ``fork_loops`` fork-and-exit loops and ``floods`` socket floods, until the end."""
+        fork_loop = build_fork_loop(self.folder) if fork_loops else None
+        self.load += [subprocess.Popen([str(fork_loop)]) for _ in range(fork_loops)]
+        self.load += [subprocess.Popen([sys.executable, "-S", "-c", FLOOD]) for _ in range(floods)]
+
+
+@contextmanager
+def top_in_tmux(fdtrace: str, name: str, size: tuple[int, int] = (220, 60)) -> Iterator[TopInTmux]:
+    """`fdtrace top` in a tmux session named after ``name``, drawn; at the end the load is killed,
+    the session closed and its folder removed."""
+    top = TopInTmux(session=f"{name}-{os.getpid()}-{time.monotonic_ns()}",
+                    folder=Path(tempfile.mkdtemp(prefix="fdtrace-incident-")))
+    try:
+        top.pid = start_top(fdtrace, top.session, top.folder, size)
+        yield top
+    finally:
+        for proc in top.load:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["tmux", "kill-session", "-t", top.session], capture_output=True)
+        shutil.rmtree(top.folder, ignore_errors=True)
+
+
 def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0, timeout_s: float = 2.0,
         size: tuple[int, int] = (220, 60), fork_loops: int = 2, floods: int = 1) -> Figures:
     """Start top in tmux, the load (``fork_loops`` fork-and-exit loops, ``floods`` socket floods),
     then ``programs`` failing programs ``gap_s`` apart; each is watched for ``timeout_s`` after its
     failure (a figure of None: not shown in that time)."""
-    folder = Path(tempfile.mkdtemp(prefix="fdtrace-incident-"))
-    session = f"fdt-incident-{os.getpid()}"
     figures = Figures()
-    load: list[subprocess.Popen[bytes]] = []
-    try:
-        fork_loop = build_fork_loop(folder)
-        top_pid = start_top(fdtrace, session, folder, size)
+    with top_in_tmux(fdtrace, "fdt-incident", size) as top:
         started, begun = time.monotonic(), processes_started()
-        load += [subprocess.Popen([str(fork_loop)]) for _ in range(fork_loops)]
-        load += [subprocess.Popen([sys.executable, "-S", "-c", FLOOD]) for _ in range(floods)]
+        top.start_load(fork_loops, floods)
         for index in range(programs):
             name = f"emfile-{index}"
             failing = subprocess.Popen(["prlimit", "--nofile=40:40", sys.executable, "-S", "-c", FAILING, name,
@@ -137,27 +166,21 @@ def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0
             failed_at = float(failing.stdout.readline())
             shown = None
             while time.monotonic() - failed_at < timeout_s:
-                if name in screen(session):
+                if name in screen(top.session):
                     shown = time.monotonic() - failed_at
                     break
                 time.sleep(0.05)
             figures.shown_after_s[name] = shown
             figures.load_1m.append(os.getloadavg()[0])
-            figures.rss_mb.append((time.monotonic() - started, rss_mb(top_pid)))
+            figures.rss_mb.append((time.monotonic() - started, rss_mb(top.pid)))
             failing.wait(timeout=hold_s + 30)
             while time.monotonic() - failed_at < gap_s:
                 time.sleep(0.2)
         figures.processes_started = processes_started() - begun
-        figures.rss_mb.append((time.monotonic() - started, rss_mb(top_pid)))
+        figures.rss_mb.append((time.monotonic() - started, rss_mb(top.pid)))
         asked = time.monotonic()
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        while not has_ended(top_pid) and time.monotonic() - asked < 30:
+        subprocess.run(["tmux", "send-keys", "-t", top.session, "q"], check=True)
+        while not has_ended(top.pid) and time.monotonic() - asked < 30:
             time.sleep(0.02)
         figures.quit_s = time.monotonic() - asked
-    finally:
-        for proc in load:
-            proc.kill()
-            proc.wait()
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
-        shutil.rmtree(folder, ignore_errors=True)
     return figures
