@@ -101,17 +101,17 @@ class DuckDBEngine(Engine):
         return engine
 
     @classmethod
-    def over_fleet(cls, fleet: Fleet, memory_limit: str | None = None, threads: int | None = None,
-                   offsets: dict[str, int] | None = None) -> DuckDBEngine:
-        """Views over every readable part file of the fleet: those whose footer shows them sound
-        are read by DuckDB from the files, the others by fdtrace's reader (``table_files``);
-        files that cannot be read at all are left out and named in ``fleet.skipped``."""
+    def over_fleet(cls, fleet: Fleet, memory_limit: str | None = None, threads: int | None = None) -> DuckDBEngine:
+        """Views over every readable part file of the fleet, each host on its own clock
+        (``shift_clocks`` puts them on one): those whose footer shows them sound are read by DuckDB
+        from the files, the others by fdtrace's reader (``table_files``); files that cannot be
+        read at all are left out and named in ``fleet.skipped``."""
         connection, spill = _connect(memory_limit, threads)
         # Each query of a command reads the same files: their footers are read once, not once a query.
         connection.execute("LOAD parquet")
         connection.execute("SET parquet_metadata_cache = true")
         engine = cls(connection, spill, {})
-        engine._fleet, engine._offsets = fleet, offsets
+        engine._fleet = fleet
         try:
             engine._views()
         except BaseException:
