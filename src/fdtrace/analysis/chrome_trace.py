@@ -60,7 +60,8 @@ def chrome_trace(recording: Dataset, top: int = 20, base_ns: int | None = None, 
     """
     with engine_for(recording) as engine:
         found = failures_on(engine)
-        fullest, threads = least_headrooms_on(engine).values()
+        both = least_headrooms_on(engine)
+        fullest, threads = both["fds"], both["threads"]
         rates = engine.query(
             "SELECT host, pid, min(comm) AS comm, time_ns // 1000000000 AS second, count(*) AS n FROM events "
             f"WHERE errno IN ({', '.join(repr(e) for e in sorted(FD_EXHAUSTION_ERRNOS))}) "

@@ -221,7 +221,8 @@ def _own_clocks(engine: Engine) -> dict[str, str]:
 def summary_on(recording: Dataset, engine: Engine) -> str:
     """``summary()`` of a recording whose tables ``engine`` holds."""
     engine.keep_derived()  # the rare kinds' rows and the EMFILE/ENFILE counts: read once, for every query below
-    least, fullest_threads = least_headrooms_on(engine).values()
+    fullest = least_headrooms_on(engine)
+    least, fullest_threads = fullest["fds"], fullest["threads"]
     several = len(recording.meta) > 1
     # A fleet's part files carry summaries of their events: then no event is read.
     parts = recording.part_summaries() if hasattr(recording, "part_summaries") else None

@@ -233,7 +233,8 @@ def _build(recording: Dataset, engine: Engine, top: int) -> Report:
     counted = coarser(within(every, span), factor)
     socket_rate = pivot_rates(counted, kind=SOCKET_KINDS, by="kind")
     error_rate = pivot_rates(counted, errno=sorted(FD_EXHAUSTION_ERRNOS), by=None)
-    least, by_threads = headroom_module.least_headrooms_on(engine).values()
+    fullest = headroom_module.least_headrooms_on(engine)
+    least, by_threads = fullest["fds"], fullest["threads"]
     fd_series = _series_of(engine, by_harm(least, _fd_failures(engine)).head(top), ["open_fds", "fd_soft_limit"],
                            several)
     # The processes nearest a thread limit, then (where no limit is known) those with most threads.
