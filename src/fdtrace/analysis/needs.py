@@ -31,7 +31,8 @@ NEED_COLUMNS = ["host", "pid", "start_ns", "comm", "fd_soft_limit", "fd_hard_lim
                 "emfile_worst_second", "maxsock", "need", "basis", "recommended", "limit_source", "limit_config"]
 
 # A process's name is the one it failed under when it failed, else its newest sample's (a sample
-# may have been taken before it named itself: between its exec and its prctl).
+# may have been taken before it named itself: between its exec and its prctl). A process whose start
+# time could not be read (gone before /proc was) is one by its NULL start_ns: joined as equal.
 _PER_PROCESS = """
 WITH named AS (SELECT host, pid, start_ns, comm, open_fds, fd_soft_limit, fd_hard_limit,
                       row_number() OVER (PARTITION BY host, pid, start_ns ORDER BY ts_ns DESC) AS newest
@@ -61,9 +62,9 @@ SELECT k.host, k.pid, k.start_ns, coalesce(r.comm, f.comm, u.comm) AS comm, u.fd
        CASE WHEN a.info_maxsock IS NULL AND a.config_maxsock IS NOT NULL THEN 'configuration' END AS maxsock_from,
        a.config_ulimit_n, a.config_path
 FROM known AS k
-LEFT JOIN used AS u ON k.host = u.host AND k.pid = u.pid AND k.start_ns = u.start_ns
-LEFT JOIN refused AS r ON k.host = r.host AND k.pid = r.pid AND k.start_ns = r.start_ns
-LEFT JOIN failed AS f ON k.host = f.host AND k.pid = f.pid AND k.start_ns = f.start_ns
+LEFT JOIN used AS u ON k.host = u.host AND k.pid = u.pid AND k.start_ns IS NOT DISTINCT FROM u.start_ns
+LEFT JOIN refused AS r ON k.host = r.host AND k.pid = r.pid AND k.start_ns IS NOT DISTINCT FROM r.start_ns
+LEFT JOIN failed AS f ON k.host = f.host AND k.pid = f.pid AND k.start_ns IS NOT DISTINCT FROM f.start_ns
 LEFT JOIN asked AS a ON k.host = a.host AND k.pid = a.pid
 """
 
@@ -99,7 +100,9 @@ def fd_needs_on(engine: Engine) -> pd.DataFrame:
 def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame, changes: pd.DataFrame) -> None:
     """For each process that failed with EMFILE, its soft limit as it was in its worst second (a
     process may have lowered its own limit, or had it lowered, after its first samples), and
-    where that limit came from, in place of the highest limit its samples saw."""
+    where that limit came from, in place of the highest limit its samples saw. The worst seconds
+    and the last samples before them are found for all processes at once (a fleet has thousands
+    that failed); only a process whose limit was changed is looked at on its own."""
     failing = found[found["emfile"] > 0]
     if failing.empty:
         return
@@ -111,19 +114,51 @@ def _judge_by_the_limit_in_force(engine: Engine, found: pd.DataFrame, changes: p
     samples = engine.query(f"SELECT host, pid, time_ns, fd_soft_limit FROM samples WHERE pid IN ({pids})")
     if not len(changes) and seconds.empty:
         return
-    seconds_of, samples_of = ByProcess(seconds), ByProcess(samples)
-    for index, row in failing.iterrows():
-        host, pid = str(row["host"]), int(row["pid"])
-        mine = seconds_of(host, pid)
-        if not pd.isna(row["start_ns"]):
-            mine = mine[mine["start_ns"] == row["start_ns"]]
-        if mine.empty:
-            continue
-        worst = mine.sort_values(["n", "second"], ascending=[False, True]).iloc[0]
-        soft, source = limit_in_force(changes, samples_of(host, pid), host, pid, int(worst["first_ns"]))
+    worst = _worst_seconds(failing, seconds)
+    last = _last_samples(samples, failing, worst)
+    changed = {(str(r.host), int(r.target)) for r in changes.itertuples()} if len(changes) else set()
+    samples_of = ByProcess(samples) if changed else None
+    for index, at_ns in worst.items():
+        host, pid = str(found.at[index, "host"]), int(found.at[index, "pid"])
+        if samples_of is not None and (host, pid) in changed:
+            soft, source = limit_in_force(changes, samples_of(host, pid), host, pid, at_ns)
+        else:  # no change of its limit was traced: the last sample before its worst second says
+            soft, source = last.get(index), None
         if soft is not None:
             found.at[index, "fd_soft_limit"] = soft
         found.at[index, "limit_source"] = source
+
+
+def _worst_seconds(failing: pd.DataFrame, seconds: pd.DataFrame) -> dict[object, int]:
+    """By row of ``failing``: the time of the first EMFILE of its worst second (the most, the
+    earliest of equals), from the rows of ``seconds`` of its host and pid and, where it has one,
+    its start time. Processes without such rows are left out."""
+    keys = pd.DataFrame({"row": failing.index, "host": failing["host"].astype(str).to_numpy(),
+                         "pid": failing["pid"].astype("int64").to_numpy(), "start_ns": failing["start_ns"].to_numpy()})
+    rows = seconds.assign(host=seconds["host"].astype(str), pid=seconds["pid"].astype("int64"))
+    both = keys.merge(rows, on=["host", "pid"], suffixes=("", "_failed"))
+    both = both[both["start_ns"].isna() | (both["start_ns_failed"] == both["start_ns"])]
+    both = both.sort_values(["row", "n", "second"], ascending=[True, False, True], kind="stable")
+    first = both.drop_duplicates("row")
+    return {row: int(at) for row, at in zip(first["row"], first["first_ns"], strict=True)}
+
+
+def _last_samples(samples: pd.DataFrame, failing: pd.DataFrame, worst: dict[object, int]) -> dict[object, int]:
+    """By row of ``failing`` in ``worst``: the soft limit of its host and pid's last sample at or
+    before that time, where there is one and it says."""
+    known = samples[samples["time_ns"].notna()]
+    if not worst or known.empty:
+        return {}
+    rows = list(worst)
+    probe = pd.DataFrame({"row": rows, "host": failing.loc[rows, "host"].astype(str).to_numpy(),
+                          "pid": failing.loc[rows, "pid"].astype("int64").to_numpy(),
+                          "at_ns": [worst[row] for row in rows]}).sort_values("at_ns", kind="stable")
+    known = known.assign(host=known["host"].astype(str), pid=known["pid"].astype("int64"),
+                         time_ns=known["time_ns"].astype("int64")).sort_values("time_ns", kind="stable")
+    matched = pd.merge_asof(probe, known[["host", "pid", "time_ns", "fd_soft_limit"]], left_on="at_ns",
+                            right_on="time_ns", by=["host", "pid"], direction="backward")
+    return {row: int(soft) for row, soft in zip(matched["row"], matched["fd_soft_limit"], strict=True)
+            if pd.notna(soft)}
 
 
 def fd_needs(recording: Analyzable) -> pd.DataFrame:
