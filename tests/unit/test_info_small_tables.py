@@ -44,3 +44,20 @@ def test_each_host_s_last_word_on_its_clock_decides() -> None:
     assert "own clock" not in host_a
     assert ("  own clock: not synchronized (adjtimex), maximum error 16.000 s: its wall times are only as good "
             "as that") in host_b.splitlines()
+
+
+def test_each_host_s_counters_and_limits_are_its_own() -> None:
+    """A fleet's hosts count TcpExt since their own boots and have their own fs.file-max: one
+    host's growth is not measured against another's count, nor its handles against another's
+    limit."""
+    from fdtrace.advice.fixes import file_max_change
+
+    grew = _system([10, 12, 17], [4, 4, 4]).assign(file_nr=[80_000, 85_000, 90_000], file_max=100_000)
+    steady = _system([1000, 1000, 1000], [900, 900, 900]).assign(host="b", file_nr=1000, file_max=50_000)
+    clock = pd.DataFrame(columns=["host", "ts_ns", "synchronized", "max_error_us"])
+    text = summary(_recording(pd.concat([grew, steady], ignore_index=True), clock))
+    assert "TcpExt ListenOverflows grew by 7 on a during the recording" in text
+    assert "ListenDrops" not in text
+    change = file_max_change(90_000, 100_000)  # host a's: 90 % of its own table
+    assert change is not None
+    assert f"fs.file-max on a: {change.reason}; set it to at least {change.value:,}" in text

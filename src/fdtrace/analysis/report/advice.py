@@ -39,19 +39,19 @@ def go_said(limit: Any) -> str:
 
 def recommendations(recording: Dataset, least: pd.DataFrame, engine: Engine | None = None,
                     memory: pd.DataFrame | None = None, victims: pd.DataFrame | None = None,
-                    needs: pd.DataFrame | None = None) -> list[str]:
+                    needs: pd.DataFrame | None = None, fullest_threads: pd.DataFrame | None = None) -> list[str]:
     """The configuration values to change, with the numbers the recording justifies (``memory``,
-    ``victims`` and ``needs``: computed by the caller already, else here)."""
+    ``victims``, ``needs`` and ``fullest_threads``: computed by the caller already, else here)."""
     if engine is None:
         with engine_for(recording) as own:
-            return recommendations(recording, least, own, memory, victims, needs)
+            return recommendations(recording, least, own, memory, victims, needs, fullest_threads)
     several = least["host"].nunique() > 1 if len(least) else False
     needs = fd_needs_on(engine) if needs is None else needs
     advice = fd_advice(needs, several=several)
     advice += memory_advice_lines(memory_needs_on(engine, needs) if memory is None else memory,
                                   oom_victims_on(engine) if victims is None else victims, several=several)
     advice += system_advice(engine)
-    advice += thread_advice(engine)
+    advice += thread_advice(engine, fullest_threads)
     if not advice:
         advice.append("No limit was approached in this recording: nothing to change.")
     return advice
@@ -87,22 +87,29 @@ def fd_advice(needs: pd.DataFrame, several: bool = False) -> list[str]:
     return advice
 
 
-#: The system table's extremes the advice reads, over all of its rows (the engine adds them up:
-#: a fleet's rows do not come back). Absent columns are NULL in every engine's view.
-SYSTEM_EXTREMES = ("SELECT max(file_nr) AS file_nr, min(file_max) AS file_max, "
+#: The system table's extremes the advice reads, per host (its counters count since its own boot,
+#: its limits are its own): the engine adds each host's rows up, only a row a host comes back.
+#: Absent columns are NULL in every engine's view.
+SYSTEM_EXTREMES = ("SELECT host, max(file_nr) AS file_nr, min(file_max) AS file_max, "
                    "max(listen_overflows) - min(listen_overflows) AS listen_overflows, "
-                   "max(listen_drops) - min(listen_drops) AS listen_drops, min(somaxconn) AS somaxconn FROM system")
+                   "max(listen_drops) - min(listen_drops) AS listen_drops, min(somaxconn) AS somaxconn "
+                   "FROM system GROUP BY host ORDER BY host")
 
 
 def system_advice(engine: Engine) -> list[str]:
-    """The system's lines: fs.file-max (``advice.fixes.file_max_change``) and the listen queues
-    (``listen_advice``), the same in the report and ``info``."""
-    extremes = engine.query(SYSTEM_EXTREMES).iloc[0]
+    """The system's lines: fs.file-max (``advice.fixes.file_max_change``) of the host whose file
+    table came fullest, and the listen queues (``listen_advice``), the same in the report and
+    ``info``. A fleet's line names its host."""
+    extremes = engine.query(SYSTEM_EXTREMES)
+    several = len(extremes) > 1
     advice = []
-    if pd.notna(extremes["file_nr"]) and pd.notna(extremes["file_max"]):
-        change = file_max_change(int(extremes["file_nr"]), int(extremes["file_max"]))
+    tables = extremes[extremes["file_nr"].notna() & extremes["file_max"].notna() & (extremes["file_max"] > 0)]
+    if len(tables):
+        fullest = tables.loc[(tables["file_nr"] / tables["file_max"]).idxmax()]
+        change = file_max_change(int(fullest["file_nr"]), int(fullest["file_max"]))
         if change is not None:
-            advice.append(f"fs.file-max: {change.reason}; set it to at least {change.value:,}: {change.command}.")
+            on = f" on {fullest['host']}" if several else ""
+            advice.append(f"fs.file-max{on}: {change.reason}; set it to at least {change.value:,}: {change.command}.")
     listen = listen_advice(extremes, engine)
     if listen:
         advice.append(listen)
@@ -121,19 +128,22 @@ def thread_advice(engine: Engine, fullest: pd.DataFrame | None = None) -> list[s
     return _thread_advice(engine, exceeded, fullest) + go_limit_advice(engine)
 
 
-def listen_advice(extremes: pd.Series, engine: Engine) -> str | None:
-    """One line when a listen queue overflowed during the recording (``extremes``: the row of
-    :data:`SYSTEM_EXTREMES`); when a listener was failing accept() with EMFILE then, the overflow
-    was its symptom and the FD limit is the fix."""
-    grew = {name: int(extremes[column]) for column, name in (("listen_overflows", "ListenOverflows"),
-                                                             ("listen_drops", "ListenDrops"))
-            if pd.notna(extremes[column]) and extremes[column] > 0}
+def listen_advice(extremes: pd.DataFrame, engine: Engine) -> str | None:
+    """One line when a listen queue overflowed during the recording (``extremes``: the rows of
+    :data:`SYSTEM_EXTREMES`, each host's counters grown on their own and added up); when a
+    listener was failing accept() with EMFILE then, the overflow was its symptom and the FD limit
+    is the fix."""
+    grew = {name: int(extremes[column].sum()) for column, name in (("listen_overflows", "ListenOverflows"),
+                                                                   ("listen_drops", "ListenDrops"))
+            if extremes[column].notna().any() and extremes[column].sum() > 0}
     if not grew:
         return None
-    moved = " and ".join(f"TcpExt {name} grew by {count:,}" for name, count in grew.items())
+    hosts = extremes[(extremes["listen_overflows"].fillna(0) > 0) | (extremes["listen_drops"].fillna(0) > 0)]
+    on = f" on {', '.join(str(h) for h in hosts['host'])}" if len(extremes) > 1 else ""
+    moved = " and ".join(f"TcpExt {name} grew by {count:,}" for name, count in grew.items()) + on
     refused = engine.query(f"SELECT comm, pid, CAST(sum(n) AS BIGINT) AS n FROM {engine.derived('fd_failures')} "
                            "WHERE kind = 'accept' GROUP BY comm, pid ORDER BY n DESC, pid LIMIT 3")
-    somaxconn = int(extremes["somaxconn"]) if pd.notna(extremes["somaxconn"]) else None
+    somaxconn = int(extremes["somaxconn"].min()) if extremes["somaxconn"].notna().any() else None
     if len(refused):
         who = ", ".join(f"{r.comm} [{r.pid}] ({r.n:,} times)" for r in refused.itertuples())
         return f"Listen queues: {moved} during the recording; {listen_fix(who, somaxconn)}."
