@@ -97,12 +97,16 @@ class ProcWatch:
         if len(links) > rank.fds:
             rank.fds = len(links)
             rank.inodes = {int(link[8:-1]) for link in links if link.startswith("socket:[")}
-            rank.tcp = []
+            # The kernel hands /proc/net/tcp out a page at a time and resumes each page by its
+            # position in a hash bucket: a socket made between two pages shifts the rest, and a
+            # line comes twice. A socket's inode names it once, so repeats are dropped.
+            seen: dict[tuple[int, int, str, int], None] = {}
             for table in ("tcp", "tcp6"):
                 for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
                     cols = line.split()
-                    rank.tcp.append((int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16), cols[3],
-                                     int(cols[9])))
+                    seen[(int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16), cols[3],
+                          int(cols[9]))] = None
+            rank.tcp = list(seen)
 
 
 @dataclass
