@@ -1,13 +1,20 @@
 """The live view's sink: one update in flight, the rest merged behind it; an urgent one (a round
-brought forward by a new failure) goes at once, ahead of those held back."""
+brought forward by a new failure) goes at once, ahead of those held back; what a live view holds
+back stays within bounds, the failures kept first."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fdtrace.pipeline.update import Update
-from fdtrace.schema import arrow_schema
+import pytest
+
+from fdtrace.pipeline.update import SampleRound, SourceInfo, Update
+from fdtrace.schema import SYSCALL_IDS, Kind, arrow_schema
+from fdtrace.schema.records import ProcessSample
+from fdtrace.tui import app as app_module
 from fdtrace.tui.app import ViewSink
+from fdtrace.tui.state import VIEW_SKIPPED, IncidentState
+from tests.unit.test_decode import decode_table, record
 
 
 class Posted:
@@ -47,3 +54,74 @@ def test_an_urgent_update_overtakes_those_held_back() -> None:
 
 def test_merged_updates_stay_urgent() -> None:
     assert update(1).then(update(2, urgent=True)).urgent and not update(1).then(update(2)).urgent
+
+
+def flood(first_ts: int, opens: int, failures: int, exits: int) -> Any:
+    """An events table: ``opens`` socket() calls that worked, then ``failures`` that failed with
+    EMFILE and ``exits`` ends, each kind of its own processes."""
+    rows = [record(Kind.SOCKET, pid=1000 + i % 7, ts=first_ts + i, syscall=SYSCALL_IDS["socket"], ret=3, fd=3)
+            for i in range(opens)]
+    rows += [record(Kind.SOCKET, pid=9, ts=first_ts + opens + i, syscall=SYSCALL_IDS["socket"], ret=-24, errno=24)
+             for i in range(failures)]
+    rows += [record(Kind.PROCESS_EXIT, pid=2000 + i, ts=first_ts + opens + failures + i, extra=[1, 0, 0, 0])
+             for i in range(exits)]
+    return decode_table(*rows)
+
+
+def sampled(time_ns: int, pids: range, open_fds: int) -> SampleRound:
+    samples = [ProcessSample(pid=pid, start_ns=pid, comm=f"p{pid}", open_fds=open_fds, fd_soft_limit=1024,
+                             fd_hard_limit=4096, threads=1, sockets=0) for pid in pids]
+    return SampleRound(mono_ns=time_ns, time_ns=time_ns, samples=samples, system={"file_nr": time_ns})
+
+
+def test_a_live_view_that_falls_behind_holds_back_a_bounded_update_that_keeps_the_failures(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app_module, "MAX_HELD_EVENTS", 500)
+    monkeypatch.setattr(app_module, "MAX_HELD_ROUNDS", 3)
+    app = Posted()
+    sink = ViewSink(app)  # type: ignore[arg-type]
+    sink.open(SourceInfo(host="h", live=True))
+    sink.write(update(0))  # in flight, and the app takes long to fold it in
+    for i in range(1, 21):  # 20 polls of 100 calls that worked, 10 that failed, 2 ends; a round each
+        events = flood(i * 1_000, opens=100, failures=10, exits=2)
+        pids = range(i, i + 3)  # each round samples other processes
+        sink.write(Update(now_ns=i, events=events, rounds=[sampled(i, pids, open_fds=i)],
+                          losses={"ringbuf_full": 0}))
+    sink.applied()
+    held = app.updates[-1]
+    assert held.events.num_rows == 500 and sink.skipped == 20 * 112 - 500
+    assert held.losses == {"ringbuf_full": 0, VIEW_SKIPPED: 20 * 112 - 500}
+    rows = held.events.select(["ts_ns", "kind", "errno"]).to_pylist()
+    assert sum(row["errno"] == "EMFILE" for row in rows) == 200  # every failed call, every end
+    assert sum(row["kind"] == "process_exit" for row in rows) == 40
+    assert [row["ts_ns"] for row in rows] == sorted(row["ts_ns"] for row in rows)
+    worked = [row["ts_ns"] for row in rows if row["kind"] == "socket" and not row["errno"]]
+    # the newest of the calls that worked, as many as there was room for: polls 20 and 19, and
+    # the last 60 of poll 18
+    assert len(worked) == 260 and min(worked) == 18 * 1_000 + 40 and max(worked) == 20 * 1_000 + 99
+    assert len(held.rounds) == 3 and [r.time_ns for r in held.rounds] == [18, 19, 20]
+    merged = held.rounds[0]
+    # each process its latest sample (round i samples pids i to i + 2 with i descriptors), at the
+    # time of the newest round merged
+    assert {s.pid: s.open_fds for s in merged.samples} == {p: min(p, 18) for p in range(1, 21)}
+    assert merged.system == {"file_nr": 18}
+    state = IncidentState()
+    state.roll(1, held.losses)
+    assert state.system.exact == "counts exact, event list incomplete"
+    assert state.system.losses == 20 * 112 - 500
+
+
+def test_a_replay_is_held_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app_module, "MAX_HELD_EVENTS", 500)
+    monkeypatch.setattr(app_module, "MAX_HELD_ROUNDS", 3)
+    app = Posted()
+    sink = ViewSink(app)  # type: ignore[arg-type]
+    sink.open(SourceInfo(host="h", live=False))
+    sink.write(update(0))
+    for i in range(1, 13):
+        sink.write(Update(now_ns=i, events=flood(i * 1_000, opens=100, failures=0, exits=0),
+                          rounds=[sampled(i, range(1, 3), open_fds=i)]))
+    sink.applied()
+    held = app.updates[-1]
+    assert held.events.num_rows == 12 * 100 and len(held.rounds) == 12 and sink.skipped == 0
+    assert VIEW_SKIPPED not in held.losses

@@ -54,6 +54,23 @@ class SampleRound:
     cost_s: float | None = None
     unsampled: int = 0
 
+    def then(self, newer: SampleRound) -> SampleRound:
+        """This round and a newer one as one, for a consumer that holds rounds back: each
+        process's and each call site's latest sample, the newer figures where it has them, at
+        the newer round's time."""
+        samples = {sample.pid: sample for sample in self.samples}
+        samples.update((sample.pid, sample) for sample in newer.samples)
+        sites = {(site.pid, site.origin, site.stack_id): site for site in self.fd_sites}
+        sites.update(((site.pid, site.origin, site.stack_id), site) for site in newer.fd_sites)
+        threads = {entry.pid: entry for entry in self.threads}
+        threads.update((entry.pid, entry) for entry in newer.threads)
+        return SampleRound(mono_ns=newer.mono_ns, time_ns=newer.time_ns, samples=list(samples.values()),
+                           system=newer.system or self.system, haproxy=newer.haproxy or self.haproxy,
+                           clock=newer.clock or self.clock, fd_sites=list(sites.values()),
+                           threads=list(threads.values()),
+                           cost_s=newer.cost_s if newer.cost_s is not None else self.cost_s,
+                           unsampled=newer.unsampled)
+
 
 @dataclass
 class Baseline:

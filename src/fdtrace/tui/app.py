@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from textual import on, work
@@ -28,7 +29,7 @@ from fdtrace.tui.adapters import (
 from fdtrace.tui.columns import Column, process_cells, sorts, top_columns
 from fdtrace.tui.messages import FeedFailed, FeedUpdated
 from fdtrace.tui.screens import HelpScreen, ProcessScreen
-from fdtrace.tui.state import IncidentState, LogEntry, ProcessView
+from fdtrace.tui.state import VIEW_SKIPPED, IncidentState, LogEntry, ProcessView, held_events
 
 POLL_INTERVAL_S = 0.1  # at most ten redraws a second
 #: The screen is redrawn at least this often from what has arrived, whether updates come or not
@@ -44,11 +45,22 @@ REPLAY_ACTIONS = frozenset({"toggle_play", "faster", "slower", "next_problem", "
                             "previous_failed_call", "seek"})
 
 
+#: What the live view holds back at most while the app folds in an update: past this many events
+#: the oldest common ones are left out (counted in the header's losses as ``view_skipped``; a
+#: failed call, an end, an OOM kill and Go's thread limit are kept first), and past this many
+#: rounds the oldest two are merged into one (each process's latest sample). 200,000 events are
+#: about 20 MB of Arrow; a flood brings a few thousand per poll, ten polls a second.
+MAX_HELD_EVENTS = 200_000
+MAX_HELD_ROUNDS = 10
+
+
 class ViewSink:
     """The live view as a sink of the pipeline: updates go to the app as messages, one at a time.
     While the app is still folding in the previous one (a burst of events, thousands of
     processes), the next updates are merged into one, so the app's queue never grows: the view
-    falls behind by at most one update, and its memory stays flat. An urgent update (a round
+    falls behind by at most one update, and its memory stays within ``MAX_HELD_EVENTS`` and
+    ``MAX_HELD_ROUNDS`` however long the app takes (a replay is held back whole: its counts come
+    from its events alone, and its source is on disk). An urgent update (a round
     brought forward by a new failure: a few samples and the counters) is sent at once, ahead of
     those held back, so the failure is on screen as soon as the app has folded in what it is
     folding in now (the state takes rounds and events in any order: a failed call's count is the
@@ -63,21 +75,39 @@ class ViewSink:
         self._pending: Update | None = None
         self._in_flight = False
         self._ahead = 0  # urgent updates sent while another was in flight, not applied yet
+        self._live = False
+        self.skipped = 0  # events left out while the app was behind (live)
 
     def open(self, info: SourceInfo) -> None:
-        """Nothing to prepare."""
+        """A live source's updates are held back within bounds."""
+        self._live = info.live
 
     def write(self, update: Update) -> None:
         with self._lock:
             if update.urgent and self._in_flight and not update.reset:
                 self._ahead += 1
-                message = FeedUpdated(update)
+                message = self._message(update)
             else:
-                self._pending = update if self._pending is None else self._pending.then(update)
+                self._pending = update if self._pending is None else self._bounded(self._pending.then(update))
                 if self._in_flight:
                     return
-                message, self._pending, self._in_flight = FeedUpdated(self._pending), None, True
+                message, self._pending, self._in_flight = self._message(self._pending), None, True
         self.app.post_message(message)
+
+    def _bounded(self, held: Update) -> Update:
+        if not self._live:
+            return held
+        rounds = held.rounds
+        while len(rounds) > MAX_HELD_ROUNDS:
+            rounds = [rounds[0].then(rounds[1]), *rounds[2:]]
+        events, skipped = held_events(held.events, MAX_HELD_EVENTS)
+        self.skipped += skipped
+        return replace(held, events=events, rounds=rounds)
+
+    def _message(self, update: Update) -> FeedUpdated:
+        if self.skipped:
+            update = replace(update, losses={**update.losses, VIEW_SKIPPED: self.skipped})
+        return FeedUpdated(update)
 
     def applied(self) -> None:
         """The app has folded in an update: once none is in flight, send what came since, if
@@ -89,7 +119,7 @@ class ViewSink:
             if self._pending is None:
                 self._in_flight = False
                 return
-            message, self._pending = FeedUpdated(self._pending), None
+            message, self._pending = self._message(self._pending), None
         self.app.post_message(message)
 
     def close(self, failed: bool = False) -> None:

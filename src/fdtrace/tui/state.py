@@ -395,6 +395,29 @@ class SystemView:
     exact: str = ""  # which counts stay exact, given the losses (``exact_counts``)
 
 
+#: The loss counter of the events the live view left out while it was behind (``ViewSink``).
+VIEW_SKIPPED = "view_skipped"
+
+
+def held_events(events: pa.Table, at_most: int) -> tuple[pa.Table, int]:
+    """At most ``at_most`` rows of an events table, in time order, and how many were left out:
+    failed calls and the rare kinds (ends, OOM kills, Go's thread limit) first, then the newest
+    of the rest; the newest first among each."""
+    if events.num_rows <= at_most:
+        return events, 0
+    kind_codes, kind_names = _codes(events["kind"])
+    errno_codes, errno_names = _codes(events["errno"])
+    telling = [code for code, name in enumerate(errno_names) if name and name not in NOT_FAILURES]
+    rare = [code for code, name in enumerate(kind_names) if name in RARE_KINDS]
+    first = np.isin(errno_codes, telling) | np.isin(kind_codes, rare)
+    telling_rows, other_rows = np.flatnonzero(first), np.flatnonzero(~first)
+    kept = telling_rows[-at_most:]
+    room = at_most - len(kept)
+    if room:
+        kept = np.concatenate([kept, other_rows[-room:]])
+    return events.take(pa.array(np.sort(kept))), events.num_rows - at_most
+
+
 def exact_counts(losses: dict[str, int]) -> str:
     """Which counts stay exact given what was lost (the in-kernel counters are kept apart from
     the event stream): "" when nothing was lost."""
@@ -410,7 +433,7 @@ def exact_counts(losses: dict[str, int]) -> str:
         inexact.append("ended processes' totals")
     if inexact:
         return "counts exact but " + ", ".join(inexact)
-    return "counts exact, event list incomplete" if "ringbuf_full" in lost else "counts exact"
+    return "counts exact, event list incomplete" if lost & {"ringbuf_full", VIEW_SKIPPED} else "counts exact"
 
 
 #: How long an exited process stays in the table, by default; and how many processes it holds.
