@@ -45,10 +45,12 @@ class RankSeen:
 
 class ProcWatch:
     """Polls the namespace's rank processes (mp.spawn's children) every few ms: each one's open
-    descriptors at their peak, with its socket inodes and the namespace's TCP table then."""
+    descriptors at their peak, with its socket inodes and (``tables``) the namespace's TCP table
+    then."""
 
-    def __init__(self, netns: str) -> None:
+    def __init__(self, netns: str, tables: bool = False) -> None:
         self.netns = os.stat(f"/run/netns/{netns}").st_ino
+        self.tables = tables
         self.seen: dict[int, RankSeen] = {}
         self.ignored: set[int] = set()
         self._stop = threading.Event()
@@ -94,19 +96,25 @@ class ProcWatch:
                 links.append(os.readlink(f"/proc/{pid}/fd/{name}"))
             except FileNotFoundError:
                 pass
+        inodes = {int(link[8:-1]) for link in links if link.startswith("socket:[")}
         if len(links) > rank.fds:
-            rank.fds = len(links)
-            rank.inodes = {int(link[8:-1]) for link in links if link.startswith("socket:[")}
-            # The kernel hands /proc/net/tcp out a page at a time and resumes each page by its
-            # position in a hash bucket: a socket made between two pages shifts the rest, and a
-            # line comes twice. A socket's inode names it once, so repeats are dropped.
-            seen: dict[tuple[int, int, str, int], None] = {}
-            for table in ("tcp", "tcp6"):
-                for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                    cols = line.split()
-                    seen[(int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16), cols[3],
-                          int(cols[9]))] = None
-            rank.tcp = list(seen)
+            rank.fds, rank.inodes, rank.tcp = len(links), inodes, []
+        elif len(links) < rank.fds or inodes != rank.inodes:
+            return
+        if not self.tables:
+            return
+        # The kernel hands /proc/net/tcp out a page at a time, each page resumed by its position in
+        # the table: a socket made or closed between two pages shifts the rest, and a line comes
+        # twice or not at all. The lines of every read while the rank is at its peak are kept,
+        # each once (a socket's inode names it).
+        known = set(rank.tcp)
+        for table in ("tcp", "tcp6"):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                cols = line.split()
+                entry = (int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16), cols[3], int(cols[9]))
+                if entry not in known:
+                    known.add(entry)
+                    rank.tcp.append(entry)
 
 
 @dataclass
@@ -140,7 +148,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
         netns = ["ip", "netns", "exec", name]
         ports = [free_port() for _ in range(4)]
-        with ProcWatch(name) as watch:
+        with ProcWatch(name, tables=True) as watch:
             _run([*netns, FDTRACE, "run", "--record", str(tmp / "small"), "--", "sh", "-ec",
                   f"{_job(2, ports[0], tmp)}\n{_job(3, ports[1], tmp)}"])
             _run([*netns, FDTRACE, "run", "--record", str(tmp / "four"), "--", "sh", "-ec",
