@@ -55,6 +55,7 @@ class Figures:
     quit_s: float | None = None
     processes_started: int = 0
     load_1m: list[float] = field(default_factory=list)  # the 1-minute load average as each program failed
+    missed: dict[str, str] = field(default_factory=dict)  # failing program not shown -> the screen then
 
 
 def build_fork_loop(folder: Path) -> Path:
@@ -164,13 +165,16 @@ def run(fdtrace: str, programs: int = 6, gap_s: float = 5.0, hold_s: float = 4.0
                                         str(hold_s)], stdout=subprocess.PIPE, text=True)
             assert failing.stdout is not None
             failed_at = float(failing.stdout.readline())
-            shown = None
+            shown, text = None, ""
             while time.monotonic() - failed_at < timeout_s:
-                if name in screen(top.session):
+                text = screen(top.session)
+                if name in text:
                     shown = time.monotonic() - failed_at
                     break
                 time.sleep(0.05)
             figures.shown_after_s[name] = shown
+            if shown is None:
+                figures.missed[name] = text
             figures.load_1m.append(os.getloadavg()[0])
             figures.rss_mb.append((time.monotonic() - started, rss_mb(top.pid)))
             failing.wait(timeout=hold_s + 30)
