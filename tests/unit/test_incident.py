@@ -302,3 +302,34 @@ def test_the_views_of_processes_never_sampled_stay_small() -> None:
     state = IncidentState()
     state.apply_samples([sample(5)], 1_000_000_000)
     assert len(state.processes[5].history) == 1 and not views[0].history
+
+
+def test_late_events_of_a_pid_s_earlier_process_leave_the_process_now_under_it_alone() -> None:
+    """On a host that forks thousands a second, pid_max (32,768) comes round in seconds, and a
+    flood holds events back for seconds: the events of a short-lived child that had a failing
+    program's pid before it come after that program's sample. They once took its row (a new
+    view for the earlier process, ended, and not failing) until its next sample."""
+    state = IncidentState()
+    failing = dataclasses.replace(sample(777, open_fds=40), comm="emfile-0", start_ns=9_000_000_000,
+                                  fd_soft_limit=40)
+    state.apply_samples([failing], 9_500_000_000)
+    state.apply_events(decode_table(*[record(Kind.SOCKET, pid=777, ts=4_400_000_000 + i, syscall=SYSCALL_IDS["socket"],
+                                             ret=-24, errno=24, comm=b"emfile-0") for i in range(3)]))
+    assert state.processes[777].failed
+    # the earlier owner of pid 777, started at boot time 6 s and ended at once (its events decoded
+    # from its own start: the clock offsets put boot time 5 s ahead of the stamps)
+    earlier = decode_table(record(Kind.PROCESS_START, pid=777, ts=1_000_000_000, extra=[100, 0, 0, 0],
+                                  comm=b"fdt-forkloop"),
+                           record(Kind.PROCESS_EXIT, pid=777, ts=1_000_100_000, extra=[1, 0, 0, 0],
+                                  comm=b"fdt-forkloop"))
+    assert earlier["start_ns"].to_pylist() == [6_000_000_000, 6_000_000_000]
+    state.apply_events(earlier)
+    view = state.processes[777]
+    assert (view.comm, view.start_ns, view.ended) == ("emfile-0", 9_000_000_000, None)
+    assert view.failed and view.errors == {("socket", "EMFILE"): 3} and view.totals["process_exit"] == 0
+    assert state.forgotten == 1
+    # a later process under the pid still takes the row, as a reused pid always did
+    later = decode_table(record(Kind.PROCESS_START, pid=777, ts=5_000_000_000, extra=[100, 0, 0, 0],
+                                comm=b"fdt-forkloop"))
+    state.apply_events(later)
+    assert (state.processes[777].comm, state.processes[777].start_ns) == ("fdt-forkloop", 10_000_000_000)

@@ -532,6 +532,10 @@ class IncidentState:
         # all the rest under a flood).
         index = np.flatnonzero(~np.isin(all_pids, brief)) if len(brief) else np.arange(events.num_rows)
         self.forgotten += len(brief)
+        past = self._past_instances(all_pids, events)
+        if past is not None:
+            self.forgotten += len(np.unique(all_pids[past]))
+            index = index[~past[index]]
         n = len(index)
         if not n:
             return
@@ -584,6 +588,27 @@ class IncidentState:
             wanted = [name for name in LIFECYCLE_COLUMNS if name in events.schema.names]
             for row in plain_rows(events.select(wanted).take(pa.array(rare))):
                 self._lifecycle(row)
+
+    def _past_instances(self, pids: np.ndarray, events: pa.Table) -> np.ndarray | None:
+        """Which rows belong to an earlier process than the one the view shows under their pid
+        (None: none): the pid was taken again (a host that forks thousands a second goes through
+        a pid_max of 32,768 in seconds) and the earlier owner's events came late (a flood holds
+        them back). Folded in, they would take the row of the process running under that pid
+        now, a failing one among them, until its next sample."""
+        shown = {}
+        for pid in np.unique(pids).tolist():
+            view = self.processes.get(pid)
+            if view is not None and view.start_ns is not None:
+                shown[pid] = view.start_ns
+        if not shown:
+            return None
+        known_pids = np.fromiter(shown, dtype=np.int64, count=len(shown))  # ascending, as np.unique gave them
+        known_starts = np.fromiter(shown.values(), dtype=np.int64, count=len(shown))
+        at = np.minimum(np.searchsorted(known_pids, pids), len(known_pids) - 1)
+        current = np.where(known_pids[at] == pids, known_starts[at], -1)
+        starts = pc.fill_null(events["start_ns"], -1).to_numpy()
+        past: np.ndarray = (starts >= 0) & (starts < current)
+        return past if past.any() else None
 
     def _brief_lives(self, pids: np.ndarray, kind_codes: np.ndarray, kind_names: list[str | None],
                      failed_row: np.ndarray, events: pa.Table) -> np.ndarray:
