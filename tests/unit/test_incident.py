@@ -318,15 +318,20 @@ def test_late_events_of_a_pid_s_earlier_process_leave_the_process_now_under_it_a
     assert state.processes[777].failed
     # the earlier owner of pid 777, started at boot time 6 s and ended at once (its events decoded
     # from its own start: the clock offsets put boot time 5 s ahead of the stamps)
+    connect = struct.pack("<H", socket.AF_INET) + struct.pack(">H", 8080) + socket.inet_aton("10.0.0.5")
     earlier = decode_table(record(Kind.PROCESS_START, pid=777, ts=1_000_000_000, extra=[100, 0, 0, 0],
                                   comm=b"fdt-forkloop"),
+                           record(Kind.CONNECT, pid=777, ts=1_000_050_000, syscall=SYSCALL_IDS["connect"], fd=3,
+                                  extra=sockaddr(connect), comm=b"fdt-forkloop"),
                            record(Kind.PROCESS_EXIT, pid=777, ts=1_000_100_000, extra=[1, 0, 0, 0],
-                                  comm=b"fdt-forkloop"))
-    assert earlier["start_ns"].to_pylist() == [6_000_000_000, 6_000_000_000]
+                                  comm=b"fdt-forkloop"),
+                           record(Kind.SOCKET, pid=778, ts=1_000_200_000, syscall=SYSCALL_IDS["socket"], ret=4, fd=4))
+    assert earlier["start_ns"].to_pylist() == [6_000_000_000] * 3 + [None]
     state.apply_events(earlier)
     view = state.processes[777]
     assert (view.comm, view.start_ns, view.ended) == ("emfile-0", 9_000_000_000, None)
     assert view.failed and view.errors == {("socket", "EMFILE"): 3} and view.totals["process_exit"] == 0
+    assert view.destinations == {}
     assert state.forgotten == 1
     # a later process under the pid still takes the row, as a reused pid always did
     later = decode_table(record(Kind.PROCESS_START, pid=777, ts=5_000_000_000, extra=[100, 0, 0, 0],

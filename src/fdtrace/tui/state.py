@@ -533,6 +533,7 @@ class IncidentState:
         index = np.flatnonzero(~np.isin(all_pids, brief)) if len(brief) else np.arange(events.num_rows)
         self.forgotten += len(brief)
         past = self._past_instances(all_pids, events)
+        current = None if past is None else pa.array(~past)  # the rows of the processes under their pids now
         if past is not None:
             self.forgotten += len(np.unique(all_pids[past]))
             index = index[~past[index]]
@@ -580,8 +581,8 @@ class IncidentState:
                 self.processes[pid]._count_failed(syscall, errno, count)
                 if errno in FD_EXHAUSTION_ERRNOS:
                     self._window_errors[(pid, syscall, errno)] += count
-        self._destinations(events)
-        self._rank_sockets(events)
+        self._destinations(events, current)
+        self._rank_sockets(events, current)
         rare_codes = [code for code, name in enumerate(kind_names) if name in RARE_KINDS]
         rare = index[np.isin(kinds, rare_codes)] if rare_codes else index[:0]
         if len(rare):
@@ -699,10 +700,11 @@ class IncidentState:
         view._emfile_second = (now, count)
         view.emfile_worst_second = max(view.emfile_worst_second, count)
 
-    def _destinations(self, events: pa.Table) -> None:
-        """Count each process's connect() calls by destination (at most MAX_DESTINATIONS each)."""
-        connects = events.filter(pc.and_(pc.equal(events["kind"].cast(pa.string()), "connect"),
-                                         pc.is_valid(events["peer_port"])))
+    def _destinations(self, events: pa.Table, rows: pa.Array | None) -> None:
+        """Count each process's connect() calls by destination (at most MAX_DESTINATIONS each),
+        of the ``rows`` given (a mask; None: all)."""
+        mask = pc.and_(pc.equal(events["kind"].cast(pa.string()), "connect"), pc.is_valid(events["peer_port"]))
+        connects = events.filter(mask if rows is None else pc.and_(mask, rows))
         if not connects.num_rows:
             return
         # Counted per (process, destination, errno) in Arrow: Python sees each group once.
@@ -722,16 +724,19 @@ class IncidentState:
             if errno not in NOT_FAILURES:
                 tally[1] += count
 
-    def _rank_sockets(self, events: pa.Table) -> None:
-        """Follow the sockets of the training ranks (processes under `fdtrace run` with a rank):
-        who made each, in which phase, and what it connected to. The store's port is the one
-        init_process_group names (its rendezvous address), else the rank's first connect there."""
+    def _rank_sockets(self, events: pa.Table, rows: pa.Array | None) -> None:
+        """Follow the sockets of the training ranks (processes under `fdtrace run` with a rank)
+        in the ``rows`` given (a mask; None: all): who made each, in which phase, and what it
+        connected to. The store's port is the one init_process_group names (its rendezvous
+        address), else the rank's first connect there."""
         ranks = [pid for pid, now in self.phases.items() if now.rank is not None]
         if not ranks:
             return
         kinds = pa.array(["socket", "accept", "connect", "close"])
         mask = pc.and_(pc.is_in(events["pid"].cast(pa.int64()), value_set=pa.array(ranks, type=pa.int64())),
                        pc.is_in(events["kind"].cast(pa.string()), value_set=kinds))
+        if rows is not None:
+            mask = pc.and_(mask, rows)
         if not pc.any(mask).as_py():
             return
         rows = events.filter(mask).select(["pid", "comm", "kind", "fd", "errno", "family", "peer_port"])
