@@ -18,6 +18,7 @@ from fdtrace.advice.memory import MemoryFit, MemoryLevels, memory_fit_buckets
 from fdtrace.integrations.haproxy import NOT_ASKED
 from fdtrace.pipeline.update import Baseline
 from fdtrace.policy import FD_EXHAUSTION_ERRNOS, USAGE_WARN
+from fdtrace.procfs import TICK_NS
 from fdtrace.procfs.thread_limits import binding_limit
 from fdtrace.procfs.threads import describe_state
 from fdtrace.schema import NOT_FAILURES, plain_rows
@@ -608,7 +609,9 @@ class IncidentState:
         at = np.minimum(np.searchsorted(known_pids, pids), len(known_pids) - 1)
         current = np.where(known_pids[at] == pids, known_starts[at], -1)
         starts = pc.fill_null(events["start_ns"], -1).to_numpy()
-        past: np.ndarray = (starts >= 0) & (starts < current)
+        # A tick apart at least: the start an event gives a process seen starting is the
+        # tracepoint's stamp in ticks, /proc's the task's own, and the two can differ by one.
+        past: np.ndarray = (starts >= 0) & (starts + TICK_NS < current)
         return past if past.any() else None
 
     def _brief_lives(self, pids: np.ndarray, kind_codes: np.ndarray, kind_names: list[str | None],
@@ -700,11 +703,11 @@ class IncidentState:
         view._emfile_second = (now, count)
         view.emfile_worst_second = max(view.emfile_worst_second, count)
 
-    def _destinations(self, events: pa.Table, rows: pa.Array | None) -> None:
+    def _destinations(self, events: pa.Table, kept: pa.Array | None) -> None:
         """Count each process's connect() calls by destination (at most MAX_DESTINATIONS each),
-        of the ``rows`` given (a mask; None: all)."""
+        in the rows ``kept`` (a mask; None: all)."""
         mask = pc.and_(pc.equal(events["kind"].cast(pa.string()), "connect"), pc.is_valid(events["peer_port"]))
-        connects = events.filter(mask if rows is None else pc.and_(mask, rows))
+        connects = events.filter(mask if kept is None else pc.and_(mask, kept))
         if not connects.num_rows:
             return
         # Counted per (process, destination, errno) in Arrow: Python sees each group once.
@@ -724,9 +727,9 @@ class IncidentState:
             if errno not in NOT_FAILURES:
                 tally[1] += count
 
-    def _rank_sockets(self, events: pa.Table, rows: pa.Array | None) -> None:
+    def _rank_sockets(self, events: pa.Table, kept: pa.Array | None) -> None:
         """Follow the sockets of the training ranks (processes under `fdtrace run` with a rank)
-        in the ``rows`` given (a mask; None: all): who made each, in which phase, and what it
+        in the rows ``kept`` (a mask; None: all): who made each, in which phase, and what it
         connected to. The store's port is the one init_process_group names (its rendezvous
         address), else the rank's first connect there."""
         ranks = [pid for pid, now in self.phases.items() if now.rank is not None]
@@ -735,8 +738,8 @@ class IncidentState:
         kinds = pa.array(["socket", "accept", "connect", "close"])
         mask = pc.and_(pc.is_in(events["pid"].cast(pa.int64()), value_set=pa.array(ranks, type=pa.int64())),
                        pc.is_in(events["kind"].cast(pa.string()), value_set=kinds))
-        if rows is not None:
-            mask = pc.and_(mask, rows)
+        if kept is not None:
+            mask = pc.and_(mask, kept)
         if not pc.any(mask).as_py():
             return
         rows = events.filter(mask).select(["pid", "comm", "kind", "fd", "errno", "family", "peer_port"])
