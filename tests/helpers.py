@@ -193,6 +193,20 @@ def replay_app(feed: Any, keep_exited_s: float = 300.0) -> Any:
     return make_app(pipeline, ReplayControls(pipeline, feed), keep_exited_s=keep_exited_s)
 
 
+async def settle(pilot: Any, timeout_s: float = 30.0) -> None:
+    """Wait until the view shows a poll of its source made after this call: two updates handed
+    over since (the first may come from a poll already under way), all folded in, and no backlog
+    left at the source. A replay's clock moved or a seek made before the call is then on screen,
+    however busy the machine."""
+    sink = pilot.app.view_sink
+    start = sink.received
+    deadline = time.monotonic() + timeout_s
+    while not (sink.received >= start + 2 and sink.settled):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the view did not settle within {timeout_s:.0f} s")
+        await pilot.pause(0.02)
+
+
 def live_app(source: Any, record_dir: Path | None = None) -> Any:
     """The view over a started LiveSource, its pipeline and controls (R records to
     ``record_dir``) built as `fdtrace top` builds them."""
@@ -214,7 +228,7 @@ async def replay_to_end(pilot: Any, feed: Any, clock: list[int], step_ns: int = 
         clock[0] += step_ns
         await pilot.pause(0.02)
     clock[0] += 3_000_000_000
-    await pilot.pause(0.3)
+    await settle(pilot)
 
 
 def replayed_detail(recording: Path, pid: int) -> str:

@@ -15,7 +15,7 @@ from fdtrace.analysis import load
 from fdtrace.sources.replay import ReplaySource
 from fdtrace.tui.app import FdtraceApp
 from fdtrace.tui.screens import ProcessScreen
-from tests.helpers import replay_app
+from tests.helpers import replay_app, settle
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 RECORDING = load(EMFILE)
@@ -50,7 +50,7 @@ async def play_to_end(pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) 
         clock.ns += 250_000_000
         await pilot.pause(0.05)
     clock.ns += 2_000_000_000  # one more rate window after the last event
-    await pilot.pause(0.3)
+    await settle(pilot)
 
 
 def table_pids(app: FdtraceApp) -> list[int]:
@@ -158,7 +158,7 @@ def test_replay_controls_move_time() -> None:
         start = feed.player.start_ns
         await pilot.press("space")
         clock.ns += 5_000_000_000
-        await pilot.pause(0.2)
+        await settle(pilot)
         assert feed.player.paused and feed.player.now_ns == start
         assert "paused" in str(app.query_one("#system", Static).render())
         await pilot.press("space", "plus", "plus")
@@ -171,7 +171,7 @@ def test_replay_controls_move_time() -> None:
         assert first_emfile["kind"].iloc[0] == "socket"
         assert abs(feed.player.now_ns - first_emfile["time"].iloc[0].value) < 1_000
         clock.ns += 1_500_000_000
-        await pilot.pause(0.3)
+        await settle(pilot)
         log = app.query_one("#log", RichLog)
         assert any("pipe2 failed with EMFILE" in line.text for line in log.lines)
         events = RECORDING.events
@@ -181,7 +181,7 @@ def test_replay_controls_move_time() -> None:
         await pilot.pause(0.2)
         assert feed.player.now_ns == expected
         await pilot.press("N")  # back to where the incident began: emfile-child's first EMFILE
-        await pilot.pause(0.2)
+        await settle(pilot)
         assert abs(feed.player.now_ns - first_emfile["time"].iloc[0].value) < 1_000
         assert "incident 1 of 1: emfile-child socket EMFILE ×4" in str(app.query_one("#position", Static).render())
         await pilot.press("left_curly_bracket")  # a minute back: to the start, state rebuilt from there
@@ -280,7 +280,7 @@ def test_training_ranks_show_their_step_and_phase() -> None:
         async with app.run_test(size=(180, 40)) as pilot:
             await pilot.press("space")  # paused: only the seek moves time
             feed.seek(optimizer + 1)
-            await pilot.pause(0.3)
+            await settle(pilot)
             line = str(app.query_one("#phases", Static).render())
             # rank 1 has begun its first optimizer step; rank 0's all-reduce is done, its backward not
             assert f"rank 0 pid {ranks[0]} step 0 backward" in line, line
@@ -313,7 +313,7 @@ def test_the_cursor_keeps_its_row_as_the_order_changes_unless_a_process_is_follo
 
 def test_replay_shows_its_position_with_the_failures_marked() -> None:
     async def scenario(app: FdtraceApp, pilot: Pilot[None], clock: FakeClock, feed: ReplaySource) -> None:
-        await pilot.pause(0.3)
+        await settle(pilot)
         player = feed.player
         bar = app.query_one("#position", Static)
         assert bar.display

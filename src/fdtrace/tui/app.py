@@ -77,7 +77,9 @@ class ViewSink:
         self._in_flight = False
         self._ahead = 0  # urgent updates sent while another was in flight, not applied yet
         self._live = False
+        self._caught_up = False
         self.skipped = 0  # events left out while the app was behind (live)
+        self.received = 0  # updates the pipeline has handed over, one per poll of the source
 
     def open(self, info: SourceInfo) -> None:
         """A live source's updates are held back within bounds."""
@@ -85,6 +87,8 @@ class ViewSink:
 
     def write(self, update: Update) -> None:
         with self._lock:
+            self.received += 1
+            self._caught_up = not update.more
             if update.urgent and self._in_flight and not update.reset:
                 self._ahead += 1
                 message = self._message(update)
@@ -124,6 +128,13 @@ class ViewSink:
                 return
             message, self._pending = self._message(self._pending), None
         self.app.post_message(message)
+
+    @property
+    def settled(self) -> bool:
+        """The app has folded in every update handed over, and the source's last poll left no
+        backlog."""
+        with self._lock:
+            return self._caught_up and not self._in_flight and self._pending is None and not self._ahead
 
     def close(self, failed: bool = False) -> None:
         """The app closes itself."""
