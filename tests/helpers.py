@@ -193,18 +193,24 @@ def replay_app(feed: Any, keep_exited_s: float = 300.0) -> Any:
     return make_app(pipeline, ReplayControls(pipeline, feed), keep_exited_s=keep_exited_s)
 
 
-async def settle(pilot: Any, timeout_s: float = 30.0) -> None:
+async def until(pilot: Any, ready: Callable[[], bool], what: str = "the view", timeout_s: float = 30.0) -> None:
+    """Let the view run until ``ready`` (``timeout_s`` at most: a loaded host draws late, not
+    never), checking every 20 ms; an AssertionError names ``what`` if it never is."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} was not ready within {timeout_s:.0f} s")
+        await pilot.pause(0.02)
+
+
+async def settle(pilot: Any) -> None:
     """Wait until the view shows a poll of its source made after this call: two updates handed
     over since (the first may come from a poll already under way), all folded in, and no backlog
     left at the source. A replay's clock moved or a seek made before the call is then on screen,
     however busy the machine."""
     sink = pilot.app.view_sink
     start = sink.received
-    deadline = time.monotonic() + timeout_s
-    while not (sink.received >= start + 2 and sink.settled):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the view did not settle within {timeout_s:.0f} s")
-        await pilot.pause(0.02)
+    await until(pilot, lambda: sink.received >= start + 2 and sink.settled, "a poll of the source after the call")
 
 
 def live_app(source: Any, record_dir: Path | None = None) -> Any:

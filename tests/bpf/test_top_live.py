@@ -16,7 +16,7 @@ from fdtrace.analysis import load
 from fdtrace.kernel.loader import TraceOptions
 from fdtrace.sources.live import LiveOptions, LiveSource
 from tests.conftest import python_child
-from tests.helpers import live_app, shown
+from tests.helpers import live_app, shown, until
 
 pytestmark = pytest.mark.bpf
 
@@ -36,12 +36,11 @@ time.sleep(120)  # at its limit until the test kills it
 
 async def until_at_its_limit(app: Any, pilot: Any, pid: int) -> None:
     """Wait (60 s at most) until the view shows the child's 4 failures and its 48 open FDs."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        await pilot.pause(0.2)
+    def at_its_limit() -> bool:
         view = app.state.processes.get(pid)
-        if view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48:
-            return
+        return view is not None and view.fd_exhaustion_errors == 4 and view.open_fds == 48
+
+    await until(pilot, at_its_limit, f"pid {pid} at its limit in the view", timeout_s=60)
 
 
 async def press_r_until_recording(app: Any, pilot: Any, recording: bool) -> None:

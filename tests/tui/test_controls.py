@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from fdtrace.pipeline import Notice, Pipeline, Position, SourceInfo, Update
 from fdtrace.schema import arrow_schema
 from fdtrace.sinks.recorder import LiveControls
 from fdtrace.tui.app import make_app
+from tests.helpers import until
 
 REPLAY_KEYS = {"space", "plus", "minus", "n", "N", "left_square_bracket", "right_square_bracket"}
 START_NS = 1_700_000_000 * 10**9
@@ -87,14 +88,6 @@ class RecordingControls:
     def previous_failed_call(self) -> bool:
         self.calls.append("previous_failed_call")
         return True
-
-
-async def until(pilot: Any, ready: Callable[[], bool]) -> None:
-    """Let the view run until ``ready`` (10 s at most: a loaded host draws late, not never)."""
-    deadline = time.monotonic() + 10
-    while not ready() and time.monotonic() < deadline:
-        await pilot.pause(0.05)
-    assert ready()
 
 
 def header(app: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from textual.pilot import Pilot
 
 from fdtrace.sources.replay import ReplaySource
-from tests.helpers import replay_app
+from tests.helpers import replay_app, settle
 
 EMFILE = Path(__file__).parents[1] / "data" / "emfile"
 SIZE = (170, 34)
@@ -27,12 +27,7 @@ def replayed_app() -> tuple[Any, Any]:
             await pilot.pause(0.05)
         for _ in range(2):  # two more rate windows: the last one empty, so every rate shown is 0
             clock["ns"] += 2_000_000_000
-            target = feed.player.now_ns
-            for _ in range(100):
-                await pilot.pause(0.05)
-                if app.state.now_ns >= target:
-                    break
-        await pilot.pause(0.2)
+            await settle(pilot)
 
     return app, play
 
